@@ -1,0 +1,45 @@
+"""``python -m pytest_sharedkv``: run the regression suite on whatever hardware is here.
+
+``python -m pytest_sharedkv [run] [PYTEST ARGS...]`` runs the shipped suite
+(``pytest --pyargs pytest_sharedkv.suites``) and writes ``sharedkv-report.json`` unless
+``--sharedkv-json`` is given. Tiers that need hardware this machine lacks skip with the
+reason; the rest run for real.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+DEFAULT_JSON = "sharedkv-report.json"
+USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
+
+  run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
+                  extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu
+"""
+
+
+def suite_args(extra: Sequence[str]) -> list[str]:
+    args = ["--pyargs", "pytest_sharedkv.suites", *extra]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        args = ["-p", "sharedkv", *args]
+    if not any(a == "--sharedkv-json" or a.startswith("--sharedkv-json=") for a in extra):
+        args += ["--sharedkv-json", DEFAULT_JSON]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if args and args[0] == "run":
+        args = args[1:]
+    import pytest
+
+    return int(pytest.main(suite_args(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

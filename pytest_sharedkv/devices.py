@@ -1,0 +1,187 @@
+"""GPU discovery that never initialises CUDA in this process.
+
+Counting devices through torch would create a CUDA context before each xdist worker has
+set ``CUDA_VISIBLE_DEVICES`` to its lease, so discovery asks ``nvidia-smi`` (a separate
+process) instead, and falls back to ``/proc/driver/nvidia/gpus``.
+
+Test seam: ``SHAREDKV_FAKE_GPUS`` names fake devices ("0,1", or "0:80,1:40" with free GiB)
+so the lease and gating logic can be tested on machines without a GPU. Fake devices are
+never reported as hardware results: tiers that need CUDA check torch after binding.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+FAKE_GPUS_ENV = "SHAREDKV_FAKE_GPUS"
+NVIDIA_SMI_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    token: str  # what CUDA_VISIBLE_DEVICES takes: an index or a UUID
+    name: str
+    total_mib: int | None = None
+    free_mib: int | None = None
+    uuid: str | None = None
+
+    @property
+    def free_gib(self) -> float | None:
+        return None if self.free_mib is None else self.free_mib / 1024
+
+
+@dataclass(frozen=True)
+class Discovery:
+    gpus: tuple[Gpu, ...]
+    source: str  # where the list came from, for skip reasons and the report header
+    fake: bool = False
+    note: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return f"no CUDA device visible ({self.source}{'; ' + self.note if self.note else ''})"
+        names = ", ".join(f"{g.token}: {g.name}" for g in self.gpus)
+        return f"{self.count} CUDA device(s) via {self.source}: {names}"
+
+
+class DiscoveryError(ValueError):
+    """A device list that cannot be honoured (bad fake spec, unknown --sharedkv-gpus index)."""
+
+
+def _parse_fake(spec: str) -> tuple[Gpu, ...]:
+    gpus: list[Gpu] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        token, _, free = part.partition(":")
+        if not token.isdigit():
+            raise DiscoveryError(f"{FAKE_GPUS_ENV}={spec!r}: {token!r} is not a device index")
+        free_mib: int | None = None
+        if free:
+            try:
+                free_mib = int(float(free) * 1024)
+            except ValueError:
+                raise DiscoveryError(
+                    f"{FAKE_GPUS_ENV}={spec!r}: {free!r} is not a number of free GiB"
+                ) from None
+        gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib))
+    return tuple(gpus)
+
+
+def query_nvidia_smi(
+    executable: str | None = None, *, tokens: tuple[str, ...] | None = None
+) -> tuple[Gpu, ...] | None:
+    """All devices nvidia-smi reports (or those named by ``tokens``); None when it cannot run."""
+    exe = executable or shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    cmd = [
+        exe,
+        "--query-gpu=index,name,memory.total,memory.free,uuid",
+        "--format=csv,noheader,nounits",
+    ]
+    if tokens:
+        cmd.append("--id=" + ",".join(tokens))
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    gpus: list[Gpu] = []
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5:
+            continue
+        index, name, total, free, uuid = cells[:5]
+        gpus.append(
+            Gpu(token=index, name=name, total_mib=_int_or_none(total),
+                free_mib=_int_or_none(free), uuid=uuid)
+        )
+    return tuple(gpus)
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def _proc_gpus() -> tuple[Gpu, ...]:
+    root = Path("/proc/driver/nvidia/gpus")
+    try:
+        entries = sorted(p.name for p in root.iterdir())
+    except OSError:
+        return ()
+    return tuple(Gpu(token=str(i), name=f"NVIDIA GPU at {bus}") for i, bus in enumerate(entries))
+
+
+def _match(gpu: Gpu, token: str) -> bool:
+    return gpu.token == token or (gpu.uuid is not None and gpu.uuid.startswith(token))
+
+
+def discover(
+    selected: tuple[str, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Discovery:
+    """The devices this run may lease, in the order CUDA_VISIBLE_DEVICES would list them."""
+    env = os.environ if environ is None else environ
+    fake = env.get(FAKE_GPUS_ENV)
+    if fake is not None:
+        found = Discovery(_parse_fake(fake), source=FAKE_GPUS_ENV, fake=True)
+    else:
+        smi = query_nvidia_smi()
+        if smi is not None:
+            found = Discovery(smi, source="nvidia-smi")
+        else:
+            proc = _proc_gpus()
+            found = Discovery(
+                proc, source="/proc/driver/nvidia/gpus" if proc else "no nvidia-smi",
+                note="" if proc else "no NVIDIA driver entries in /proc/driver/nvidia/gpus",
+            )
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None and found.gpus:
+            tokens = [t.strip() for t in visible.split(",") if t.strip()]
+            kept: list[Gpu] = []
+            for token in tokens:
+                if token.startswith("-"):
+                    break  # CUDA stops at the first invalid entry; "-1" hides all devices
+                match = [g for g in found.gpus if _match(g, token)]
+                kept.append(match[0] if match else Gpu(token=token, name="unknown"))
+            found = replace(
+                found, gpus=tuple(kept), source=f"{found.source}, CUDA_VISIBLE_DEVICES={visible}"
+            )
+    if selected is not None:
+        picked: list[Gpu] = []
+        for token in selected:
+            match = [g for g in found.gpus if _match(g, token)]
+            if not match:
+                raise DiscoveryError(
+                    f"--sharedkv-gpus names device {token!r}, which is not among the "
+                    f"visible devices ({found.describe()})"
+                )
+            picked.append(match[0])
+        found = replace(found, gpus=tuple(picked), source=f"{found.source}, --sharedkv-gpus")
+    return found
+
+
+def free_gib(gpu: Gpu, discovery: Discovery) -> float | None:
+    """Free memory now (a fresh nvidia-smi reading; fake devices report their spec)."""
+    if discovery.fake or gpu.uuid is None:
+        return gpu.free_gib
+    fresh = query_nvidia_smi(tokens=(gpu.uuid,))
+    if fresh:
+        return fresh[0].free_gib
+    return gpu.free_gib

@@ -1,0 +1,287 @@
+"""Command-line options, their ini twins, and the one validated settings object per run.
+
+Every lasting setting has an ini twin so CI can pin it in ``pytest.ini``/``pyproject.toml``;
+the command line wins over the ini file. Values are validated in ``pytest_configure``:
+a bad value is a usage error naming the option (or ini key) and what is allowed, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+OPTION_PREFIX = "--sharedkv-"
+DEST_PREFIX = "sharedkv_"
+
+
+class OptionError(ValueError):
+    """A value that does not parse; the message says what is allowed."""
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'4KiB' -> 4096. Units are binary (K, KiB and KB all mean 1024)."""
+    m = _SIZE_RE.match(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise OptionError(f"{text!r} is not a size; use e.g. 4KiB, 1MiB, 16MiB or a byte count")
+    value = float(m.group(1)) * _SIZE_UNITS[unit]
+    if value != int(value) or value <= 0:
+        raise OptionError(f"{text!r} is not a positive whole number of bytes")
+    return int(value)
+
+
+def format_size(nbytes: int) -> str:
+    """4096 -> '4KiB'; the inverse of parse_size for round binary sizes."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
+    return f"{nbytes}B"
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    items = [s for s in (p.strip() for p in text.split(",")) if s]
+    if not items:
+        raise OptionError("needs at least one size, e.g. 4KiB,1MiB,16MiB")
+    return tuple(parse_size(s) for s in items)
+
+
+def parse_positive_int(text: str) -> int:
+    """Whole numbers, also written as 1e8 or 100_000_000."""
+    try:
+        value = float(text.replace("_", "")) if re.search(r"[eE.]", text) else int(text, 10)
+    except ValueError:
+        raise OptionError(f"{text!r} is not a whole number") from None
+    if value != int(value) or value < 1:
+        raise OptionError(f"{text!r} must be a whole number >= 1")
+    return int(value)
+
+
+def parse_nonnegative_int(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    return parse_positive_int(text)
+
+
+def parse_positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise OptionError(f"{text!r} must be > 0")
+    return value
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    names = tuple(s for s in (p.strip() for p in text.split(",")) if s)
+    if not names:
+        raise OptionError("needs at least one name")
+    return names
+
+
+_DEVICE_TOKEN = re.compile(r"^(\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$")
+
+
+def parse_gpus(text: str) -> tuple[str, ...]:
+    """Device indices (or UUIDs) as CUDA_VISIBLE_DEVICES would take them: '0,1'."""
+    tokens = parse_names(text)
+    for token in tokens:
+        if not _DEVICE_TOKEN.match(token):
+            raise OptionError(
+                f"{token!r} is not a device; use indices like 0,1 or GPU-/MIG- UUIDs"
+            )
+    if len(set(tokens)) != len(tokens):
+        raise OptionError(f"{text!r} names a device twice")
+    return tokens
+
+
+def parse_path(text: str) -> Path:
+    if not text.strip():
+        raise OptionError("needs a file path")
+    return Path(text).expanduser()
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise OptionError(f"{text!r} is not a boolean; use true or false")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``--sharedkv-NAME`` option and (if ``ini``) its ``sharedkv_NAME`` ini twin."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any]
+    default: Any = None
+    flag: bool = False
+    ini: bool = True
+    metavar: str | None = None
+
+    @property
+    def flag_name(self) -> str:
+        return OPTION_PREFIX + self.name
+
+    @property
+    def dest(self) -> str:
+        return DEST_PREFIX + self.name.replace("-", "_")
+
+    @property
+    def field(self) -> str:
+        return self.name.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "require-gpu",
+        "turn every skip of a GPU/lmcache/vllm-gated test into a failure "
+        "(for GPU CI lanes, which must not go green by skipping)",
+        parse_bool,
+        default=False,
+        flag=True,
+    ),
+    Option(
+        "gpus",
+        "comma-separated CUDA device indices or UUIDs the suite may lease (default: all visible)",
+        parse_gpus,
+        metavar="0,1",
+    ),
+    Option(
+        "json",
+        "write every test result and check record as JSON to PATH (xdist controller only)",
+        parse_path,
+        metavar="PATH",
+    ),
+    Option(
+        "lease-timeout",
+        "seconds a test waits for its GPU lease before failing (default 1800)",
+        parse_positive_float,
+        default=1800.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "trials",
+        "ordering tier: trials per matrix cell (default 10)",
+        parse_positive_int,
+        default=10,
+        metavar="N",
+    ),
+    Option(
+        "delay-cycles",
+        "ordering tier: GPU cycles of the imposed delay (torch.cuda._sleep) (default 1e8)",
+        parse_positive_int,
+        default=100_000_000,
+        metavar="CYCLES",
+    ),
+    Option(
+        "sizes",
+        "ordering tier: copy sizes (default 4KiB,1MiB,16MiB)",
+        parse_sizes,
+        default=(4 << 10, 1 << 20, 16 << 20),
+        metavar="4KiB,1MiB,16MiB",
+    ),
+    Option(
+        "targets",
+        "ordering tier: copy targets to probe (default: all registered; "
+        "see --sharedkv-list-targets)",
+        parse_names,
+        metavar="NAME,...",
+    ),
+    Option(
+        "list-targets",
+        "list the ordering tier's copy targets and exit",
+        parse_bool,
+        default=False,
+        flag=True,
+        ini=False,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated settings of one run (kept in ``config.stash``)."""
+
+    require_gpu: bool = False
+    gpus: tuple[str, ...] | None = None
+    json: Path | None = None
+    lease_timeout: float = 1800.0
+    trials: int = 10
+    delay_cycles: int = 100_000_000
+    sizes: tuple[int, ...] = (4 << 10, 1 << 20, 16 << 20)
+    targets: tuple[str, ...] | None = None
+    list_targets: bool = False
+    # Where each value came from, for error messages and the JSON report.
+    sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sharedkv", "pytest-sharedkv: shared KV-cache integrity")
+    for opt in OPTIONS:
+        if opt.flag:
+            group.addoption(
+                opt.flag_name, dest=opt.dest, action="store_const", const=True, default=None,
+                help=opt.help,
+            )
+        else:
+            group.addoption(
+                opt.flag_name, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help
+            )
+        if opt.ini:
+            parser.addini(
+                opt.dest, help=f"ini twin of {opt.flag_name}: {opt.help}", type="string",
+                default="",
+            )
+
+
+def load_settings(config: pytest.Config) -> Settings:
+    """Read every option (command line first, then ini) and validate it, or raise UsageError."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        raw: Any = config.getoption(opt.dest, default=None)
+        where = opt.flag_name
+        if raw is None and opt.ini:
+            ini_raw = config.getini(opt.dest)
+            if isinstance(ini_raw, str) and ini_raw.strip():
+                raw, where = ini_raw, f"ini option {opt.dest}"
+        if raw is None:
+            values[opt.field] = opt.default
+            sources[opt.field] = "default"
+            continue
+        if raw is True:
+            values[opt.field] = True
+        else:
+            try:
+                values[opt.field] = opt.parse(str(raw))
+            except OptionError as exc:
+                raise pytest.UsageError(f"{where}: {exc}") from None
+        sources[opt.field] = where
+    return Settings(**values, sources=sources)

@@ -1,0 +1,212 @@
+"""The pytest entry point (``pytest11: sharedkv``): hooks and the core fixtures, nothing heavy.
+
+Loading this module must not import torch, lmcache or vllm; tiers import them inside the
+fixtures that need them. Run state lives in ``config.stash``. Nothing here depends on
+xdist: records cross from workers to the controller on ``user_properties``, which xdist
+serialises, so ``-p no:xdist`` behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv import environment, options, report_json, report_terminal
+from pytest_sharedkv.devices import Discovery
+from pytest_sharedkv.gating import ITEM_LEASE, Gate, worker_id
+from pytest_sharedkv.leases import LEASE_DIR_NAME, Lease
+from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
+from pytest_sharedkv.markers import register as register_markers
+from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
+from pytest_sharedkv.run_log import RunLog
+
+
+@dataclass
+class RunState:
+    settings: options.Settings
+    is_worker: bool
+    log: RunLog = field(default_factory=RunLog)
+    gate: Gate | None = None
+    header: list[str] | None = None
+    json_written: str | None = None
+
+
+STATE = pytest.StashKey[RunState]()
+ITEM_BUNDLE = pytest.StashKey[Bundle]()
+
+
+def state_of(config: pytest.Config) -> RunState:
+    return config.stash[STATE]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    register_markers(config)
+    settings = options.load_settings(config)
+    if settings.json is not None:
+        problem = report_json.check_writable(settings.json)
+        if problem is not None:
+            raise pytest.UsageError(f"{settings.sources['json']}: cannot write {problem}")
+    state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"))
+    config.stash[STATE] = state
+    if not state.is_worker:
+        config.pluginmanager.register(_Collector(state.log), "sharedkv-collector")
+
+
+def _lock_root(config: pytest.Config) -> Path:
+    """The run's shared temp dir (the xdist controller's basetemp for workers)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        return Path(factory.getbasetemp()).parent / LEASE_DIR_NAME
+    return Path(tempfile.gettempdir()) / f"pytest-sharedkv-{os.getuid()}" / LEASE_DIR_NAME
+
+
+def gate_of(config: pytest.Config) -> Gate:
+    state = state_of(config)
+    if state.gate is None:
+        state.gate = Gate(state.settings, _lock_root(config), owner=worker_id())
+    return state.gate
+
+
+def _environment_lines(config: pytest.Config) -> list[str]:
+    state = state_of(config)
+    if state.header is None:
+        discovery: Discovery | str = gate_of(config).discovery
+        state.header = environment.header_lines(config, discovery)
+    return state.header
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return _environment_lines(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if is_gated(item):
+        try:
+            gate_of(item.config).setup(item)
+        except MarkerError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    finally:
+        if ITEM_LEASE in item.stash:
+            gate_of(item.config).teardown(item)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return str(report.longrepr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    bundle = item.stash.get(ITEM_BUNDLE, None)
+    if bundle:
+        # A fresh list: report.user_properties is item.user_properties, shared by all phases.
+        report.user_properties = [*report.user_properties, (USER_PROPERTY, bundle.to_data())]
+        item.stash[ITEM_BUNDLE] = Bundle()
+    settings = state_of(item.config).settings
+    if (settings.require_gpu and report.skipped and not hasattr(report, "wasxfail")
+            and is_gated(item)):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{_skip_reason(report)}\n"
+            "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
+        )
+    return report
+
+
+class _Collector:
+    """Folds test reports into the run log; registered only where the run is owned.
+
+    Reports reach ``pytest_runtest_logreport`` in the process that ran the test and, under
+    xdist, again on the controller; the controller (or a run without xdist) keeps the log.
+    """
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.log.add_report(report)
+
+
+def _environment_data(config: pytest.Config) -> dict[str, Any]:
+    return {"header": _environment_lines(config), "settings": {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(state_of(config).settings).items() if k != "sources"
+    }}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = state_of(session.config)
+    if state.is_worker or state.settings.json is None:
+        return
+    data = report_json.build(state.log, _environment_data(session.config), int(exitstatus))
+    state.json_written = report_json.write_or_fallback(state.settings.json, data)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    state = state_of(config)
+    if state.is_worker:
+        return
+    lines = report_terminal.summary_lines(state.log)
+    if lines:
+        terminalreporter.section("sharedkv summary")
+        for line in lines:
+            terminalreporter.write_line(line)
+    if state.json_written is not None:
+        bad = not state.json_written.startswith("JSON report: ")
+        terminalreporter.write_line(state.json_written, red=bad, bold=bad)
+
+
+# -- core fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sharedkv_settings(pytestconfig: pytest.Config) -> options.Settings:
+    """The run's validated settings (options and their ini twins)."""
+    return state_of(pytestconfig).settings
+
+
+@pytest.fixture
+def sharedkv_results(request: pytest.FixtureRequest) -> ResultSink:
+    """Add check records, notes and facts; they reach the tables and the JSON report."""
+    item = request.node
+    bundle = item.stash.setdefault(ITEM_BUNDLE, Bundle())
+    return ResultSink(item.nodeid, bundle)
+
+
+@pytest.fixture
+def sharedkv_gpu_lease(request: pytest.FixtureRequest) -> Lease:
+    """The devices leased for this test (mark it ``@pytest.mark.sharedkv_gpu(count=N)``).
+
+    ``lease.env()`` gives the CUDA_VISIBLE_DEVICES for subprocesses that should use them.
+    """
+    lease: Lease | None = request.node.stash.get(ITEM_LEASE, None)
+    if lease is None:
+        pytest.fail(
+            f"sharedkv_gpu_lease needs @pytest.mark.{GPU_MARKER}(count=N) on the test",
+            pytrace=False,
+        )
+    return lease

@@ -1,0 +1,114 @@
+"""The terminal summary: one section per tier, tables users can paste into an issue.
+
+Each tier names which record keys make the rows and which one (if any) spreads into
+columns, like a paper's table: method x direction x size -> passed/trials per delay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pytest_sharedkv.markers import TIER_MARKERS
+from pytest_sharedkv.records import Check
+from pytest_sharedkv.run_log import RunLog
+
+H = TypeVar("H", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    rows: tuple[str, ...]
+    column: str | None = None
+    column_label: str = ""
+
+
+TABLE_SPECS: dict[str, TableSpec] = {
+    "ordering": TableSpec(
+        rows=("target", "role", "direction", "size"), column="delay", column_label="delay="
+    ),
+}
+
+
+def _ordered_unique(values: Iterable[H]) -> list[H]:
+    return list(dict.fromkeys(values))
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *(line(r) for r in rows)]
+
+
+def check_table(checks: Sequence[Check], spec: TableSpec | None) -> list[str]:
+    if not checks:
+        return []
+    if spec is None:
+        keys = _ordered_unique(k for c in checks for k in c.key)
+        spec = TableSpec(rows=tuple(keys))
+    row_keys = [k for k in spec.rows if any(k in c.key or k == "role" for c in checks)]
+
+    def row_of(c: Check) -> tuple[str, ...]:
+        return tuple(c.role if k == "role" and "role" not in c.key else c.key.get(k, "")
+                     for k in row_keys)
+
+    columns = (
+        _ordered_unique(c.key.get(spec.column, "") for c in checks) if spec.column else [""]
+    )
+    cells: dict[tuple[tuple[str, ...], str], list[int]] = {}
+    for c in checks:
+        col = c.key.get(spec.column, "") if spec.column else ""
+        total = cells.setdefault((row_of(c), col), [0, 0])
+        total[0] += c.passed
+        total[1] += c.trials
+    rows = []
+    for row in _ordered_unique(row_of(c) for c in checks):
+        rows.append([*row, *(
+            f"{cells[(row, col)][0]}/{cells[(row, col)][1]}" if (row, col) in cells else "-"
+            for col in columns
+        )])
+    header = [*row_keys, *(
+        f"{spec.column_label}{col}" if spec.column else "passed/trials" for col in columns
+    )]
+    return markdown_table(header, rows)
+
+
+def _counts_line(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "none run"
+
+
+def summary_lines(log: RunLog) -> list[str]:
+    lines: list[str] = []
+    tiers = [t for t in TIER_MARKERS if any(r.tier == t for r in log.tests.values())]
+    tiers += [t for t in _ordered_unique(c.tier for c in log.bundle.checks) if t not in tiers]
+    for tier in tiers:
+        results = [r for r in log.tests.values() if r.tier == tier]
+        lines.append(f"[{tier}] tests: {_counts_line(log.counts(tier))}")
+        skips = Counter(r.message for r in results if r.outcome == "skipped")
+        for reason, n in skips.most_common():
+            lines.append(f"  skipped ({n}): {reason}")
+        checks = [c for c in log.bundle.checks if c.tier == tier]
+        table = check_table(checks, TABLE_SPECS.get(tier))
+        if table:
+            lines.append("")
+            lines.extend(table)
+        notes = [n for n in log.bundle.notes if n.tier == tier]
+        if notes:
+            lines.append("")
+        for note in _ordered_unique(f"{n.level.upper()}: {n.text}" if n.level != "info"
+                                    else n.text for n in notes):
+            lines.append(f"  {note}")
+        lines.append("")
+    facts = _ordered_unique(f"{f.name}: {f.value}" for f in log.bundle.facts)
+    if facts:
+        lines.append("environment as the tests saw it:")
+        lines.extend(f"  {f}" for f in facts)
+    return lines

@@ -1,0 +1,55 @@
+"""The report header names versions, GPUs and whether LMCache runs its compiled kernels."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from pytest_sharedkv.environment import torch_build
+from pytest_sharedkv.lmcache_status import LMCacheStatus
+
+
+def test_header_on_a_machine_without_gpus(pytester: pytest.Pytester,
+                                          fake_gpus: Callable[[str], None]) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines([
+        "sharedkv: torch * lmcache *; vllm *; xdist *",
+        "sharedkv: GPUs: no CUDA device visible (SHAREDKV_FAKE_GPUS)",
+        "sharedkv: lmcache*",
+    ])
+
+
+def test_torch_build_read_without_import() -> None:
+    version, _cuda = torch_build()
+    assert version is not None
+    assert "torch" not in sys.modules or version == sys.modules["torch"].__version__
+
+
+def test_fallback_is_said_plainly() -> None:
+    status = LMCacheStatus(
+        lmcache_version="0.5.6", torch_version="2.11.0+cu130", cuda_available=True,
+        device_ops="CudaDeviceOps", native_bound=False,
+        cuda_ops_error="ImportError: .../cuda_ops.so: undefined symbol: _ZN3c10...",
+    )
+    assert status.on_torch_fallback
+    text = status.describe()
+    assert text.startswith("lmcache.cuda_ops NOT loaded (ImportError: ")
+    assert "torch fallback" in text and "cudaMemcpy with no stream" in text
+    native = LMCacheStatus(lmcache_version="0.5.6", native_bound=True)
+    assert not native.on_torch_fallback
+    assert native.describe().startswith("lmcache.cuda_ops loaded")
+    assert LMCacheStatus.from_json(status.to_json()) == status
+
+
+def test_status_probe_runs_as_a_subprocess() -> None:
+    pytest.importorskip("lmcache", reason="the probe reports on an installed lmcache")
+    out = subprocess.run([sys.executable, "-m", "pytest_sharedkv.lmcache_status"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("SHAREDKV-STATUS "))
+    status = LMCacheStatus.from_json(line.split(" ", 1)[1])
+    assert status.lmcache_version and status.torch_version
+    assert status.error is None

@@ -1,0 +1,126 @@
+"""GPU/package needs become precise skips, and failures under --sharedkv-require-gpu."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+GATED = """
+import pytest
+
+@pytest.mark.sharedkv_gpu
+def test_one_gpu(sharedkv_gpu_lease):
+    pass
+
+@pytest.mark.sharedkv_gpu(count=2)
+def test_two_gpus(sharedkv_gpu_lease):
+    assert len(set(sharedkv_gpu_lease.tokens)) == 2
+
+@pytest.mark.sharedkv_gpu(min_free_gib=40)
+def test_big_gpu(sharedkv_gpu_lease):
+    pass
+
+@pytest.mark.sharedkv_requires("sharedkv_no_such_module")
+def test_needs_module():
+    pass
+
+@pytest.mark.sharedkv_gpu
+def test_unsupported_layout_is_xfail(sharedkv_gpu_lease):
+    pytest.xfail("NHD with packed pages unsupported by this LMCache")
+
+def test_ungated():
+    pytest.skip("an ordinary skip")
+"""
+
+
+def test_skip_reasons_without_devices(pytester: pytest.Pytester,
+                                      fake_gpus: Callable[[str], None]) -> None:
+    fake_gpus("")
+    pytester.makepyfile(GATED)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines_random([
+        "*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)",
+        "*needs 2 CUDA devices, 0 visible (SHAREDKV_FAKE_GPUS)",
+        "*sharedkv_no_such_module not importable: ModuleNotFoundError: No module named*",
+    ])
+
+
+def test_skip_reasons_with_one_small_device(pytester: pytest.Pytester,
+                                            fake_gpus: Callable[[str], None]) -> None:
+    fake_gpus("0:12")
+    pytester.makepyfile(GATED)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(passed=1, skipped=4, xfailed=1)
+    result.stdout.fnmatch_lines_random([
+        "*needs 2 CUDA devices, 1 visible (SHAREDKV_FAKE_GPUS)",
+        "*needs 40 GiB free on each device; device 0 (fake-gpu-0) has 12.0 GiB free",
+    ])
+
+
+def test_require_gpu_turns_gated_skips_into_failures(
+    pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+) -> None:
+    fake_gpus("0:12")
+    pytester.makepyfile(GATED)
+    result = pytester.runpytest("--sharedkv-require-gpu", "-rs")
+    # gated skips fail; xfail stays xfail; the ungated skip stays a skip
+    result.assert_outcomes(passed=1, errors=3, skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines_random([
+        "*--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip*",
+        "*an ordinary skip",
+    ])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_require_gpu_from_ini(pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+                              ) -> None:
+    fake_gpus("")
+    pytester.makeini("[pytest]\nsharedkv_require_gpu = true\n")
+    pytester.makepyfile(GATED)
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=5, skipped=1)
+
+
+def test_skip_inside_a_gated_test_also_fails_under_require_gpu(
+    pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+) -> None:
+    fake_gpus("0")
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.sharedkv_gpu
+        def test_tier_finds_no_cuda():
+            pytest.skip("torch sees no CUDA device")
+    """)
+    assert pytester.runpytest().parseoutcomes() == {"skipped": 1}
+    result = pytester.runpytest("--sharedkv-require-gpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*torch sees no CUDA device*"])
+
+
+def test_bad_fake_spec_fails_clearly(pytester: pytest.Pytester,
+                                     fake_gpus: Callable[[str], None]) -> None:
+    fake_gpus("zero")
+    pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*SHAREDKV_FAKE_GPUS='zero': 'zero' is not a device index*"])
+
+
+def test_gpus_option_must_name_visible_devices(pytester: pytest.Pytester,
+                                               fake_gpus: Callable[[str], None]) -> None:
+    fake_gpus("0,1")
+    pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
+    result = pytester.runpytest("--sharedkv-gpus=3")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--sharedkv-gpus names device '3', which is not among*"])
+    pytester.runpytest("--sharedkv-gpus=1").assert_outcomes(passed=1)
+
+
+def test_lease_fixture_needs_the_marker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(sharedkv_gpu_lease): pass")
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*sharedkv_gpu_lease needs @pytest.mark.sharedkv_gpu*"])

@@ -1,0 +1,61 @@
+"""The plugin loads through its entry point or ``-p``, once, and never imports torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+NO_HEAVY = """
+import sys
+
+def test_no_heavy_imports():
+    heavy = sorted(m for m in ("torch", "lmcache", "vllm") if m in sys.modules)
+    assert heavy == [], heavy
+
+def test_plugin_loaded(pytestconfig):
+    assert pytestconfig.pluginmanager.get_plugin("sharedkv") is not None
+"""
+
+
+def test_entry_point_load_imports_no_torch(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(NO_HEAVY)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["sharedkv: torch *", "sharedkv: GPUs: *"])
+
+
+def test_dash_p_without_autoload(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+                                 ) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(NO_HEAVY)
+    result = pytester.runpytest_subprocess("-p", "pytest_sharedkv")
+    result.assert_outcomes(passed=2)
+
+
+def test_dash_p_with_autoload_registers_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(NO_HEAVY)
+    result = pytester.runpytest_subprocess("-p", "pytest_sharedkv")
+    result.assert_outcomes(passed=2)
+    assert "already registered" not in result.stderr.str()
+
+
+def test_disabled_with_no_sharedkv(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(pytestconfig):\n"
+                        "    assert pytestconfig.pluginmanager.get_plugin('sharedkv') is None\n")
+    result = pytester.runpytest_subprocess("-p", "no:sharedkv")
+    result.assert_outcomes(passed=1)
+    assert "sharedkv:" not in result.stdout.str()
+
+
+def test_works_without_xdist(pytester: pytest.Pytester, fake_gpus: Callable[[str], None]) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.sharedkv_gpu
+        def test_gpu(sharedkv_gpu_lease):
+            assert sharedkv_gpu_lease.tokens
+    """)
+    fake_gpus("0")
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,90 @@
+"""Bad option or ini values are usage errors that name the option, never tracebacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_sharedkv.options import (
+    OPTIONS,
+    OptionError,
+    format_size,
+    parse_gpus,
+    parse_positive_int,
+    parse_size,
+    parse_sizes,
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sharedkv-sizes=4KiB,lots"], "--sharedkv-sizes: 'lots' is not a size*"),
+        (["--sharedkv-sizes=0"], "--sharedkv-sizes: '0' is not a positive*"),
+        (["--sharedkv-trials=zero"], "--sharedkv-trials: 'zero' is not a whole number*"),
+        (["--sharedkv-trials=0"], "--sharedkv-trials: '0' must be a whole number >= 1*"),
+        (["--sharedkv-delay-cycles=1.5"], "--sharedkv-delay-cycles: '1.5' must be a whole*"),
+        (["--sharedkv-gpus=a,b"], "--sharedkv-gpus: 'a' is not a device*"),
+        (["--sharedkv-gpus=0,0"], "--sharedkv-gpus: '0,0' names a device twice*"),
+        (["--sharedkv-lease-timeout=-1"], "--sharedkv-lease-timeout: '-1' must be > 0*"),
+    ],
+)
+def test_bad_option_is_a_usage_error(
+    pytester: pytest.Pytester, args: list[str], message: str
+) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsharedkv_trials = many\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option sharedkv_trials: 'many' is not a whole*"])
+
+
+def test_command_line_wins_over_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsharedkv_trials = 3\nsharedkv_sizes = 8KiB\n")
+    pytester.makepyfile("""
+        def test_x(sharedkv_settings):
+            assert sharedkv_settings.trials == 7
+            assert sharedkv_settings.sizes == (8192,)
+            assert sharedkv_settings.sources["trials"] == "--sharedkv-trials"
+            assert sharedkv_settings.sources["sizes"] == "ini option sharedkv_sizes"
+    """)
+    pytester.runpytest("--sharedkv-trials=7").assert_outcomes(passed=1)
+
+
+def test_json_path_that_is_a_directory(pytester: pytest.Pytester) -> None:
+    pytester.mkdir("out")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--sharedkv-json=out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write out is a directory"])
+
+
+def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    out = result.stdout.str()
+    for opt in OPTIONS:
+        assert opt.flag_name in out
+        assert opt.dest.startswith("sharedkv_")
+        if opt.ini:
+            assert f"{opt.dest} (string)" in out or opt.dest in out
+
+
+def test_parsers() -> None:
+    assert parse_size("4KiB") == 4096
+    assert parse_size("16MiB") == 16 << 20
+    assert parse_size("1g") == 1 << 30
+    assert parse_sizes("4KiB, 1MiB") == (4096, 1 << 20)
+    assert format_size(16 << 20) == "16MiB"
+    assert format_size(1000) == "1000B"
+    assert parse_positive_int("1e8") == 100_000_000
+    assert parse_gpus("0,GPU-1234abcd") == ("0", "GPU-1234abcd")
+    for bad in ("", "4XB", "-1"):
+        with pytest.raises(OptionError):
+            parse_size(bad)

@@ -1,0 +1,114 @@
+"""Records reach the terminal tables and the JSON report, which only the controller writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.records import Bundle, Check
+from pytest_sharedkv.report_json import write_or_fallback
+from pytest_sharedkv.report_terminal import TableSpec, check_table
+
+RECORDING = """
+import os
+import pytest
+
+@pytest.mark.ordering
+@pytest.mark.parametrize("delay", ["0", "1e8"])
+@pytest.mark.parametrize("size", ["4KiB", "1MiB"])
+def test_cell(sharedkv_results, size, delay):
+    ok = 10 if delay == "0" else 3
+    sharedkv_results.check("ordering", {"target": "raw", "direction": "D2H", "size": size,
+                           "delay": delay}, ok, 10, role="negative-control")
+    sharedkv_results.fact("worker", os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+@pytest.mark.ordering
+def test_verdict(sharedkv_results):
+    sharedkv_results.note("ordering", "raw: NOT stream-ordered", level="verdict")
+
+@pytest.mark.packed_page
+def test_fails():
+    assert False, "boom"
+"""
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_json_report_on_controller_only(pytester: pytest.Pytester, workers: str | None) -> None:
+    pytester.makepyfile(RECORDING)
+    args = ["--sharedkv-json=out/report.json", "-p", "no:cacheprovider"]
+    if workers:
+        args += ["-n", workers]
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=5, failed=1)
+    data = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert data["schema"] == "pytest-sharedkv/1"
+    assert data["summary"]["passed"] == 5 and data["summary"]["failed"] == 1
+    assert len(data["tests"]) == 6
+    assert len(data["checks"]) == 4
+    assert {t["tier"] for t in data["tests"]} == {"ordering", "packed_page"}
+    failed = next(t for t in data["tests"] if t["outcome"] == "failed")
+    assert "boom" in failed["message"]
+    workers_seen = {f["value"] for f in data["facts"] if f["name"] == "worker"}
+    if workers:
+        # every worker's records made it into the one report the controller wrote
+        assert workers_seen == {"gw0", "gw1"}
+        assert {t["worker"] for t in data["tests"]} == {"gw0", "gw1"}
+    else:
+        assert workers_seen == {"main"}
+    # no stray reports written by workers next to it
+    assert sorted(p.name for p in (pytester.path / "out").iterdir()) == ["report.json"]
+    result.stdout.fnmatch_lines([
+        "*sharedkv summary*",
+        "[[]ordering[]] tests: 5 passed",
+        "| target | role             | direction | size | delay=0 | delay=1e8 |",
+        "| raw    | negative-control | D2H       | 4KiB | 10/10   | 3/10      |",
+        "*VERDICT: raw: NOT stream-ordered",
+        "[[]packed_page[]] tests: 1 failed",
+        "JSON report: out/report.json",
+    ])
+
+
+def test_check_table_pivots_and_sums() -> None:
+    checks = [
+        Check("t", {"m": "a", "d": "0"}, 1, 2),
+        Check("t", {"m": "a", "d": "0"}, 2, 2),
+        Check("t", {"m": "a", "d": "9"}, 0, 4),
+        Check("t", {"m": "b", "d": "9"}, 4, 4),
+    ]
+    lines = check_table(checks, TableSpec(rows=("m",), column="d", column_label="d="))
+    assert lines == [
+        "| m | d=0 | d=9 |",
+        "|---|-----|-----|",
+        "| a | 3/4 | 0/4 |",
+        "| b | -   | 4/4 |",
+    ]
+
+
+def test_check_rejects_impossible_counts() -> None:
+    with pytest.raises(ValueError, match=r"passed=3 must lie in 0\.\.trials=2"):
+        Check("t", {}, 3, 2)
+
+
+def test_bundle_round_trip() -> None:
+    bundle = Bundle(checks=[Check("t", {"k": "v"}, 1, 1, detail={"offset": 3})])
+    assert Bundle.from_data(json.loads(json.dumps(bundle.to_data()))) == bundle
+
+
+def test_unwritable_report_falls_back(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    line = write_or_fallback(blocker / "report.json", {"x": 1})
+    assert line.startswith("--sharedkv-json: could not write")
+    fallback = Path(line.rsplit(" ", 1)[1])
+    assert json.loads(fallback.read_text()) == {"x": 1}
+    fallback.unlink()
+
+
+def test_no_summary_without_sharedkv_tests(pytester: pytest.Pytester,
+                                           fake_gpus: Callable[[str], None]) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert "sharedkv summary" not in result.stdout.str()
