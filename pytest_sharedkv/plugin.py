@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,18 @@ from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.markers import register as register_markers
 from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
 from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.state import STATE, RunState, state_of
 
+# The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
+pytest_plugins = ["pytest_sharedkv.ordering.fixtures"]
 
-@dataclass
-class RunState:
-    settings: options.Settings
-    is_worker: bool
-    log: RunLog = field(default_factory=RunLog)
-    gate: Gate | None = None
-    header: list[str] | None = None
-    json_written: str | None = None
-
-
-STATE = pytest.StashKey[RunState]()
 ITEM_BUNDLE = pytest.StashKey[Bundle]()
 
 
-def state_of(config: pytest.Config) -> RunState:
-    return config.stash[STATE]
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_sharedkv import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,11 +7,12 @@ columns, like a paper's table: method x direction x size -> passed/trials per de
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pytest_sharedkv.markers import TIER_MARKERS
+from pytest_sharedkv.ordering import summary as ordering_summary
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.run_log import RunLog
 
@@ -23,11 +24,18 @@ class TableSpec:
     rows: tuple[str, ...]
     column: str | None = None
     column_label: str = ""
+    numeric_columns: bool = False  # order columns by value (delay 0 before 1e8)
 
+
+# Lines a tier prints under its table, computed from every worker's records.
+TIER_SUMMARIES: dict[str, Callable[[RunLog], list[str]]] = {
+    "ordering": ordering_summary.summary_lines,
+}
 
 TABLE_SPECS: dict[str, TableSpec] = {
     "ordering": TableSpec(
-        rows=("target", "role", "direction", "size"), column="delay", column_label="delay="
+        rows=("target", "role", "direction", "size"), column="delay", column_label="delay=",
+        numeric_columns=True,
     ),
 }
 
@@ -63,6 +71,8 @@ def check_table(checks: Sequence[Check], spec: TableSpec | None) -> list[str]:
     columns = (
         _ordered_unique(c.key.get(spec.column, "") for c in checks) if spec.column else [""]
     )
+    if spec.numeric_columns:
+        columns.sort(key=_as_number)
     cells: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for c in checks:
         col = c.key.get(spec.column, "") if spec.column else ""
@@ -79,6 +89,13 @@ def check_table(checks: Sequence[Check], spec: TableSpec | None) -> list[str]:
         f"{spec.column_label}{col}" if spec.column else "passed/trials" for col in columns
     )]
     return markdown_table(header, rows)
+
+
+def _as_number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
 
 
 def _counts_line(counts: dict[str, int]) -> str:
@@ -106,6 +123,12 @@ def summary_lines(log: RunLog) -> list[str]:
         for note in _ordered_unique(f"{n.level.upper()}: {n.text}" if n.level != "info"
                                     else n.text for n in notes):
             lines.append(f"  {note}")
+        extra = TIER_SUMMARIES.get(tier)
+        if extra is not None:
+            tier_lines = extra(log)
+            if tier_lines and not notes:
+                lines.append("")
+            lines.extend(f"  {line}" for line in tier_lines)
         lines.append("")
     facts = _ordered_unique(f"{f.name}: {f.value}" for f in log.bundle.facts)
     if facts:

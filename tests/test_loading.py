@@ -59,3 +59,17 @@ def test_works_without_xdist(pytester: pytest.Pytester, fake_gpus: Callable[[str
     fake_gpus("0")
     result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_collecting_the_suite_imports_no_torch(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+        import sys
+
+        def pytest_collection_finish(session):
+            heavy = sorted(m for m in ("torch", "lmcache", "vllm") if m in sys.modules)
+            print("HEAVY-MODULES:", heavy)
+    """)
+    result = pytester.runpytest_subprocess("--pyargs", "pytest_sharedkv.suites", "--collect-only",
+                                           "-q", "-s", "-p", "no:cacheprovider")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["HEAVY-MODULES: []"])

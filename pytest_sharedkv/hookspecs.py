@@ -1,0 +1,21 @@
+"""Hooks other plugins implement to extend the tiers (pytest's ``pytest_addhooks``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.ordering.targets import TargetRegistry
+
+
+@pytest.hookspec
+def pytest_sharedkv_copy_targets(registry: TargetRegistry) -> None:
+    """Add copy paths to the ordering tier: ``registry.add(CopyTarget(...))``.
+
+    Other KV stacks (Mooncake, NIXL, vLLM's native offload) register the host<->device
+    copies they perform, with a role ("under-test" for the stack's own paths) and a
+    factory ``"package.module:function"`` that is imported only when a test runs. The
+    factory gets the probe backend and returns a ``CopyImpl``.
+    """

@@ -1,0 +1,133 @@
+"""One ordering session per process: the backend, the prober, the copy paths and the verdicts.
+
+The negative control's delayed result for each (direction, size) is measured once and
+cached: it is the sensitivity gate every other cell of that direction and size is judged
+against. A cell whose negative control did not see stale bytes in every delayed trial is
+void, whatever the target did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_sharedkv.options import Settings, format_size
+from pytest_sharedkv.ordering.cells import Cell, format_cycles
+from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
+from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
+from pytest_sharedkv.records import ResultSink
+
+TIER = "ordering"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    ok: bool
+    message: str
+
+
+class OrderingSession:
+    def __init__(self, backend: StreamBackend, registry: TargetRegistry,
+                 settings: Settings) -> None:
+        self.backend = backend
+        self.registry = registry
+        self.settings = settings
+        self.prober = Prober(backend)
+        self.negative = registry.negative_control(backend.name)
+        self._impls: dict[str, CopyImpl] = {}
+        self._gate: dict[tuple[str, int], CellResult] = {}
+        self.pending_facts: list[tuple[str, str]] = [("ordering backend", backend.describe())]
+
+    def impl(self, target: CopyTarget) -> CopyImpl:
+        if target.name not in self._impls:
+            self._impls[target.name] = target.load_factory()(self.backend, self.settings.sizes)
+        return self._impls[target.name]
+
+    def gate(self, direction: str, nbytes: int, sink: ResultSink) -> CellResult:
+        """The negative control under delay for this direction and size (measured once)."""
+        key = (direction, nbytes)
+        if key not in self._gate:
+            self._gate[key] = self.prober.run_cell(
+                self.negative.name, self.impl(self.negative), direction, nbytes,
+                self.settings.delay_cycles, self.settings.trials)
+            result = self._gate[key]
+            self._record(sink, self.negative, result, sensitive=result.passed == 0)
+        return self._gate[key]
+
+    def _record(self, sink: ResultSink, target: CopyTarget, result: CellResult,
+                sensitive: bool) -> None:
+        sink.check(
+            TIER,
+            {"target": target.name, "direction": result.direction, "size": result.size,
+             "delay": format_cycles(result.delay_cycles)},
+            result.passed, result.trials, role=target.role, message=result.first_failure(),
+            detail={**result.detail(), "backend": self.backend.name,
+                    "simulated": self.backend.simulated, "sensitive": sensitive,
+                    "description": self.impl(target).description or target.summary,
+                    "remedy": target.remedy},
+        )
+
+    def judge(self, cell: Cell, sink: ResultSink) -> Judgement:
+        target = self.registry.get(cell.target)
+        for name, value in self.pending_facts:
+            sink.fact(name, value)
+        self.pending_facts.clear()
+        impl = self.impl(target)
+        trials, cycles = self.settings.trials, self.settings.delay_cycles
+        gate = self.gate(cell.direction, cell.nbytes, sink)
+        sensitive = gate.passed == 0
+        if target is self.negative:
+            delayed = gate  # recorded when the gate ran
+        else:
+            delayed = self.prober.run_cell(target.name, impl, cell.direction, cell.nbytes,
+                                           cycles, trials)
+            self._record(sink, target, delayed, sensitive)
+        undelayed = self.prober.run_cell(target.name, impl, cell.direction, cell.nbytes, 0,
+                                         trials)
+        self._record(sink, target, undelayed, sensitive)
+        return self._verdict(target, cell, delayed, undelayed, gate)
+
+    def _verdict(self, target: CopyTarget, cell: Cell, delayed: CellResult,
+                 undelayed: CellResult, gate: CellResult) -> Judgement:
+        where = (f"{cell.direction} {format_size(cell.nbytes)}, delay "
+                 f"{format_cycles(delayed.delay_cycles)} cycles")
+        n = delayed.trials
+        if gate.passed:
+            blind = (f"probe NOT sensitive for {where}: the negative control "
+                     f"{self.negative.name} passed {gate.passed}/{n} delayed checks (it must "
+                     "see stale bytes in every one); results for this cell are VOID. Raise "
+                     "--sharedkv-delay-cycles, and check that the probe stream is non-blocking.")
+            return Judgement(False, blind if target is self.negative else f"VOID: {blind}")
+        if target.role == "negative-control":
+            return Judgement(True, f"probe is sensitive for {where}: {self.negative.name} saw "
+                                   f"stale bytes in {n}/{n} delayed checks "
+                                   f"({undelayed.passed}/{n} undelayed checks passed)")
+        if delayed.passed == n and undelayed.passed == n:
+            return Judgement(True, f"{target.name}: stream-ordered for {where}")
+        parts = []
+        if delayed.passed < n:
+            parts.append(f"{delayed.failed_trials}/{n} delayed checks saw stale bytes "
+                         f"(first: {delayed.first_failure()})")
+        if undelayed.passed < n:
+            parts.append(f"{undelayed.failed_trials}/{n} undelayed checks saw stale bytes "
+                         f"(first: {undelayed.first_failure()})")
+        what = "NOT stream-ordered" if target.role == "under-test" else (
+            "CONTROL FAILED (the probe or the platform is broken)")
+        text = f"{target.name} ({self.impl(target).description or target.summary}): {what} " \
+               f"for {where}: " + "; ".join(parts)
+        if target.remedy:
+            text += f". {target.remedy}"
+        return Judgement(False, text)
+
+    def close(self) -> None:
+        errors = []
+        for impl in self._impls.values():
+            try:
+                impl.close()
+            except Exception as exc:  # teardown must reach every allocator
+                errors.append(f"{impl.description}: {exc}")
+        self._impls.clear()
+        close = getattr(self.backend, "close", None)
+        if callable(close):
+            close()
+        if errors:
+            raise RuntimeError("ordering teardown: " + "; ".join(errors))

@@ -1,0 +1,101 @@
+"""The ordering tier's lines under its table: sensitivity, one verdict per target, speed.
+
+Works on the records the controller gathered from every worker (no torch here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pytest_sharedkv.records import Check
+from pytest_sharedkv.run_log import RunLog
+
+TIER = "ordering"
+
+
+def _tally(checks: Sequence[Check]) -> tuple[int, int]:
+    return sum(c.passed for c in checks), sum(c.trials for c in checks)
+
+
+def _delayed(checks: Sequence[Check]) -> list[Check]:
+    return [c for c in checks if int(c.detail.get("delay_cycles", 0)) > 0]
+
+
+def _undelayed(checks: Sequence[Check]) -> list[Check]:
+    return [c for c in checks if int(c.detail.get("delay_cycles", 0)) == 0]
+
+
+def sensitivity_line(checks: Sequence[Check]) -> tuple[bool, str]:
+    negative = [c for c in checks if c.role == "negative-control"]
+    delayed = _delayed(negative)
+    if not delayed:
+        return False, ("WARNING: the negative control did not run under delay, so nothing shows "
+                       "the probe can see an ordering fault: treat every result as VOID")
+    name = delayed[0].key.get("target", "negative control")
+    passed, total = _tally(delayed)
+    up, ut = _tally(_undelayed(negative))
+    hidden = f"; {up}/{ut} undelayed checks held" if ut else ""
+    if passed == 0:
+        return True, (f"probe sensitivity: {name} saw stale bytes in {total}/{total} delayed "
+                      f"checks{hidden}: the probe can see ordering faults")
+    return False, (f"WARNING: probe NOT sensitive: {name} saw stale bytes in only "
+                   f"{total - passed}/{total} delayed checks; every result of this run is VOID "
+                   "(raise --sharedkv-delay-cycles; check the probe stream is non-blocking)")
+
+
+def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:
+    lines: list[str] = []
+    targets = list(dict.fromkeys(c.key.get("target", "") for c in checks))
+    for target in targets:
+        mine = [c for c in checks if c.key.get("target") == target]
+        role = mine[0].role
+        if role == "negative-control":
+            continue
+        dp, dt = _tally(_delayed(mine))
+        up, ut = _tally(_undelayed(mine))
+        description = str(mine[0].detail.get("description", ""))
+        if not sensitive:
+            verdict = (f"VOID (the probe is not sensitive; {dp}/{dt} delayed and {up}/{ut} "
+                       "undelayed checks held, which proves nothing)")
+        elif dp == dt and up == ut:
+            verdict = (f"stream-ordered ({dp}/{dt} delayed and {up}/{ut} undelayed checks held)")
+        else:
+            parts = []
+            if dp < dt:
+                parts.append(f"{dt - dp}/{dt} delayed checks saw stale bytes")
+            if up < ut:
+                parts.append(f"{ut - up}/{ut} undelayed checks saw stale bytes")
+            verdict = "NOT stream-ordered: " + ", ".join(parts)
+            if role == "control":
+                verdict = "CONTROL FAILED (probe or platform broken): " + ", ".join(parts)
+        lines.append(f"VERDICT {target} [{role}]: {verdict}")
+        lines.append(f"    {description}")
+        remedy = str(mine[0].detail.get("remedy", ""))
+        if remedy and sensitive and (dp < dt or up < ut):
+            lines.append(f"    {remedy}")
+    return lines
+
+
+def speed_line(log: RunLog, checks: Sequence[Check]) -> str:
+    wall = sum(r.duration for r in log.tests.values() if r.tier == TIER)
+    trials = sum(c.trials for c in checks)
+    floor = sum(float(c.detail.get("imposed_delay_s", 0.0)) for c in checks)
+    rate = f"{trials / wall:.0f} checks/s" if wall > 0 else "n/a"
+    ratio = f"{wall / floor:.2f}" if floor > 0 else "n/a"
+    return (f"speed: {trials} checks in {wall:.1f} s of ordering test time = {rate}; imposed "
+            f"delays sum to {floor:.1f} s (the floor); time/floor = {ratio}")
+
+
+def summary_lines(log: RunLog) -> list[str]:
+    checks = [c for c in log.bundle.checks if c.tier == TIER]
+    if not checks:
+        return []
+    lines = []
+    if any(c.detail.get("simulated") for c in checks):
+        lines.append("SIMULATED STREAMS (test double): these rows check the harness; "
+                     "they are not GPU results")
+    sensitive, sensitivity = sensitivity_line(checks)
+    lines.append(sensitivity)
+    lines.extend(verdict_lines(checks, sensitive))
+    lines.append(speed_line(log, checks))
+    return lines

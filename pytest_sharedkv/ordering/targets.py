@@ -1,0 +1,125 @@
+"""The copy-target registry: what the ordering tier probes, declared without importing torch.
+
+A target says what it is (control, negative control, or under test), which backend it
+runs on, which packages it needs, and where its implementation lives
+(``"module:function"``, imported only when a test runs). Other plugins add targets with
+the ``pytest_sharedkv_copy_targets`` hook.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_sharedkv.records import ROLES
+
+DIRECTIONS = ("D2H", "H2D")
+
+LMCACHE_LAZY_REMEDY = (
+    "remedy: run the LMCache server with --no-l1-use-lazy (the MixedMemoryAllocator copies "
+    "with stream-aware tensor copy_), or install an lmcache.cuda_ops build that matches the "
+    "installed torch (its lmcache_memcpy_async is cudaMemcpyAsync on the current stream)"
+)
+
+
+@dataclass(frozen=True)
+class CopyTarget:
+    name: str
+    role: str
+    summary: str
+    factory: str | Callable[..., Any]
+    backend: str = "cuda"
+    requires: tuple[str, ...] = ()
+    remedy: str = ""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES or self.role == "check":
+            raise ValueError(f"copy target {self.name!r}: role must be control, "
+                             f"negative-control or under-test, not {self.role!r}")
+
+    def load_factory(self) -> Callable[..., Any]:
+        if callable(self.factory):
+            return self.factory
+        module, _, attr = self.factory.partition(":")
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+class TargetRegistry:
+    def __init__(self) -> None:
+        self._targets: dict[str, CopyTarget] = {}
+
+    def add(self, target: CopyTarget) -> None:
+        if target.name in self._targets:
+            raise ValueError(f"copy target {target.name!r} is registered twice")
+        self._targets[target.name] = target
+
+    def get(self, name: str) -> CopyTarget:
+        return self._targets[name]
+
+    def __iter__(self) -> Iterator[CopyTarget]:
+        return iter(self._targets.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._targets
+
+    def for_backend(self, backend: str) -> list[CopyTarget]:
+        return [t for t in self._targets.values() if t.backend == backend]
+
+    def negative_control(self, backend: str) -> CopyTarget:
+        for target in self.for_backend(backend):
+            if target.role == "negative-control":
+                return target
+        raise LookupError(f"no negative-control copy target for backend {backend!r}")
+
+
+_CUDA = "pytest_sharedkv.ordering.cuda_copies"
+_LMC = "pytest_sharedkv.ordering.lmcache_copies"
+_SIM = "pytest_sharedkv.ordering.simulated"
+
+BUILTIN_TARGETS: tuple[CopyTarget, ...] = (
+    CopyTarget("raw-cudamemcpy", "negative-control",
+               "cudaMemcpy through ctypes with no stream (what LMCache's torch fallback does)",
+               f"{_CUDA}:RawCudaMemcpy"),
+    CopyTarget("sync-then-cudamemcpy", "control",
+               "synchronize the current stream, then the same raw cudaMemcpy",
+               f"{_CUDA}:SyncThenCudaMemcpy"),
+    CopyTarget("cudamemcpyasync-current-stream", "control",
+               "cudaMemcpyAsync through ctypes on the current stream",
+               f"{_CUDA}:CudaMemcpyAsyncCurrentStream"),
+    CopyTarget("tensor-copy", "control",
+               "stream-aware torch tensor copy_(non_blocking=True)",
+               f"{_CUDA}:TensorCopy"),
+    CopyTarget("lmcache-fallback", "under-test",
+               "lmcache.v1.platform.torch_ops.mem_kernels.lmcache_memcpy_async (torch fallback)",
+               f"{_LMC}:TorchFallbackCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+    CopyTarget("lmcache-device-ops", "under-test",
+               "lmcache.device_ops.lmcache_memcpy_async (native cuda_ops if it loaded)",
+               f"{_LMC}:DeviceOpsCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+    CopyTarget("lmcache-lazy-helper", "under-test",
+               "gpu_ops.lmcache_memcpy_async_{d2h,h2d} on a LazyMemoryAllocator object "
+               "(the server's default --l1-use-lazy)",
+               f"{_LMC}:LazyHelperCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+    CopyTarget("lmcache-mixed-helper", "under-test",
+               "gpu_ops.lmcache_memcpy_async_{d2h,h2d} on a MixedMemoryAllocator object "
+               "(--no-l1-use-lazy)",
+               f"{_LMC}:MixedHelperCopy", requires=("lmcache",)),
+    # The simulated-stream test double: selected only by SHAREDKV_SIMULATED_STREAMS (self-tests).
+    CopyTarget("sim-raw", "negative-control", "simulated copy that ignores the stream",
+               f"{_SIM}:SimRawCopy", backend="simulated"),
+    CopyTarget("sim-ordered", "control", "simulated copy queued on the current stream",
+               f"{_SIM}:SimOrderedCopy", backend="simulated"),
+    CopyTarget("sim-sync-then-raw", "control", "simulated stream sync, then the raw copy",
+               f"{_SIM}:SimSyncThenRawCopy", backend="simulated"),
+    CopyTarget("sim-unordered", "under-test", "simulated copy path with the ordering bug",
+               f"{_SIM}:SimRawCopy", backend="simulated",
+               remedy="remedy: (simulated) queue the copy on the current stream"),
+)
+
+
+def builtin_registry() -> TargetRegistry:
+    registry = TargetRegistry()
+    for target in BUILTIN_TARGETS:
+        registry.add(target)
+    return registry

@@ -1,0 +1,132 @@
+"""The shipped ordering suite end to end: matrix, gating, tables, verdicts, void runs.
+
+GPU-free: the suite runs on the simulated-stream test double (SHAREDKV_SIMULATED_STREAMS)
+and fake leased devices, in subprocesses, exactly as a user would invoke it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+FAST = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cacheprovider",
+        "--sharedkv-sizes=4KiB,64KiB", "--sharedkv-trials=3", "--sharedkv-delay-cycles=5e6"]
+
+
+@pytest.fixture
+def simulated(monkeypatch: pytest.MonkeyPatch, fake_gpus: Callable[[str], None]
+              ) -> Callable[[str], None]:
+    def _set(mode: str = "1") -> None:
+        fake_gpus("0")
+        monkeypatch.setenv("SHAREDKV_SIMULATED_STREAMS", mode)
+
+    return _set
+
+
+def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
+                                              simulated: Callable[[str], None]) -> None:
+    simulated("1")
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
+    # 4 targets x 2 directions x 2 sizes; the unordered path fails every cell
+    result.assert_outcomes(passed=12, failed=4)
+    result.stdout.fnmatch_lines([
+        "*sharedkv summary*",
+        "[[]ordering[]] tests: 12 passed, 4 failed",
+        "| target*| role*| direction | size*| delay=0 | delay=5e6 |",
+        "| sim-raw*| negative-control | D2H*| 4KiB*|*| 0/3*|",
+        "| sim-ordered*| control*| H2D*| 64KiB*| 3/3*| 3/3*|",
+        "| sim-unordered*| under-test*| H2D*| 64KiB*|*| 0/3*|",
+        "*SIMULATED STREAMS (test double)*not GPU results",
+        "*probe sensitivity: sim-raw saw stale bytes in 12/12 delayed checks*",
+        "*VERDICT sim-ordered [[]control[]]: stream-ordered (12/12 delayed and 12/12 undelayed*",
+        "*VERDICT sim-unordered [[]under-test[]]: NOT stream-ordered: 12/12 delayed checks saw*",
+        "*remedy: (simulated)*",
+        "*speed: * checks in * s of ordering test time = * checks/s; imposed delays sum to *",
+    ])
+    result.stdout.fnmatch_lines([
+        "*_ test_copy_path_is_stream_ordered[[]sim-unordered-D2H-4KiB[]] _*",
+        "sim-unordered (simulated: *): NOT stream-ordered for D2H 4KiB, delay 5e6 cycles: 3/3 "
+        "delayed checks saw stale bytes (first: 4096 of 4096 bytes differ, first at offset 0: "
+        "expected 0x*, observed 0x*)*remedy: (simulated) queue the copy on the current stream",
+    ])
+    data = json.loads((pytester.path / "report.json").read_text())
+    checks = data["checks"]
+    assert len(checks) == 4 * 2 * 2 * 2
+    assert all(c["detail"]["simulated"] and c["detail"]["backend"] == "simulated"
+               for c in checks)
+    failing = [c for c in checks if c["passed"] < c["trials"] and c["key"]["delay"] != "0"]
+    assert {c["key"]["target"] for c in failing} == {"sim-raw", "sim-unordered"}
+    first = failing[0]["detail"]["mismatches"][0]
+    assert set(first) == {"trial", "count", "nbytes", "first_offset", "expected", "observed"}
+
+
+def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
+                                        simulated: Callable[[str], None]) -> None:
+    simulated("blocking-default-stream")
+    result = pytester.runpytest_subprocess(*FAST)
+    # nothing can pass when the negative control cannot see a fault
+    result.assert_outcomes(failed=16)
+    result.stdout.fnmatch_lines([
+        "*WARNING: probe NOT sensitive: sim-raw saw stale bytes in only 0/12 delayed checks;"
+        " every result of this run is VOID*",
+        "*VERDICT sim-ordered [[]control[]]: VOID (the probe is not sensitive; *",
+    ])
+    result.stdout.fnmatch_lines([
+        "*_ test_copy_path_is_stream_ordered[[]sim-ordered-D2H-4KiB[]] _*",
+        "VOID: probe NOT sensitive for D2H 4KiB, delay 5e6 cycles: the negative control sim-raw"
+        " passed 3/3 delayed checks*",
+    ])
+
+
+def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
+                                             simulated: Callable[[str], None]) -> None:
+    simulated("1")
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-ordered")
+    result.assert_outcomes(passed=4)
+    # the gate still ran: the negative control's delayed rows are in the table
+    result.stdout.fnmatch_lines(["| sim-raw*| negative-control |*| -*| 0/3*|"])
+    bad = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-ordered,nope")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["ERROR: --sharedkv-targets: unknown copy target(s) nope; known:"
+                              " sim-raw, sim-ordered, sim-sync-then-raw, sim-unordered"])
+
+
+def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
+                                      simulated: Callable[[str], None]) -> None:
+    simulated("1")
+    pytester.makeconftest("""
+        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+        from pytest_sharedkv.ordering.targets import CopyTarget
+
+        def pytest_sharedkv_copy_targets(registry):
+            registry.add(CopyTarget("mooncake-transfer", "under-test",
+                                    "a third-party copy path", SimOrderedCopy,
+                                    backend="simulated"))
+    """)
+    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
+    assert listed.ret == 0
+    listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
+
+
+def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
+    pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+) -> None:
+    fake_gpus("")
+    args = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cacheprovider",
+            "-rs", "--sharedkv-targets=raw-cudamemcpy,tensor-copy"]
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(skipped=12)
+    result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
+    strict = pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu")
+    strict.assert_outcomes(errors=12)
+    # a device that torch cannot use (a CPU build) is a skip with its reason, then a failure
+    fake_gpus("0")
+    cpu = pytester.runpytest_subprocess(*args)
+    cpu.assert_outcomes(skipped=12)
+    cpu.stdout.fnmatch_lines(["*sees no CUDA device*"])
+    assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
