@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.layouts.specs import LayoutRegistry
     from pytest_sharedkv.ordering.targets import TargetRegistry
 
 
@@ -18,4 +19,14 @@ def pytest_sharedkv_copy_targets(registry: TargetRegistry) -> None:
     copies they perform, with a role ("under-test" for the stack's own paths) and a
     factory ``"package.module:function"`` that is imported only when a test runs. The
     factory gets the probe backend and returns a ``CopyImpl``.
+    """
+
+
+@pytest.hookspec
+def pytest_sharedkv_layouts(registry: LayoutRegistry) -> None:
+    """Add engine KV layouts to the packed_page tier: ``registry.add(LayoutSpec(...))``.
+
+    A layout is plain geometry (family, backend, generation, heads, head size, dtype, block
+    sizes, layer count); the tier builds the engine's tensors from it and round-trips them
+    through LMCache.
     """

@@ -215,6 +215,12 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME,...",
     ),
     Option(
+        "layouts",
+        "packed_page tier: KV layouts to round-trip (default: all registered)",
+        parse_names,
+        metavar="NAME,...",
+    ),
+    Option(
         "list-targets",
         "list the ordering tier's copy targets and exit",
         parse_bool,
@@ -237,6 +243,7 @@ class Settings:
     delay_cycles: int = 100_000_000
     sizes: tuple[int, ...] = (4 << 10, 1 << 20, 16 << 20)
     targets: tuple[str, ...] | None = None
+    layouts: tuple[str, ...] | None = None
     list_targets: bool = False
     # Where each value came from, for error messages and the JSON report.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)

@@ -27,7 +27,7 @@ from pytest_sharedkv.run_log import RunLog
 from pytest_sharedkv.state import STATE, RunState, state_of
 
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
-pytest_plugins = ["pytest_sharedkv.ordering.fixtures"]
+pytest_plugins = ["pytest_sharedkv.ordering.fixtures", "pytest_sharedkv.layouts.fixtures"]
 
 ITEM_BUNDLE = pytest.StashKey[Bundle]()
 
@@ -45,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
+    # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning")
     settings = options.load_settings(config)
     if settings.json is not None:
         problem = report_json.check_writable(settings.json)

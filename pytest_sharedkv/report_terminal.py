@@ -37,6 +37,7 @@ TABLE_SPECS: dict[str, TableSpec] = {
         rows=("target", "role", "direction", "size"), column="delay", column_label="delay=",
         numeric_columns=True,
     ),
+    "packed_page": TableSpec(rows=("layout", "device"), column="path"),
 }
 
 
@@ -74,17 +75,23 @@ def check_table(checks: Sequence[Check], spec: TableSpec | None) -> list[str]:
     if spec.numeric_columns:
         columns.sort(key=_as_number)
     cells: dict[tuple[tuple[str, ...], str], list[int]] = {}
+    status: dict[tuple[tuple[str, ...], str], str] = {}
     for c in checks:
         col = c.key.get(spec.column, "") if spec.column else ""
         total = cells.setdefault((row_of(c), col), [0, 0])
         total[0] += c.passed
         total[1] += c.trials
-    rows = []
-    for row in _ordered_unique(row_of(c) for c in checks):
-        rows.append([*row, *(
-            f"{cells[(row, col)][0]}/{cells[(row, col)][1]}" if (row, col) in cells else "-"
-            for col in columns
-        )])
+        if c.trials == 0 and "status" in c.detail:
+            status[(row_of(c), col)] = str(c.detail["status"])
+
+    def cell(row: tuple[str, ...], col: str) -> str:
+        if (row, col) not in cells:
+            return "-"
+        passed, trials = cells[(row, col)]
+        return status.get((row, col), "n/a") if trials == 0 else f"{passed}/{trials}"
+
+    rows = [[*row, *(cell(row, col) for col in columns)]
+            for row in _ordered_unique(row_of(c) for c in checks)]
     header = [*row_keys, *(
         f"{spec.column_label}{col}" if spec.column else "passed/trials" for col in columns
     )]

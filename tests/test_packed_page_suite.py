@@ -1,0 +1,62 @@
+"""The shipped packed_page suite on CPU: LMCache's torch fallback for real, xfails for what
+LMCache refuses, skips (failures under --sharedkv-require-gpu) for the CUDA cells."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("lmcache", reason="the packed_page suite runs LMCache's own code")
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "packed_page", "-p", "no:cacheprovider"]
+
+
+def test_cpu_round_trips_tables_and_xfails(pytester: pytest.Pytester,
+                                           fake_gpus: Callable[[str], None]) -> None:
+    result = pytester.runpytest_subprocess(
+        *BASE, "--sharedkv-layouts=fa-nhd-bf16,gdn-hybrid-flashinfer-1568",
+        "--sharedkv-json=report.json", "-rsx")
+    result.assert_outcomes(passed=6, xfailed=2, skipped=6)
+    result.stdout.fnmatch_lines([
+        "[[]packed_page[]] tests: 6 passed, 6 skipped, 2 xfailed",
+        "*skipped (6): needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)",
+        "| layout * | device | kernel-fallback | engine-driven | server | server-separate |",
+        "| fa-nhd-bf16 * | cpu * | 1/1 * | 1/1 * | 1/1 * | 1/1 * |",
+        "| gdn-hybrid-flashinfer-1568 | cpu * | xfail * | xfail * | 1/1 * | 1/1 * |",
+    ])
+    result.stdout.fnmatch_lines([
+        "XFAIL *gdn-hybrid-flashinfer-1568-engine-driven-cpu* - LMCache 0.5.6 moves hybrid*"
+        "LMCache: ValueError: unsupported kv_caches structure*",
+    ])
+    data = json.loads((pytester.path / "report.json").read_text())
+    hybrid = [c for c in data["checks"] if c["key"]["layout"] == "gdn-hybrid-flashinfer-1568"
+              and c["trials"] == 1]
+    assert {c["key"]["path"] for c in hybrid} == {"server", "server-separate"}
+    server = next(c for c in hybrid if c["key"]["path"] == "server")
+    assert server["detail"]["moved_pages"] == 15  # 6 attention + 3 x 3 last-of-chunk GDN
+    assert "1568 tokens = 49 kernel page(s) of 32" in server["detail"]["layout"]
+    strict = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16",
+                                           "--sharedkv-require-gpu")
+    strict.assert_outcomes(passed=4, errors=3)
+
+
+def test_unknown_layout_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16,nope")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-layouts: unknown layout(s) nope; known: *"])
+
+
+def test_extension_hook_adds_a_layout(pytester: pytest.Pytester,
+                                      fake_gpus: Callable[[str], None]) -> None:
+    pytester.makeconftest("""
+        from pytest_sharedkv.layouts.specs import LayoutSpec
+
+        def pytest_sharedkv_layouts(registry):
+            registry.add(LayoutSpec("my-engine-hnd-fp16", "attention", "an engine's own layout",
+                                    kv_layout="HND", dtype="float16", num_kv_heads=4,
+                                    head_dim=32, block_size=32, num_layers=2))
+    """)
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=my-engine-hnd-fp16")
+    result.assert_outcomes(passed=4, skipped=3)
