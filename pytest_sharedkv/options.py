@@ -221,6 +221,28 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME,...",
     ),
     Option(
+        "pool-gib",
+        "pinned_pool tier: pool size in GiB (default 1; 256 for the full production check)",
+        parse_positive_float,
+        default=1.0,
+        metavar="GIB",
+    ),
+    Option(
+        "host-budget-gib",
+        "pinned_pool tier: host memory all workers together may pin (default: 90 percent of "
+        "MemAvailable)",
+        parse_positive_float,
+        metavar="GIB",
+    ),
+    Option(
+        "pool-timeout",
+        "pinned_pool tier: seconds one allocation may take before its process is killed "
+        "(default 900)",
+        parse_positive_float,
+        default=900.0,
+        metavar="SECONDS",
+    ),
+    Option(
         "list-targets",
         "list the ordering tier's copy targets and exit",
         parse_bool,
@@ -244,6 +266,9 @@ class Settings:
     sizes: tuple[int, ...] = (4 << 10, 1 << 20, 16 << 20)
     targets: tuple[str, ...] | None = None
     layouts: tuple[str, ...] | None = None
+    pool_gib: float = 1.0
+    host_budget_gib: float | None = None
+    pool_timeout: float = 900.0
     list_targets: bool = False
     # Where each value came from, for error messages and the JSON report.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)

@@ -27,7 +27,11 @@ from pytest_sharedkv.run_log import RunLog
 from pytest_sharedkv.state import STATE, RunState, state_of
 
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
-pytest_plugins = ["pytest_sharedkv.ordering.fixtures", "pytest_sharedkv.layouts.fixtures"]
+pytest_plugins = [
+    "pytest_sharedkv.ordering.fixtures",
+    "pytest_sharedkv.layouts.fixtures",
+    "pytest_sharedkv.pool.fixtures",
+]
 
 ITEM_BUNDLE = pytest.StashKey[Bundle]()
 

@@ -11,8 +11,10 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.markers import TIER_MARKERS
 from pytest_sharedkv.ordering import summary as ordering_summary
+from pytest_sharedkv.pool import summary as pool_summary
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.run_log import RunLog
 
@@ -30,7 +32,10 @@ class TableSpec:
 # Lines a tier prints under its table, computed from every worker's records.
 TIER_SUMMARIES: dict[str, Callable[[RunLog], list[str]]] = {
     "ordering": ordering_summary.summary_lines,
+    "pinned_pool": pool_summary.summary_lines,
 }
+# Tiers whose own summary replaces the generic passed/trials table.
+OWN_TABLE = {"pinned_pool"}
 
 TABLE_SPECS: dict[str, TableSpec] = {
     "ordering": TableSpec(
@@ -43,18 +48,6 @@ TABLE_SPECS: dict[str, TableSpec] = {
 
 def _ordered_unique(values: Iterable[H]) -> list[H]:
     return list(dict.fromkeys(values))
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-            *(line(r) for r in rows)]
 
 
 def check_table(checks: Sequence[Check], spec: TableSpec | None) -> list[str]:
@@ -120,7 +113,7 @@ def summary_lines(log: RunLog) -> list[str]:
         for reason, n in skips.most_common():
             lines.append(f"  skipped ({n}): {reason}")
         checks = [c for c in log.bundle.checks if c.tier == tier]
-        table = check_table(checks, TABLE_SPECS.get(tier))
+        table = [] if tier in OWN_TABLE else check_table(checks, TABLE_SPECS.get(tier))
         if table:
             lines.append("")
             lines.extend(table)

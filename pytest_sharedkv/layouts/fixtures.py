@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.cuda_check import cuda_unavailable_reason
 from pytest_sharedkv.layouts.specs import LayoutRegistry, default_registry
 from pytest_sharedkv.options import Settings
 from pytest_sharedkv.records import ResultSink
@@ -100,8 +101,10 @@ class PackedPageRunner:
 
         from pytest_sharedkv.layouts.transfer import Unsupported, expected_unsupported, round_trip
 
-        if case.device == "cuda" and not torch.cuda.is_available():
-            return Verdict(False, f"torch {torch.__version__} sees no CUDA device", skip=True)
+        if case.device == "cuda":
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                return Verdict(False, reason, skip=True)
         spec = self.registry.get(case.layout)
         device = torch.device("cuda", 0) if case.device == "cuda" else torch.device("cpu")
         by_design = expected_unsupported(spec, case.path)

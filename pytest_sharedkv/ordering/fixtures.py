@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_sharedkv.cuda_check import cuda_unavailable_reason
 from pytest_sharedkv.options import Settings
 from pytest_sharedkv.ordering.cells import Cell
 from pytest_sharedkv.ordering.targets import DIRECTIONS, TargetRegistry, builtin_registry
@@ -102,15 +103,9 @@ def ordering_cell(request: pytest.FixtureRequest) -> Cell:
 
 
 def _cuda_backend() -> Any:
-    try:
-        import torch
-    except Exception as exc:
-        pytest.skip(f"torch not importable: {type(exc).__name__}: {exc}")
-    if not torch.cuda.is_available():
-        build = "a CPU build" if torch.version.cuda is None else (
-            f"CUDA {torch.version.cuda}; CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}")
-        pytest.skip(f"torch {torch.__version__} sees no CUDA device ({build})")
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
     from pytest_sharedkv.ordering.cuda_backend import CudaBackend
 
     return CudaBackend()
