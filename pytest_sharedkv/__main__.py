@@ -20,8 +20,14 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
 """
 
 
+# `python -m pytest_sharedkv` has imported this package before pytest could mark it for
+# assertion rewriting; the plugin has no asserts to rewrite, so the warning is noise.
+QUIET = ["-W", "ignore:Module already imported so cannot be rewritten:"
+               "pytest.PytestAssertRewriteWarning"]
+
+
 def suite_args(extra: Sequence[str]) -> list[str]:
-    args = ["--pyargs", "pytest_sharedkv.suites", *extra]
+    args = ["--pyargs", "pytest_sharedkv.suites", *QUIET, *extra]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         args = ["-p", "sharedkv", *args]
     if not any(a == "--sharedkv-json" or a.startswith("--sharedkv-json=") for a in extra):
