@@ -156,38 +156,45 @@ DEFAULT_LAYOUTS: tuple[LayoutSpec, ...] = (
                "vLLM 0.26 FlashAttention, NHD: (NB, H, BS, 2*D) viewed over physical "
                "(NB, BS, H, 2*D), K|V fused per token and head (flash_attn.py)"),
     LayoutSpec("fa-nhd-fp8", "attention",
-               "vLLM 0.26 FlashAttention NHD with an fp8 KV cache (stored as uint8)",
+               "vLLM 0.26 FlashAttention NHD with an fp8 KV cache, stored as uint8 "
+               "(vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE; flash_attn.py)",
                dtype="fp8"),
     LayoutSpec("flashinfer-hnd-bf16", "attention",
                "vLLM 0.26 FlashInfer, HND: physical (NB, H, BS, 2*D) (flashinfer.py)",
                backend="FLASHINFER", kv_layout="HND"),
     LayoutSpec("fa-rank5-nhd-bf16", "attention",
-               "vLLM 0.25 FlashAttention/FlashInfer rank-5 pages (NB, 2, BS, H, D)",
+               "vLLM 0.25 FlashAttention/FlashInfer rank-5 pages (NB, 2, BS, H, D) "
+               "(vllm 0.25.0 vllm/v1/attention/backends/flash_attn.py get_kv_cache_shape)",
                generation="vllm025"),
     LayoutSpec("fa-legacy-nhd-fp16", "attention",
-               "older FlashAttention (2, NB, BS, H, D): K plane then V plane", dtype="float16",
+               "older FlashAttention (2, NB, BS, H, D): K plane then V plane "
+               "(vllm < 0.25 vllm/v1/attention/backends/flash_attn.py)", dtype="float16",
                generation="legacy"),
     LayoutSpec("mla-bf16-576", "mla",
                "vLLM 0.26 MLA latent cache (NB, BS, 576) bf16 (mla_attention.py)"),
     LayoutSpec("mla-fp8-ds-656", "mla",
-               "vLLM 0.26 FlashMLA fp8_ds_mla: uint8, 656 bytes per token, block 64",
+               "vLLM 0.26 FlashMLA fp8_ds_mla: uint8, 656 bytes per token, block 64 "
+               "(vllm/v1/kv_cache_interface.py MLAAttentionSpec; mla/flashmla.py)",
                dtype="uint8", mla_head_size=656, block_size=64, num_blocks=12),
     replace(_TINY_GDN, name="gdn-hybrid-fa",
             doc="Gated DeltaNet + full attention (Qwen3-Next shape, tiny), FlashAttention: "
-                "logical block 80 = one kernel page"),
+                "logical block 80 = one kernel page (platforms/interface.py "
+                "_align_hybrid_block_size; worker/gpu/attn_utils.py _reshape_kv_cache)"),
     replace(_TINY_GDN, name="gdn-hybrid-flashinfer", backend="FLASHINFER",
             doc="Gated DeltaNet + full attention (tiny), FlashInfer: logical block 80 spans 5 "
-                "packed kernel pages of 16"),
+                "packed kernel pages of 16 (worker/utils.py select_common_block_size)"),
     LayoutSpec("gdn-hybrid-flashinfer-1568", "hybrid",
                "the field geometry: a 1,568-token logical block over 49 FlashInfer pages of 32 "
-               "(1 KV head x 256; GDN state (3, 5120) bf16 + (24, 128, 128) fp32)",
+               "(1 KV head x 256; GDN state (3, 5120) bf16 + (24, 128, 128) fp32; "
+               "mamba/mamba_utils.py gated_delta_net_state_shape)",
                backend="FLASHINFER", num_layers=4, num_kv_heads=1, head_dim=256, lin_k_heads=8,
                lin_v_heads=24, lin_k_dim=128, lin_v_dim=128, num_blocks=24),
     # Qwen3-Next-80B-A3B per-layer dimensions at TP=1 (2 KV heads x 256; GDN 16 k-heads and
     # 32 v-heads of 128, conv kernel 4; bf16 SSM state, mamba_ssm_cache_dtype="auto").
     LayoutSpec("gdn-qwen3next-80b-flashinfer", "hybrid",
                "Qwen3-Next-80B-A3B per-layer dims, TP=1: logical block 544 = 17 FlashInfer "
-               "pages of 32", backend="FLASHINFER", num_layers=4, num_kv_heads=2, head_dim=256,
+               "pages of 32 (transformers_utils/configs/qwen3_next.py; models/qwen3_next.py)",
+               backend="FLASHINFER", num_layers=4, num_kv_heads=2, head_dim=256,
                lin_k_heads=16, lin_v_heads=32, lin_k_dim=128, lin_v_dim=128,
                ssm_dtype="bfloat16", num_blocks=24),
 )
