@@ -16,9 +16,10 @@ Sources (vLLM 0.26.0 unless said otherwise):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from math import ceil, prod
+
+from pytest_sharedkv.registry import Registry
 
 FAMILIES = ("attention", "mla", "hybrid")
 GENERATIONS = ("vllm026", "vllm025", "legacy")
@@ -130,23 +131,8 @@ class LayoutSpec:
                 f"{self.num_layers} layers, page {self.page_bytes()} B")
 
 
-class LayoutRegistry:
-    def __init__(self) -> None:
-        self._layouts: dict[str, LayoutSpec] = {}
-
-    def add(self, layout: LayoutSpec) -> None:
-        if layout.name in self._layouts:
-            raise ValueError(f"layout {layout.name!r} is registered twice")
-        self._layouts[layout.name] = layout
-
-    def get(self, name: str) -> LayoutSpec:
-        return self._layouts[name]
-
-    def __iter__(self) -> Iterator[LayoutSpec]:
-        return iter(self._layouts.values())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._layouts
+class LayoutRegistry(Registry[LayoutSpec]):
+    kind = "layout"
 
 
 _TINY_GDN = LayoutSpec("tiny-gdn", "hybrid", "", num_layers=8, head_dim=16, num_blocks=28)

@@ -13,29 +13,12 @@ import ctypes
 import torch
 
 from pytest_sharedkv.ordering.cuda_backend import CUDA_MEMCPY_DEFAULT, check, cudart
-from pytest_sharedkv.ordering.probe import StreamBackend
+from pytest_sharedkv.ordering.probe import StreamBackend, SymmetricCopy
 
 
-class _PointerCopy:
-    description = ""
-
+class _PointerCopy(SymmetricCopy):
     def __init__(self, backend: StreamBackend, sizes: tuple[int, ...]) -> None:
         self.lib = cudart()
-
-    def host_buffer(self, nbytes: int) -> torch.Tensor | None:
-        return None
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        raise NotImplementedError
-
-    def d2h(self, dev: torch.Tensor, host: torch.Tensor) -> None:
-        self.copy(host, dev)
-
-    def h2d(self, host: torch.Tensor, dev: torch.Tensor) -> None:
-        self.copy(dev, host)
-
-    def close(self) -> None:
-        pass
 
 
 class RawCudaMemcpy(_PointerCopy):

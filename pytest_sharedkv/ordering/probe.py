@@ -59,6 +59,27 @@ class CopyImpl(Protocol):
     def close(self) -> None: ...
 
 
+class SymmetricCopy:
+    """A copy path that is one ``copy(dst, src)`` in both directions, on the probe's buffers."""
+
+    description = ""
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor | None:
+        return None
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def d2h(self, dev: torch.Tensor, host: torch.Tensor) -> None:
+        self.copy(host, dev)
+
+    def h2d(self, host: torch.Tensor, dev: torch.Tensor) -> None:
+        self.copy(dev, host)
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class Mismatch:
     trial: int

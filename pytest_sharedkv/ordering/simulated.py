@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pytest_sharedkv.ordering.probe import StreamBackend
+from pytest_sharedkv.ordering.probe import StreamBackend, SymmetricCopy
 
 SIMULATED_ENV = "SHAREDKV_SIMULATED_STREAMS"
 BLOCKING_VALUE = "blocking-default-stream"
@@ -122,28 +122,11 @@ class SimulatedBackend:
         self.stream.close()
 
 
-class _SimCopy:
-    description = ""
-
+class _SimCopy(SymmetricCopy):
     def __init__(self, backend: StreamBackend, sizes: tuple[int, ...]) -> None:
         if not isinstance(backend, SimulatedBackend):
             raise TypeError(f"{type(self).__name__} runs only on the simulated backend")
         self.backend = backend
-
-    def host_buffer(self, nbytes: int) -> torch.Tensor | None:
-        return None
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        raise NotImplementedError
-
-    def d2h(self, dev: torch.Tensor, host: torch.Tensor) -> None:
-        self.copy(host, dev)
-
-    def h2d(self, host: torch.Tensor, dev: torch.Tensor) -> None:
-        self.copy(dev, host)
-
-    def close(self) -> None:
-        pass
 
 
 class SimRawCopy(_SimCopy):

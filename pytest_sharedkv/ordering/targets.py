@@ -9,11 +9,12 @@ the ``pytest_sharedkv_copy_targets`` hook.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_sharedkv.records import ROLES
+from pytest_sharedkv.registry import Registry
 
 DIRECTIONS = ("D2H", "H2D")
 
@@ -46,26 +47,11 @@ class CopyTarget:
         return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
-class TargetRegistry:
-    def __init__(self) -> None:
-        self._targets: dict[str, CopyTarget] = {}
-
-    def add(self, target: CopyTarget) -> None:
-        if target.name in self._targets:
-            raise ValueError(f"copy target {target.name!r} is registered twice")
-        self._targets[target.name] = target
-
-    def get(self, name: str) -> CopyTarget:
-        return self._targets[name]
-
-    def __iter__(self) -> Iterator[CopyTarget]:
-        return iter(self._targets.values())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._targets
+class TargetRegistry(Registry[CopyTarget]):
+    kind = "copy target"
 
     def for_backend(self, backend: str) -> list[CopyTarget]:
-        return [t for t in self._targets.values() if t.backend == backend]
+        return [t for t in self if t.backend == backend]
 
     def negative_control(self, backend: str) -> CopyTarget:
         for target in self.for_backend(backend):
