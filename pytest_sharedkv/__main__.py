@@ -14,10 +14,38 @@ from collections.abc import Sequence
 
 DEFAULT_JSON = "sharedkv-report.json"
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
+       python -m pytest_sharedkv make-model DIR [--seed N]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu
+  make-model      write the tiny hybrid (Gated DeltaNet + attention) model to DIR, offline,
+                  deterministic from the seed; prints its digest
 """
+
+
+def make_model_command(args: Sequence[str]) -> int:
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m pytest_sharedkv make-model")
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parsed = parser.parse_args(list(args))
+    try:
+        from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
+    except ImportError as exc:
+        sys.stderr.write(f"make-model needs transformers and tokenizers: {exc}\n")
+        return 2
+    try:
+        card = make_model(parsed.dir, TinyModelRecipe(seed=parsed.seed))
+    except ImportError as exc:
+        sys.stderr.write(f"make-model needs transformers and tokenizers: {exc}\n")
+        return 2
+    except OSError as exc:
+        sys.stderr.write(f"make-model: cannot write {parsed.dir}: {exc}\n")
+        return 2
+    sys.stdout.write(f"{card.path}: digest {card.digest}\n")
+    return 0
 
 
 # `python -m pytest_sharedkv` has imported this package before pytest could mark it for
@@ -40,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
+    if args and args[0] == "make-model":
+        return make_model_command(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     import pytest

@@ -1,0 +1,191 @@
+"""One interface over two OpenAI-compatible replicas that share one LMCache pool.
+
+``send("A" | "B", prompt, ...)`` returns the continuation and the request's hit counts:
+``cached_tokens`` as the engine reports it in ``usage``, split into local (the engine's
+own prefix cache) and external (LMCache) hit tokens from the engine's Prometheus counters,
+read before and after each request (requests go one at a time, so the deltas are the
+request's). Replicas are launched (``ManagedProcess``) or external (nothing is started or
+stopped); ``restart`` and ``logs`` work on launched ones.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pytest_sharedkv.replicas.process import ManagedProcess, ProcessFailed, http_ok
+
+LOCAL_HITS = "vllm:prefix_cache_hits"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+REPLICAS = ("A", "B")
+
+
+class ReplicaError(RuntimeError):
+    """A request failed; the message names the replica and, if launched, its log tail."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    replica: str
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    local_hit_tokens: int | None
+    external_hit_tokens: int | None
+    seconds: float
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name without _total: value summed over labels}."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].removesuffix("_total")
+        try:
+            totals[name] = totals.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return totals
+
+
+@dataclass
+class Replica:
+    name: str
+    base_url: str
+    process: ManagedProcess | None = None
+    ready_path: str = "/health"
+    ready_timeout: float = 600.0
+    model: str | None = None
+    start_seconds: list[float] = field(default_factory=list)
+
+    def _ready(self) -> bool:
+        return http_ok(self.base_url + self.ready_path)
+
+    def start(self) -> None:
+        if self.process is None:
+            raise ReplicaError(f"replica {self.name} is external: the suite does not start it")
+        self.process.start()
+        self.start_seconds.append(
+            self.process.wait_ready(self._ready, self.ready_timeout, f"serving {self.ready_path}"))
+
+    def restart(self) -> None:
+        if self.process is None:
+            raise ReplicaError(f"replica {self.name} is external: the suite cannot restart it")
+        leftovers = self.process.stop()
+        if leftovers:
+            raise ReplicaError(f"replica {self.name}: processes {leftovers} survived the stop")
+        self.start()
+
+    def stop(self) -> list[int]:
+        return self.process.stop() if self.process is not None else []
+
+    def logs(self) -> str:
+        return self.process.log_text() if self.process is not None else "(external replica)"
+
+    def _get(self, path: str) -> str:
+        with urllib.request.urlopen(self.base_url + path, timeout=30) as response:
+            return str(response.read().decode())
+
+    def counters(self) -> dict[str, float]:
+        try:
+            return parse_counters(self._get("/metrics"))
+        except (urllib.error.URLError, OSError):
+            return {}
+
+    def served_model(self) -> str:
+        if self.model is None:
+            data = json.loads(self._get("/v1/models"))
+            self.model = str(data["data"][0]["id"])
+        return self.model
+
+    def complete(self, prompt: str, max_tokens: int, cache_salt: str | None) -> Reply:
+        before = self.counters()
+        body: dict[str, object] = {"model": self.served_model(), "prompt": prompt,
+                                   "max_tokens": max_tokens, "temperature": 0.0}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        request = urllib.request.Request(self.base_url + "/v1/completions",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                data = json.loads(response.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise self._failure(f"request failed: {exc}") from None
+        seconds = time.perf_counter() - started
+        after = self.counters()
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+
+        def delta(name: str) -> int | None:
+            if name not in after:
+                return None
+            return int(after[name] - before.get(name, 0.0))
+
+        return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
+                     prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                     cached_tokens=int(details.get("cached_tokens") or 0),
+                     local_hit_tokens=delta(LOCAL_HITS),
+                     external_hit_tokens=delta(EXTERNAL_HITS), seconds=seconds)
+
+    def _failure(self, why: str) -> ReplicaError:
+        if self.process is None:
+            return ReplicaError(f"replica {self.name} ({self.base_url}): {why}")
+        state = "running" if self.process.alive() else "DEAD"
+        return ReplicaError(f"replica {self.name} ({state}): {why}\n--- last lines of "
+                            f"{self.process.log_path} ---\n{self.process.tail()}")
+
+
+class ReplicaPair:
+    """Two replicas (A, B) and, when launched, the LMCache server they share."""
+
+    def __init__(self, a: Replica, b: Replica, stop_server: Callable[[], list[int]] | None = None,
+                 description: str = "") -> None:
+        self.replicas = {"A": a, "B": b}
+        self._stop_server = stop_server
+        self.description = description
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Replica:
+        if name not in self.replicas:
+            raise KeyError(f"replica must be one of {REPLICAS}, not {name!r}")
+        return self.replicas[name]
+
+    def send(self, name: str, prompt: str, max_tokens: int = 16,
+             cache_salt: str | None = None) -> Reply:
+        with self._lock:  # one request at a time: counter deltas belong to it
+            return self[name].complete(prompt, max_tokens, cache_salt)
+
+    def restart(self, name: str) -> None:
+        self[name].restart()
+
+    def logs(self, name: str) -> str:
+        return self[name].logs()
+
+    def close(self) -> list[int]:
+        """Stop everything started, replicas first; returns PIDs that survived (must be none)."""
+        leftovers: list[int] = []
+        for replica in self.replicas.values():
+            leftovers += replica.stop()
+        if self._stop_server is not None:
+            leftovers += self._stop_server()
+        return leftovers
+
+
+def start_all(pair: ReplicaPair) -> None:
+    """Start launched replicas one after the other: two engines started together on one
+    GPU profile each other's memory and the second finds no room for its cache."""
+    for replica in pair.replicas.values():
+        if replica.process is not None:
+            try:
+                replica.start()
+            except ProcessFailed as exc:
+                raise ReplicaError(str(exc)) from None

@@ -1,0 +1,137 @@
+"""Processes the suite starts: own session, logs to a file, readiness, and a teardown that
+always kills the whole process group and proves nothing of it is left.
+
+A server started in its own session outlives the command that started it and keeps its
+ports, so every launch goes through here and every fixture stops what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+LOG_TAIL_LINES = 40
+
+
+class ProcessFailed(RuntimeError):
+    """A started process died or never became ready; the message carries its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= int(response.status) < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes whose process group is PGID (zombies excluded)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class ManagedProcess:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path,
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(os.environ if env is None else env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise ProcessFailed(f"{self.name} was never started")
+        return self.proc.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
+                                         start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def failure(self, why: str) -> ProcessFailed:
+        return ProcessFailed(f"{self.name}: {why}\n--- last lines of {self.log_path} ---\n"
+                             f"{self.tail()}")
+
+    def wait_ready(self, ready: Callable[[], bool], timeout: float, what: str,
+                   interval: float = 0.25) -> float:
+        """Seconds until READY() held; fails with the log tail if the process exits first."""
+        started = time.monotonic()
+        while True:
+            if not self.alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise self.failure(f"exited with status {code} before {what}")
+            if ready():
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise self.failure(f"not {what} within {timeout:g}s")
+            time.sleep(interval)
+
+    def stop(self, grace: float = 10.0) -> list[int]:
+        """Terminate the whole group (SIGTERM, then SIGKILL); returns PIDs that survived."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if not group_members(pgid):
+                    break
+                time.sleep(0.1)
+            if not group_members(pgid):
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return group_members(pgid)

@@ -1,0 +1,122 @@
+"""The launcher's own logic on CPU: free ports, readiness, log tails, crash of a replica,
+teardown of the whole process group, proven against a stub server (a test double) and the
+real LMCache server (which runs without a GPU)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.replicas.process import (
+    ManagedProcess,
+    ProcessFailed,
+    free_port,
+    group_members,
+    http_ok,
+)
+
+
+def _stub(tmp_path: Path, *extra: str) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
+            "--name", "A", *extra]
+    return ManagedProcess("stub replica A", argv, tmp_path / "a.log"), f"http://127.0.0.1:{port}"
+
+
+def test_ready_then_stopped_with_no_orphans(tmp_path: Path) -> None:
+    proc, url = _stub(tmp_path)
+    proc.start()
+    try:
+        seconds = proc.wait_ready(lambda: http_ok(url + "/health"), 30, "serving /health")
+        assert seconds < 30
+        assert group_members(proc.pid) == [proc.pid]
+    finally:
+        leftovers = proc.stop()
+    assert leftovers == []
+    assert not http_ok(url + "/health")
+    assert "TEST DOUBLE serving on 127.0.0.1" in proc.log_text()
+
+
+def test_never_ready_fails_with_the_log_tail(tmp_path: Path) -> None:
+    proc, url = _stub(tmp_path, "--never-ready")
+    proc.start()
+    try:
+        with pytest.raises(ProcessFailed) as info:
+            proc.wait_ready(lambda: http_ok(url + "/health"), 2, "serving /health")
+    finally:
+        assert proc.stop() == []
+    text = str(info.value)
+    assert "stub replica A: not serving /health within 2s" in text
+    assert "--- last lines of" in text
+    assert "GET /health" in text
+
+
+def test_process_that_dies_at_start_is_named(tmp_path: Path) -> None:
+    proc = ManagedProcess("broken", [sys.executable, "-c", "import sys; print('boom');"
+                                     "sys.exit(7)"], tmp_path / "b.log")
+    proc.start()
+    with pytest.raises(ProcessFailed, match=r"broken: exited with status 7 before ready"):
+        proc.wait_ready(lambda: False, 30, "ready")
+    assert "boom" in proc.tail()
+    assert proc.stop() == []
+
+
+def test_whole_group_is_killed_even_if_the_leader_ignores_sigterm(tmp_path: Path) -> None:
+    code = ("import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n")
+    proc = ManagedProcess("stubborn", [sys.executable, "-c", code], tmp_path / "s.log")
+    proc.start()
+    proc.wait_ready(lambda: "up" in proc.log_text(), 30, "up")
+    time.sleep(0.3)
+    assert len(group_members(proc.pid)) == 2
+    started = time.monotonic()
+    assert proc.stop(grace=1.0) == []
+    assert time.monotonic() - started < 10
+
+
+def test_crash_mid_test_is_reported(tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    proc, url = _stub(tmp_path, "--crash-after", "1")
+    proc.start()
+    proc.wait_ready(lambda: http_ok(url + "/health"), 30, "serving /health")
+    body = json.dumps({"prompt": "a b c", "max_tokens": 2}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["X-Sharedkv-Test-Double"] == "1"
+    deadline = time.monotonic() + 10
+    while proc.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not proc.alive()
+    assert "crashing on purpose after 1 completions" in proc.tail()
+    assert proc.stop() == []
+
+
+@pytest.mark.parametrize("allocator", ["lazy", "mixed"])
+def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: str) -> None:
+    pytest.importorskip("lmcache")
+    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+
+    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=160),
+                           tmp_path)
+    server.start()
+    try:
+        assert server.health().get("status") == "ok"
+        assert server.startup_s is not None
+        effective = server.effective_allocator()
+        if allocator == "lazy":  # no CUDA here: LMCache turns lazy off and says so
+            assert effective.startswith("mixed (LMCache disabled lazy")
+        else:
+            assert effective == "mixed"
+    finally:
+        leftovers = server.stop()
+    assert leftovers == []
+    assert not http_ok(server.http_url + "/")
