@@ -118,6 +118,37 @@ def parse_gpus(text: str) -> tuple[str, ...]:
     return tokens
 
 
+def parse_choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip()
+        if value not in allowed:
+            raise OptionError(f"{text!r} is not one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def parse_subset(*allowed: str) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = parse_names(text)
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise OptionError(f"{', '.join(bad)}: not among {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def parse_urls(text: str) -> tuple[str, ...]:
+    urls = parse_names(text)
+    for url in urls:
+        if not re.match(r"^https?://[^/\s]+", url):
+            raise OptionError(f"{url!r} is not an http(s) URL")
+    if len(urls) != 2:
+        raise OptionError(f"needs two URLs, replica A then replica B (got {len(urls)})")
+    return urls
+
+
 def parse_path(text: str) -> Path:
     if not text.strip():
         raise OptionError("needs a file path")
@@ -243,6 +274,56 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "provider",
+        "replica tiers: how the replica pair comes to exist: auto (external if endpoints are "
+        "given, else vllm), vllm, transfer, external, or stub (the launcher's test double)",
+        parse_choice("auto", "vllm", "transfer", "external", "stub"),
+        default="auto",
+        metavar="NAME",
+    ),
+    Option(
+        "model",
+        "replica tiers: model checkpoint directory (default: the tiny hybrid model, "
+        "generated offline)",
+        parse_path,
+        metavar="PATH",
+    ),
+    Option(
+        "endpoints",
+        "replica tiers: two OpenAI-compatible URLs (A,B) of an existing deployment; nothing "
+        "is started or stopped",
+        parse_urls,
+        metavar="URL_A,URL_B",
+    ),
+    Option(
+        "allocators",
+        "replica tiers: LMCache L1 allocators to launch the server with (default lazy,mixed)",
+        parse_subset("lazy", "mixed"),
+        default=("lazy", "mixed"),
+        metavar="lazy,mixed",
+    ),
+    Option(
+        "chunk-size",
+        "replica tiers: LMCache chunk size in tokens (default: two engine blocks)",
+        parse_positive_int,
+        metavar="TOKENS",
+    ),
+    Option(
+        "inject-delay",
+        "replica tiers: fault-sensitivity mode: GPU cycles of delay on the current stream "
+        "before every KV store and retrieve in the launched processes (0: off)",
+        parse_nonnegative_int,
+        default=0,
+        metavar="CYCLES",
+    ),
+    Option(
+        "settle-s",
+        "replica tiers: seconds between replica A's answer and replica B's request, for "
+        "LMCache's asynchronous store (default 2, and at least 30 with --sharedkv-inject-delay)",
+        parse_positive_float,
+        metavar="SECONDS",
+    ),
+    Option(
         "list-targets",
         "list the ordering tier's copy targets and exit",
         parse_bool,
@@ -269,9 +350,22 @@ class Settings:
     pool_gib: float = 1.0
     host_budget_gib: float | None = None
     pool_timeout: float = 900.0
+    provider: str = "auto"
+    model: Path | None = None
+    endpoints: tuple[str, ...] | None = None
+    allocators: tuple[str, ...] = ("lazy", "mixed")
+    chunk_size: int | None = None
+    inject_delay: int = 0
+    settle_s: float | None = None
     list_targets: bool = False
     # Where each value came from, for error messages and the JSON report.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def effective_settle_s(self) -> float:
+        if self.settle_s is not None:
+            return self.settle_s
+        return 30.0 if self.inject_delay else 2.0
 
 
 def add_options(parser: pytest.Parser) -> None:

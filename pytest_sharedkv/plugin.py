@@ -31,6 +31,7 @@ pytest_plugins = [
     "pytest_sharedkv.ordering.fixtures",
     "pytest_sharedkv.layouts.fixtures",
     "pytest_sharedkv.pool.fixtures",
+    "pytest_sharedkv.replicas.fixtures",
 ]
 
 ITEM_BUNDLE = pytest.StashKey[Bundle]()

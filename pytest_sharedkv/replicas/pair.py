@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pytest_sharedkv.replicas.process import ManagedProcess, ProcessFailed, http_ok
 
@@ -63,6 +64,7 @@ class Replica:
     ready_path: str = "/health"
     ready_timeout: float = 600.0
     model: str | None = None
+    reports_external: bool = False  # usage.cached_tokens includes connector (LMCache) hits
     start_seconds: list[float] = field(default_factory=list)
 
     def _ready(self) -> bool:
@@ -130,11 +132,13 @@ class Replica:
                 return None
             return int(after[name] - before.get(name, 0.0))
 
+        cached = int(details.get("cached_tokens") or 0)
+        local, external = delta(LOCAL_HITS), delta(EXTERNAL_HITS)
+        if external is None and local is not None and self.reports_external:
+            external = cached - local  # the engine's cached tokens count both kinds
         return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
-                     prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                     cached_tokens=int(details.get("cached_tokens") or 0),
-                     local_hit_tokens=delta(LOCAL_HITS),
-                     external_hit_tokens=delta(EXTERNAL_HITS), seconds=seconds)
+                     prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
+                     local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
 
     def _failure(self, why: str) -> ReplicaError:
         if self.process is None:
@@ -148,10 +152,13 @@ class ReplicaPair:
     """Two replicas (A, B) and, when launched, the LMCache server they share."""
 
     def __init__(self, a: Replica, b: Replica, stop_server: Callable[[], list[int]] | None = None,
-                 description: str = "") -> None:
+                 description: str = "", model: Path | None = None,
+                 labels: dict[str, str] | None = None) -> None:
         self.replicas = {"A": a, "B": b}
         self._stop_server = stop_server
         self.description = description
+        self.model = model  # the served checkpoint, when the suite launched it
+        self.labels = dict(labels or {})  # provider, allocator, delay: the report's key
         self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Replica:

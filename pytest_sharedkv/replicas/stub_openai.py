@@ -5,9 +5,13 @@ It is not an inference engine. It answers ``/health``, ``/v1/models``, ``/metric
 hits per ``cache_salt`` the way a prefix cache would (in whole 16-token blocks), and can
 misbehave on purpose (``--crash-after N`` exits after N completions, ``--never-ready``
 keeps /health failing) so the launcher's readiness, crash and teardown paths can be
-tested on CPU. Every response carries ``X-Sharedkv-Test-Double: 1``.
+tested on CPU. ``--pool DIR`` makes two stubs share a directory the way two engines share
+an LMCache pool (blocks found there count as external hits); ``--corrupt-external``
+changes the answer whenever a request hit the pool (a fault the suite must catch). Every
+response carries ``X-Sharedkv-Test-Double: 1``.
 
-    python -m pytest_sharedkv.replicas.stub_openai --port P [--crash-after N] [--never-ready]
+    python -m pytest_sharedkv.replicas.stub_openai --port P [--pool DIR] [--crash-after N]
+        [--never-ready] [--corrupt-external]
 """
 
 from __future__ import annotations
@@ -18,20 +22,43 @@ import json
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 BLOCK = 16
 
 
 class _State:
-    def __init__(self, crash_after: int | None, never_ready: bool, name: str) -> None:
+    def __init__(self, crash_after: int | None, never_ready: bool, name: str,
+                 pool: Path | None, corrupt_external: bool) -> None:
         self.crash_after = crash_after
         self.never_ready = never_ready
         self.name = name
+        self.pool = pool
+        self.corrupt_external = corrupt_external
         self.completions = 0
         self.hits = 0
+        self.external_hits = 0
         self.queries = 0
-        self.blocks: set[tuple[str, str]] = set()
+        self.blocks: set[str] = set()
         self.lock = threading.Lock()
+
+    def lookup(self, salt: str, tokens: list[str]) -> tuple[int, int]:
+        """(local, external) hit tokens: whole blocks of the prompt prefix, in order."""
+        local = external = 0
+        for end in range(BLOCK, len(tokens) + 1, BLOCK):
+            key = hashlib.sha256(f"{salt}|{' '.join(tokens[:end])}".encode()).hexdigest()
+            if key in self.blocks and external == 0:
+                local = end
+            elif self.pool is not None and (self.pool / key).exists():
+                external = end - local
+            else:
+                break
+        for end in range(BLOCK, len(tokens) + 1, BLOCK):
+            key = hashlib.sha256(f"{salt}|{' '.join(tokens[:end])}".encode()).hexdigest()
+            self.blocks.add(key)
+            if self.pool is not None:
+                (self.pool / key).touch()
+        return local, external
 
 
 def _tokens(prompt: str) -> list[str]:
@@ -65,7 +92,8 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
             elif self.path == "/metrics":
                 text = (f"vllm:prefix_cache_queries_total {state.queries}\n"
-                        f"vllm:prefix_cache_hits_total {state.hits}\n")
+                        f"vllm:prefix_cache_hits_total {state.hits}\n"
+                        f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
                 self._send(200, text, "text/plain")
             else:
                 self._send(404, {"error": "not found"})
@@ -80,17 +108,16 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
             salt = str(request.get("cache_salt", ""))
             tokens = _tokens(prompt)
             with state.lock:
-                cached = 0
-                for end in range(BLOCK, len(tokens) + 1, BLOCK):
-                    block = (salt, hashlib.sha256(" ".join(tokens[:end]).encode()).hexdigest())
-                    if block in state.blocks and cached == end - BLOCK:
-                        cached = end
-                    state.blocks.add(block)
+                local, external = state.lookup(salt, tokens)
+                cached = local + external
                 state.queries += len(tokens)
-                state.hits += cached
+                state.hits += local
+                state.external_hits += external
                 state.completions += 1
                 done = state.completions
             text = _continuation(prompt, int(request.get("max_tokens", 16)))
+            if external and state.corrupt_external:
+                text = _continuation(prompt + " stale", int(request.get("max_tokens", 16)))
             self._send(200, {
                 "id": f"cmpl-{done}", "object": "text_completion", "model": "stub",
                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
@@ -111,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="stub")
     parser.add_argument("--crash-after", type=int, default=None)
     parser.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--pool", type=Path, default=None)
+    parser.add_argument("--corrupt-external", action="store_true")
     args = parser.parse_args(argv)
-    state = _State(args.crash_after, args.never_ready, args.name)
+    if args.pool is not None:
+        args.pool.mkdir(parents=True, exist_ok=True)
+    state = _State(args.crash_after, args.never_ready, args.name, args.pool,
+                   args.corrupt_external)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))
     print(f"[{args.name}] TEST DOUBLE serving on 127.0.0.1:{args.port}", flush=True)
     server.serve_forever()

@@ -1,0 +1,64 @@
+"""The cross-replica round: A cold, then B from the shared pool, exact answers and hits.
+
+Kept out of the suite file so the suite stays thin and the logic is tested on the stub
+test double. A wrong continuation names the prompt, both answers and B's hit counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pytest_sharedkv.records import ResultSink
+from pytest_sharedkv.replicas.namespaces import Namespaces
+from pytest_sharedkv.replicas.pair import ReplicaPair
+from pytest_sharedkv.replicas.prompts import long_prompts
+
+TIER = "replica_pair"
+
+
+@dataclass(frozen=True)
+class RoundVerdict:
+    ok: bool
+    message: str
+
+
+def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultSink,
+                        prompts: int, max_tokens: int, settle_s: float) -> RoundVerdict:
+    """``settle_s``: the wait between A's answer and B's request, because LMCache stores
+    A's KV after A answers (1.7 s per 3,000-token store under a 1e8-cycle injected delay,
+    measured on an H200); a B that comes too early reports no pool hits and fails."""
+    started = time.perf_counter()
+    problems: list[str] = []
+    exact = 0
+    external = 0
+    details = []
+    for index, prompt in enumerate(long_prompts(prompts, model=pair.model)):
+        namespace = namespaces(f"prompt-{index}")
+        a = pair.send("A", prompt, max_tokens, namespace.salt)
+        namespace.expect_cold(a)
+        time.sleep(settle_s)
+        b = pair.send("B", prompt, max_tokens, namespace.salt)
+        hit = b.external_hit_tokens or 0
+        external += hit
+        same = a.text == b.text
+        exact += same
+        details.append({"prompt_tokens": a.prompt_tokens, "b_cached": b.cached_tokens,
+                        "b_local": b.local_hit_tokens, "b_external": b.external_hit_tokens,
+                        "exact": same, "a_seconds": round(a.seconds, 3),
+                        "b_seconds": round(b.seconds, 3)})
+        if not same:
+            problems.append(f"prompt {index} ({a.prompt_tokens} tokens): B answered "
+                            f"{b.text!r} from {hit} external hit tokens, A answered {a.text!r}")
+        if hit <= 0:
+            problems.append(f"prompt {index}: B reported no external (pool) hits, so the "
+                            "cross-replica step proves nothing (is the connector on?)")
+    wall = time.perf_counter() - started
+    sink.check(TIER, dict(pair.labels), exact, prompts,
+               message="; ".join(problems[:3]),
+               detail={"requests": 2 * prompts, "external_hit_tokens": external,
+                       "wall_s": round(wall, 2), "pair": pair.description,
+                       "prompts": details})
+    head = (f"{pair.description}: {exact}/{prompts} exact cross-replica answers, "
+            f"{external} external hit tokens")
+    return RoundVerdict(not problems, head + ("" if not problems else ": " + "; ".join(problems)))

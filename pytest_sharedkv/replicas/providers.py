@@ -1,0 +1,169 @@
+"""Replica providers: how a pair of replicas over one LMCache pool comes to exist.
+
+* ``vllm`` (launched): an LMCache server and two ``vllm serve`` processes with the
+  LMCache MP connector, prefix caching on; one GPU each when two are leased, else both on
+  one GPU, started one after the other with a memory cap each.
+* ``external``: two URLs (``--sharedkv-endpoints``); nothing is started or stopped.
+* ``stub``: two stub OpenAI servers: a TEST DOUBLE for the launcher's own tests, never a
+  result about a KV stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_sharedkv.replicas.delay_hook import CYCLES_ENV
+from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+from pytest_sharedkv.replicas.pair import Replica, ReplicaPair, start_all
+from pytest_sharedkv.replicas.process import ManagedProcess, free_port
+
+PROVIDERS = ("auto", "vllm", "transfer", "external", "stub")
+INJECT_DIR = Path(__file__).parent / "inject"
+SERVED_NAME = "sharedkv-model"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launched pair needs: where to log, which devices, which model, faults."""
+
+    log_dir: Path
+    allocator: str = "mixed"
+    model: Path | None = None
+    devices: tuple[str, ...] = ()
+    inject_delay_cycles: int = 0
+    chunk_size: int = 256
+    l1_size_gb: float = 4.0
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.35
+    ready_timeout: float = 900.0
+
+
+def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
+                base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if spec.inject_delay_cycles:
+        env[CYCLES_ENV] = str(spec.inject_delay_cycles)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(INJECT_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -> list[str]:
+    """``vllm serve`` for vLLM 0.26 with LMCache's MP connector (see shared/gpu-host)."""
+    transfer = {
+        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                      "lmcache.mp.port": server.port},
+    }
+    return [
+        sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve",
+        str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
+        "--max-model-len", str(spec.max_model_len), "--max-num-seqs", "4",
+        "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}",
+        "--kv-transfer-config", json.dumps(transfer),
+        "--additional-config", json.dumps({"gdn_prefill_backend": "triton"}),
+    ]
+
+
+def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
+    if spec.model is None:
+        raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
+    server_env = process_env(spec, spec.devices[:1])
+    server = LMCacheServer(ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
+                                        chunk_size=spec.chunk_size,
+                                        ready_timeout=spec.ready_timeout),
+                           spec.log_dir, env=server_env)
+    server.start()
+    replicas = {}
+    for index, name in enumerate(("A", "B")):
+        devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
+        port = free_port()
+        env = process_env(spec, devices)
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        process = ManagedProcess(f"vllm replica {name}", vllm_argv(spec.model, port, server, spec),
+                                 spec.log_dir / f"vllm-{name}-{port}.log", env=env)
+        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
+                                 ready_timeout=spec.ready_timeout, model=SERVED_NAME,
+                                 reports_external=True)
+    pair = ReplicaPair(replicas["A"], replicas["B"], stop_server=server.stop,
+                       description=f"vllm x2 + lmcache server ({server.effective_allocator()})",
+                       model=spec.model,
+                       labels={"provider": "vllm", "allocator": server.effective_allocator(),
+                               "delay": str(spec.inject_delay_cycles)})
+    try:
+        start_all(pair)
+    except BaseException:
+        pair.close()
+        raise
+    return pair
+
+
+STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"  # self-tests: "corrupt-external" or "crash-after=N"
+
+
+def stub_pair(spec: LaunchSpec) -> ReplicaPair:
+    fault = os.environ.get(STUB_FAULT_ENV, "")
+    pool = spec.log_dir / "stub-pool"
+    replicas = {}
+    for name in ("A", "B"):
+        port = free_port()
+        argv = [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port",
+                str(port), "--name", name, "--pool", str(pool)]
+        if name == "B" and fault == "corrupt-external":
+            argv.append("--corrupt-external")
+        if name == "B" and fault.startswith("crash-after="):
+            argv += ["--crash-after", fault.split("=", 1)[1]]
+        process = ManagedProcess(f"stub replica {name}", argv,
+                                 spec.log_dir / f"stub-{name}-{port}.log")
+        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
+                                 reports_external=True)
+    pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
+                       labels={"provider": "stub (test double)", "allocator": "n/a",
+                               "delay": fault or "0"})
+    try:
+        start_all(pair)
+    except BaseException:
+        pair.close()
+        raise
+    return pair
+
+
+def external_pair(endpoints: tuple[str, ...]) -> ReplicaPair:
+    if len(endpoints) != 2:
+        raise ValueError(f"--sharedkv-endpoints needs two URLs (A,B), got {len(endpoints)}")
+    a, b = (Replica(name, url.rstrip("/")) for name, url in zip(("A", "B"), endpoints,
+                                                                 strict=True))
+    return ReplicaPair(a, b, description=f"external {endpoints[0]}, {endpoints[1]}",
+                       labels={"provider": "external", "allocator": "unknown", "delay": "0"})
+
+
+def derive_chunk_size(model: Path, blocks: int = 2) -> int:
+    """LMCache's chunk must be whole engine blocks: for a hybrid model vLLM raises the
+    attention block so one page holds the Gated DeltaNet state (the packed_page tier's
+    arithmetic, LayoutSpec.logical_block_size); 2 blocks per chunk, as measured."""
+    from pytest_sharedkv.layouts.specs import LayoutSpec
+
+    config = json.loads((model / "config.json").read_text())
+    types = config.get("layer_types") or []
+    if "linear_attention" not in types:
+        return 16 * 16
+    ssm = str(config.get("mamba_ssm_dtype") or "bfloat16").replace("torch.", "")
+    spec = LayoutSpec(
+        "engine", "hybrid", "from the model's config.json", backend="FLASH_ATTN",
+        num_kv_heads=int(config["num_key_value_heads"]), head_dim=int(config["head_dim"]),
+        lin_k_heads=int(config["linear_num_key_heads"]),
+        lin_v_heads=int(config["linear_num_value_heads"]),
+        lin_k_dim=int(config["linear_key_head_dim"]),
+        lin_v_dim=int(config["linear_value_head_dim"]),
+        conv_kernel=int(config["linear_conv_kernel_dim"]),
+        ssm_dtype=ssm if ssm in ("bfloat16", "float16", "float32") else "bfloat16")
+    return spec.logical_block_size() * blocks

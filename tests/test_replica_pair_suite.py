@@ -1,0 +1,83 @@
+"""The shipped replica_pair suite, end to end, on the stub provider (a test double of two
+engines sharing a pool): exact answers pass; a corrupted cross-replica answer, a replica
+that crashes mid-test, and bad options all fail clearly, with nothing left running."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from pytest_sharedkv.replicas.process import group_members
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-p", "no:cacheprovider",
+        "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
+
+
+def _no_stub_left() -> bool:
+    import subprocess
+
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return "pytest_sharedkv.replicas.stub_openai" not in out
+
+
+def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "[[]replica_pair[]] tests: 1 passed",
+        "| provider * | allocator | delay | passed/trials |",
+        "| stub (test double) | n/a * | 0 * | 3/3 * |",
+    ])
+    check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
+    assert check["detail"]["external_hit_tokens"] > 0
+    assert all(p["b_local"] == 0 and p["b_external"] > 0 for p in check["detail"]["prompts"])
+    assert _no_stub_left()
+
+
+def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    result = pytester.runpytest_subprocess(*BASE)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "stub x2 (test double): 0/3 exact cross-replica answers, * external hit tokens: "
+        "prompt 0 (* tokens): B answered * from * external hit tokens, A answered *",
+    ])
+    assert _no_stub_left()
+
+
+def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=1")
+    result = pytester.runpytest_subprocess(*BASE)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "replica B (DEAD): request failed:*",
+        "--- last lines of *stub-B-*.log ---",
+        "*crashing on purpose after 1 completions",
+    ])
+    assert _no_stub_left()
+
+
+def test_endpoints_must_be_two_urls(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--sharedkv-endpoints=http://a:1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-endpoints: needs two URLs, replica A then"
+                                 " replica B (got 1)"])
+    bad = pytester.runpytest("--sharedkv-provider=magic")
+    bad.stderr.fnmatch_lines(["ERROR: --sharedkv-provider: 'magic' is not one of auto, vllm,*"])
+
+
+def test_launched_provider_skips_without_a_gpu(pytester: pytest.Pytester,
+                                               fake_gpus: Callable[[str], None]) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "pytest_sharedkv.suites", "-m",
+                                           "replica_pair", "--sharedkv-provider=vllm", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
+
+
+def test_group_members_sees_nothing_for_a_dead_group() -> None:
+    assert group_members(999_999_999) == []
