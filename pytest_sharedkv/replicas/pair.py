@@ -188,11 +188,16 @@ class ReplicaPair:
 
 
 def start_all(pair: ReplicaPair) -> None:
-    """Start launched replicas one after the other: two engines started together on one
-    GPU profile each other's memory and the second finds no room for its cache."""
-    for replica in pair.replicas.values():
-        if replica.process is not None:
-            try:
+    """Start launched replicas one after the other (two engines started together on one
+    GPU profile each other's memory and the second finds no room for its cache); if one
+    fails, stop everything the pair started before raising."""
+    try:
+        for replica in pair.replicas.values():
+            if replica.process is not None:
                 replica.start()
-            except ProcessFailed as exc:
-                raise ReplicaError(str(exc)) from None
+    except ProcessFailed as exc:
+        pair.close()
+        raise ReplicaError(str(exc)) from None
+    except BaseException:
+        pair.close()
+        raise

@@ -99,11 +99,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                        model=spec.model,
                        labels={"provider": "vllm", "allocator": server.effective_allocator(),
                                "delay": str(spec.inject_delay_cycles)})
-    try:
-        start_all(pair)
-    except BaseException:
-        pair.close()
-        raise
+    start_all(pair)
     return pair
 
 
@@ -129,11 +125,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
                        labels={"provider": "stub (test double)", "allocator": "n/a",
                                "delay": fault or "0"})
-    try:
-        start_all(pair)
-    except BaseException:
-        pair.close()
-        raise
+    start_all(pair)
     return pair
 
 
