@@ -11,6 +11,7 @@ transfer turns a latent stream-ordering fault into wrong answers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -40,3 +41,24 @@ def test_cross_replica_hits_give_exact_answers(
         pytest.fail(str(exc), pytrace=False)
     if not verdict.ok:
         pytest.fail(verdict.message, pytrace=False)
+
+
+@pytest.mark.replica_pair
+@pytest.mark.sharedkv_requires("lmcache")
+def test_transfer_pair_moves_every_byte_through_the_server(
+    tmp_path: Path, kv_namespace: Namespaces, sharedkv_results: ResultSink
+) -> None:
+    """The transfer provider: two processes, no model, the real LMCache server (on CPU):
+    A stores, B (a fresh process) finds every token, a fresh salt finds none, and every
+    byte B retrieves equals A's."""
+    from pytest_sharedkv.replicas.transfer import NUM_TOKENS, run_pair
+
+    outcome = run_pair(tmp_path, kv_namespace("transfer").salt)
+    fetch = outcome.fetch
+    sharedkv_results.check(
+        "replica_pair", {"provider": "transfer", "allocator": "mixed (CPU server)", "delay": "0"},
+        0 if outcome.problems else 1, 1, message="; ".join(outcome.problems)[:500],
+        detail={"server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
+                "fetch": fetch})
+    if outcome.problems:
+        pytest.fail("; ".join(outcome.problems), pytrace=False)

@@ -11,8 +11,8 @@ import pytest
 
 from pytest_sharedkv.replicas.process import group_members
 
-BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-p", "no:cacheprovider",
-        "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
+        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
 
 
 def _no_stub_left() -> bool:
@@ -74,10 +74,51 @@ def test_endpoints_must_be_two_urls(pytester: pytest.Pytester) -> None:
 def test_launched_provider_skips_without_a_gpu(pytester: pytest.Pytester,
                                                fake_gpus: Callable[[str], None]) -> None:
     result = pytester.runpytest_subprocess("--pyargs", "pytest_sharedkv.suites", "-m",
-                                           "replica_pair", "--sharedkv-provider=vllm", "-rs")
+                                           "replica_pair", "-k", "cross_replica",
+                                           "--sharedkv-provider=vllm", "-rs")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
 
 
 def test_group_members_sees_nothing_for_a_dead_group() -> None:
     assert group_members(999_999_999) == []
+
+
+def test_transfer_judge_can_fail() -> None:
+    from pytest_sharedkv.replicas.transfer import NUM_TOKENS, judge
+
+    store = {"stored": True, "visible_hit_tokens": NUM_TOKENS}
+    good = {"hit_tokens": NUM_TOKENS, "control_hit_tokens": 0, "retrieved": True,
+            "mismatched_pages": 0, "untouched_pages_changed": 0, "mismatches": []}
+    assert judge(store, good) == []
+    leak = {**good, "control_hit_tokens": 256}
+    assert judge(store, leak) == ["a fresh cache_salt hit 256 tokens: salts do not separate "
+                                  "namespaces"]
+    wrong = {**good, "mismatched_pages": 3, "mismatches": [
+        "layer 0, B block 7 <- A block 9: 2048 of 2048 bytes differ, first at token 0, "
+        "head 0, byte 0: expected 0x12, observed 0x34"]}
+    assert judge(store, wrong)[0].startswith("3 retrieved page(s) differ from replica A's")
+    assert judge({"stored": False}, good)[0].startswith("replica A's store did not become")
+
+
+def test_transfer_locations() -> None:
+    from pytest_sharedkv.replicas.transfer import HEAD_DIM, HEADS, where
+
+    per_token = HEADS * 2 * HEAD_DIM * 2
+    assert where(0) == "token 0, head 0, byte 0"
+    assert where(per_token + 2 * HEAD_DIM * 2 + 5) == "token 1, head 1, byte 5"
+
+
+def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("lmcache")
+    args = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "transfer",
+            "-p", "no:cacheprovider"]
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=1)
+    monkeypatch.setenv("SHAREDKV_TRANSFER_FAULT", "off-by-one")
+    wrong = pytester.runpytest_subprocess(*args)
+    wrong.assert_outcomes(failed=1)
+    wrong.stdout.fnmatch_lines(["* retrieved page(s) differ from replica A's and * other "
+                                "page(s) changed; first: layer 0, B block * <- A block *: "
+                                "* of 2048 bytes differ, first at token 0, head 0, byte 0:*"])

@@ -16,13 +16,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_sharedkv.replicas.process import ManagedProcess, free_port, http_ok
+from pytest_sharedkv.replicas.process import ManagedProcess, free_port, http_ok, tcp_open
 
 ALLOCATORS = ("lazy", "mixed")
-READY_LINE = "cache server is running"
 LAZY_DISABLED = "Disabling l1-use-lazy"
 SERVER_ENV = {
     "LMCACHE_DISABLE_BANNER": "1",
+    "LMCACHE_TRACK_USAGE": "false",  # no usage telemetry from test servers
+    "DO_NOT_TRACK": "1",
     "PYTHONUNBUFFERED": "1",
 }
 
@@ -75,7 +76,9 @@ class LMCacheServer:
         return f"http://127.0.0.1:{self.http_port}"
 
     def _ready(self) -> bool:
-        return READY_LINE in self.process.log_text() and http_ok(self.http_url + "/")
+        # the zmq port accepting and the HTTP API answering (log levels may hide the
+        # "cache server is running" line, so it is not required)
+        return tcp_open(self.port) and http_ok(self.http_url + "/")
 
     def start(self) -> LMCacheServer:
         self.process.start()

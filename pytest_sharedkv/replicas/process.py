@@ -31,6 +31,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def tcp_open(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -113,6 +121,16 @@ class ManagedProcess:
             if time.monotonic() - started > timeout:
                 raise self.failure(f"not {what} within {timeout:g}s")
             time.sleep(interval)
+
+    def wait_exit(self, timeout: float, what: str) -> int:
+        """The exit status; a process still running after TIMEOUT is stopped and fails."""
+        if self.proc is None:
+            raise ProcessFailed(f"{self.name} was never started")
+        try:
+            return int(self.proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise self.failure(f"did not {what} within {timeout:g}s") from None
 
     def stop(self, grace: float = 10.0) -> list[int]:
         """Terminate the whole group (SIGTERM, then SIGKILL); returns PIDs that survived."""
