@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from pytest_sharedkv.layouts.build import (
-    Pool,
     Replica,
     hybrid_config,
     hybrid_replica,
@@ -354,5 +353,3 @@ def round_trip(spec: LayoutSpec, path: str, device: torch.device) -> Trip:
         return hybrid_round_trip(spec, path, device)
     return plain_round_trip(spec, path, device)
 
-
-__all__ = ["PATHS", "Pool", "Trip", "Unsupported", "expected_unsupported", "round_trip"]

@@ -19,7 +19,6 @@ would let a stream-less copy pass the first delayed trial by accident (seen on a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -236,12 +235,3 @@ class Prober:
         result.elapsed_s = time.perf_counter() - started
         result.delay_s = trials * self.backend.delay_seconds(delay_cycles) if delay_cycles else 0
         return result
-
-
-def each_cell(sizes: tuple[int, ...]) -> Iterator[tuple[str, int]]:
-    for direction in ("D2H", "H2D"):
-        for nbytes in sizes:
-            yield direction, nbytes
-
-
-ImplFactory = Callable[[StreamBackend], CopyImpl]

@@ -44,17 +44,17 @@ class _State:
 
     def lookup(self, salt: str, tokens: list[str]) -> tuple[int, int]:
         """(local, external) hit tokens: whole blocks of the prompt prefix, in order."""
+        keys = [(end, hashlib.sha256(f"{salt}|{' '.join(tokens[:end])}".encode()).hexdigest())
+                for end in range(BLOCK, len(tokens) + 1, BLOCK)]
         local = external = 0
-        for end in range(BLOCK, len(tokens) + 1, BLOCK):
-            key = hashlib.sha256(f"{salt}|{' '.join(tokens[:end])}".encode()).hexdigest()
+        for end, key in keys:
             if key in self.blocks and external == 0:
                 local = end
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
             else:
                 break
-        for end in range(BLOCK, len(tokens) + 1, BLOCK):
-            key = hashlib.sha256(f"{salt}|{' '.join(tokens[:end])}".encode()).hexdigest()
+        for _, key in keys:
             self.blocks.add(key)
             if self.pool is not None:
                 (self.pool / key).touch()

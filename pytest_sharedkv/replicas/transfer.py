@@ -86,9 +86,11 @@ def page(tensor: Any, block: int) -> Any:
 
 
 def where(offset: int) -> str:
-    token, rest = divmod(offset, HEADS * 2 * HEAD_DIM * 2)
-    head, byte = divmod(rest, 2 * HEAD_DIM * 2)
-    return f"token {token}, head {head}, byte {byte}"
+    """The packed_page tier's page geometry, for the NHD page (BS, H, 2D) in bf16."""
+    from pytest_sharedkv.layouts.fill import Region
+
+    page = Region("k|v", 0, (("token", BLOCK), ("head", HEADS), ("byte", 2 * HEAD_DIM * 2)))
+    return ", ".join(f"{k} {v}" for k, v in page.coordinates(offset).items())
 
 
 class Client:
@@ -194,7 +196,7 @@ def store_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
 def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
     import torch
 
-    _, b_ids = block_plan()
+    a_ids, b_ids = block_plan()
     a_pages = torch.load(workdir / "a-pages.pt")
     kv = make_kv(SEED_B)
     client.register(kv)
@@ -223,7 +225,7 @@ def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
             else:
                 untouched_changed += 1
             if len(mismatches) < 5:
-                source = (f"<- A block {block_plan()[0][target[block]]}" if block in target
+                source = (f"<- A block {a_ids[target[block]]}" if block in target
                           else "(must not change)")
                 mismatches.append(
                     f"layer {layer}, B block {block} {source}: {int(diff.count_nonzero())} of "
