@@ -311,7 +311,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "inject-delay",
         "replica tiers: fault-sensitivity mode: GPU cycles of delay on the current stream "
-        "before every KV store and retrieve in the launched processes (0: off)",
+        "before every KV store and retrieve in the launched processes; each configuration "
+        "then also runs delayed, next to its undelayed control (0: off)",
         parse_nonnegative_int,
         default=0,
         metavar="CYCLES",
@@ -319,7 +320,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "settle-s",
         "replica tiers: seconds between replica A's answer and replica B's request, for "
-        "LMCache's asynchronous store (default 2, and at least 30 with --sharedkv-inject-delay)",
+        "LMCache's asynchronous store (default 2; 20 for delayed cells)",
         parse_positive_float,
         metavar="SECONDS",
     ),
@@ -362,10 +363,14 @@ class Settings:
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
-    def effective_settle_s(self) -> float:
+    def delays(self) -> tuple[int, ...]:
+        """The replica tiers' delay axis: undelayed, plus the injected delay when asked."""
+        return (0, self.inject_delay) if self.inject_delay else (0,)
+
+    def settle_for(self, delay: int) -> float:
         if self.settle_s is not None:
             return self.settle_s
-        return 30.0 if self.inject_delay else 2.0
+        return 20.0 if delay else 2.0  # a 1e8-cycle delay: 7.9 s per 2,976-token store (H200)
 
 
 def add_options(parser: pytest.Parser) -> None:

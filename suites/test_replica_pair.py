@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.records import ResultSink
     from pytest_sharedkv.replicas.namespaces import Namespaces
     from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.replicas.transfer import TransferCase
 
 PROMPTS = 3
 MAX_TOKENS = 16
@@ -34,9 +35,10 @@ def test_cross_replica_hits_give_exact_answers(
     from pytest_sharedkv.replicas.pair import ReplicaError
     from pytest_sharedkv.replicas.pair_check import cross_replica_round
 
+    settle_s = sharedkv_settings.settle_for(replica_pair.delay_cycles)
     try:
         verdict = cross_replica_round(replica_pair, kv_namespace, sharedkv_results, PROMPTS,
-                                      MAX_TOKENS, sharedkv_settings.effective_settle_s)
+                                      MAX_TOKENS, settle_s)
     except ReplicaError as exc:  # a replica died or stopped answering: its log tail says why
         pytest.fail(str(exc), pytrace=False)
     if not verdict.ok:
@@ -46,19 +48,25 @@ def test_cross_replica_hits_give_exact_answers(
 @pytest.mark.replica_pair
 @pytest.mark.sharedkv_requires("lmcache")
 def test_transfer_pair_moves_every_byte_through_the_server(
-    tmp_path: Path, kv_namespace: Namespaces, sharedkv_results: ResultSink
+    transfer_case: TransferCase, tmp_path: Path, kv_namespace: Namespaces,
+    sharedkv_results: ResultSink,
 ) -> None:
-    """The transfer provider: two processes, no model, the real LMCache server (on CPU):
-    A stores, B (a fresh process) finds every token, a fresh salt finds none, and every
-    byte B retrieves equals A's."""
+    """The transfer provider: two processes, no model, the real LMCache server (CPU, or the
+    leased GPU per allocator, undelayed and delayed): A stores, B (a fresh process) finds
+    every token, a fresh salt finds none, and every byte B retrieves equals A's."""
+    from pytest_sharedkv.replicas.delay_hook import cycles_label
     from pytest_sharedkv.replicas.transfer import NUM_TOKENS, run_pair
 
-    outcome = run_pair(tmp_path, kv_namespace("transfer").salt)
+    outcome = run_pair(tmp_path, kv_namespace("transfer").salt, device=transfer_case.device,
+                       allocator=transfer_case.allocator, delay_cycles=transfer_case.delay)
     fetch = outcome.fetch
     sharedkv_results.check(
-        "replica_pair", {"provider": "transfer", "allocator": "mixed (CPU server)", "delay": "0"},
-        0 if outcome.problems else 1, 1, message="; ".join(outcome.problems)[:500],
+        "replica_pair",
+        {"provider": f"transfer ({transfer_case.device})",
+         "allocator": outcome.allocator or transfer_case.allocator,
+         "delay": cycles_label(transfer_case.delay)},
+        *outcome.score(), message="; ".join(outcome.problems)[:500],
         detail={"server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
-                "fetch": fetch})
+                "fetch": fetch, "delayed_calls": outcome.delayed_calls})
     if outcome.problems:
         pytest.fail("; ".join(outcome.problems), pytrace=False)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pytest_sharedkv.replicas import delay_hook
 
 
@@ -57,3 +59,24 @@ def test_reaches_a_launched_process_through_pythonpath(tmp_path: Path) -> None:
     assert "sharedkv-inject: fault-sensitivity mode, 1000 cycles" in out.stderr
     assert "sharedkv-inject: delaying sharedkv_fake_kv2:store" in out.stderr
     assert "sharedkv-inject: sharedkv_fake_kv2:store called 1 times" in out.stderr
+
+
+def test_each_delayed_call_is_logged_per_process_role(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "inject.log"
+    monkeypatch.setenv(delay_hook.LOG_ENV, str(log))
+    monkeypatch.setenv(delay_hook.ROLE_ENV, "server")
+    delayed = delay_hook.wrap("m:f", lambda: 7, lambda: None)
+    assert delayed() == 7 and delayed() == 7
+    monkeypatch.setenv(delay_hook.ROLE_ENV, "replica A")
+    delayed()
+    assert delay_hook.read_log(log) == {"server": 2, "replica A": 1}
+    assert delay_hook.read_log(tmp_path / "missing.log") == {}
+
+
+def test_fallback_kernels_are_default_targets_and_labels_are_short() -> None:
+    targets = delay_hook.parse_targets(None)
+    assert "_transfer_per_layer_fused" in targets["lmcache.v1.platform.torch_ops.mp_mem_kernels"]
+    assert delay_hook.cycles_label(100000000) == "1e8"
+    assert delay_hook.cycles_label(0) == "0"
+    assert delay_hook.cycles_label(25000000) == "25000000"

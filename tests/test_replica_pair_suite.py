@@ -89,7 +89,8 @@ def test_transfer_judge_can_fail() -> None:
 
     store = {"stored": True, "visible_hit_tokens": NUM_TOKENS}
     good = {"hit_tokens": NUM_TOKENS, "control_hit_tokens": 0, "retrieved": True,
-            "mismatched_pages": 0, "untouched_pages_changed": 0, "mismatches": []}
+            "pages_compared": 256, "mismatched_pages": 0, "untouched_pages_changed": 0,
+            "mismatches": []}
     assert judge(store, good) == []
     leak = {**good, "control_hit_tokens": 256}
     assert judge(store, leak) == ["a fresh cache_salt hit 256 tokens: salts do not separate "
@@ -97,8 +98,34 @@ def test_transfer_judge_can_fail() -> None:
     wrong = {**good, "mismatched_pages": 3, "mismatches": [
         "layer 0, B block 7 <- A block 9: 2048 of 2048 bytes differ, first at token 0, "
         "head 0, byte 0: expected 0x12, observed 0x34"]}
-    assert judge(store, wrong)[0].startswith("3 retrieved page(s) differ from replica A's")
+    assert judge(store, wrong)[0].startswith(
+        "wrong bytes: 3 of 256 retrieved page(s) differ from replica A's")
     assert judge({"stored": False}, good)[0].startswith("replica A's store did not become")
+
+
+def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
+    from pytest_sharedkv.replicas.transfer import TransferOutcome, judge
+
+    fetch = {"hit_tokens": 2048, "control_hit_tokens": 0, "retrieved": True,
+             "pages_compared": 256, "mismatched_pages": 0, "untouched_pages_changed": 0}
+    assert TransferOutcome(fetch=fetch).score() == (256, 256)
+    wrong = {**fetch, "mismatched_pages": 64, "mismatches": ["x"]}
+    store = {"stored": True, "visible_hit_tokens": 2048}
+    outcome = TransferOutcome(store=store, fetch=wrong, problems=judge(store, wrong))
+    assert outcome.score() == (192, 256)
+    outcome.problems.insert(0, "VOID: the injected delay never ran in the LMCache server")
+    assert outcome.score() == (0, 256)
+    assert TransferOutcome(problems=["lmcache server exited"]).score() == (0, 1)
+
+
+def test_transfer_matrix_adds_gpu_cells_per_allocator_and_delay() -> None:
+    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.replicas.fixtures import transfer_cases
+
+    ids = [p.id for p in transfer_cases(Settings(allocators=("lazy", "mixed")))]
+    assert ids == ["cpu-mixed", "cuda-lazy", "cuda-mixed"]
+    ids = [p.id for p in transfer_cases(Settings(allocators=("lazy",), inject_delay=100000000))]
+    assert ids == ["cpu-mixed", "cuda-lazy", "cuda-lazy-delay1e8"]
 
 
 def test_transfer_locations() -> None:
@@ -112,13 +139,14 @@ def test_transfer_locations() -> None:
 def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("lmcache")
-    args = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "transfer",
-            "-p", "no:cacheprovider"]
+    args = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k",
+            "transfer and cpu", "-p", "no:cacheprovider"]
     result = pytester.runpytest_subprocess(*args)
     result.assert_outcomes(passed=1)
     monkeypatch.setenv("SHAREDKV_TRANSFER_FAULT", "off-by-one")
     wrong = pytester.runpytest_subprocess(*args)
     wrong.assert_outcomes(failed=1)
-    wrong.stdout.fnmatch_lines(["* retrieved page(s) differ from replica A's and * other "
-                                "page(s) changed; first: layer 0, B block * <- A block *: "
+    wrong.stdout.fnmatch_lines(["*wrong bytes: * of 256 retrieved page(s) differ from replica "
+                                "A's and * other page(s) changed; first: layer 0, B block * "
+                                "<- A block *: "
                                 "* of 2048 bytes differ, first at token 0, head 0, byte 0:*"])

@@ -6,7 +6,17 @@ looks; an imposed delay makes it a deterministic wrong answer. The launched proc
 ``SHAREDKV_INJECT_DELAY_CYCLES`` and ``inject/`` on ``PYTHONPATH``; its
 ``sitecustomize`` calls :func:`install`, which wraps the target functions as their modules
 load (a post-import hook), so nothing is imported early. Each wrapped call counts itself;
-the counts are printed at exit, so a run can show the hook was actually hit.
+the counts are printed at exit, and with ``SHAREDKV_INJECT_LOG`` every delayed call
+appends a line to that file, so a test can prove the delay ran in the server (a killed
+process runs no atexit).
+
+Where the delay sits matters. LMCache's torch fallback reads pointer and block-id tensors
+back to the host (``.item()``, ``.tolist()``) at the start of
+``multi_layer_block_kv_transfer``: that synchronizes the stream and swallows a delay queued
+before it (measured on an H200: stores took 1.7 s instead of 0.05 s, answers stayed exact).
+So the delay is also queued inside the fallback, after those reads and just before the
+gather/scatter kernels (``_transfer_per_layer_*``), where the producer of a D2H copy (and
+the consumer of an H2D copy) is the kernel that follows it on the server's stream.
 """
 
 from __future__ import annotations
@@ -19,11 +29,15 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 CYCLES_ENV = "SHAREDKV_INJECT_DELAY_CYCLES"
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"
+LOG_ENV = "SHAREDKV_INJECT_LOG"
+ROLE_ENV = "SHAREDKV_INJECT_ROLE"  # names the process in the log (server, replica A, ...)
+_FALLBACK_KERNELS = "lmcache.v1.platform.torch_ops.mp_mem_kernels"
 # LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the GPU
 # connector helpers, the engine-driven worker path).
 DEFAULT_TARGETS = (
@@ -32,8 +46,17 @@ DEFAULT_TARGETS = (
     "lmcache.v1.gpu_connector.gpu_ops:lmcache_memcpy_async_h2d",
     "lmcache.v1.multiprocess.transfer_context.base:gather_paged_kv_to_cpu",
     "lmcache.v1.multiprocess.transfer_context.base:scatter_cpu_to_paged_kv",
+    *(f"{_FALLBACK_KERNELS}:_transfer_{kind}" for kind in (
+        "per_layer_fused", "per_layer_nhd", "per_layer_hnd", "per_layer_mla",
+        "per_layer_mla_tuple", "per_layer_kv_tuple", "cross_layer", "sglang_mha")),
 )
 CALLS: Counter[str] = Counter()
+
+
+def cycles_label(cycles: int) -> str:
+    """1e8 for 100000000 (exact values only): short, and the same in ids and reports."""
+    short = f"{cycles:.0e}".replace("e+0", "e").replace("e+", "e")
+    return short if cycles and float(short) == cycles else str(cycles)
 
 
 def cuda_delay(cycles: int) -> None:
@@ -43,10 +66,30 @@ def cuda_delay(cycles: int) -> None:
         torch.cuda._sleep(cycles)
 
 
+def log_call(name: str) -> None:
+    path = os.environ.get(LOG_ENV)
+    if path:
+        role = os.environ.get(ROLE_ENV, "process")
+        with open(path, "a", encoding="utf-8") as log:  # one short line: an atomic append
+            log.write(f"{os.getpid()}\t{role}\t{name}\n")
+
+
+def read_log(path: Path) -> Counter[str]:
+    """Delayed calls per role, from a ``SHAREDKV_INJECT_LOG`` file (empty if none ran)."""
+    counts: Counter[str] = Counter()
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3:
+                counts[parts[1]] += 1
+    return counts
+
+
 def wrap(name: str, fn: Callable[..., Any], delay: Callable[[], None]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def delayed(*args: Any, **kwargs: Any) -> Any:
         CALLS[name] += 1
+        log_call(name)
         delay()
         return fn(*args, **kwargs)
 

@@ -13,7 +13,9 @@ import pytest
 from filelock import FileLock
 
 from pytest_sharedkv.options import Settings
+from pytest_sharedkv.replicas.delay_hook import cycles_label
 from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
+from pytest_sharedkv.replicas.transfer import TransferCase
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:  # runtime imports stay lazy
@@ -37,16 +39,31 @@ def provider_marks(provider: str) -> list[Any]:
     return []
 
 
+def transfer_cases(settings: Settings) -> list[Any]:
+    """The transfer provider's matrix: the CPU server (CI; LMCache turns lazy L1 off
+    without CUDA, so mixed only, and no delay: the hook delays GPU streams), then on a
+    leased GPU every allocator, undelayed and, in fault-sensitivity mode, delayed."""
+    cases = [TransferCase("cpu", "mixed", 0)]
+    cases += [TransferCase("cuda", a, d) for a in settings.allocators for d in settings.delays]
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.sharedkv_gpu] if c.device == "cuda"
+                         else []) for c in cases]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "transfer_case" in metafunc.fixturenames:
+        metafunc.parametrize("transfer_case", transfer_cases(state_of(metafunc.config).settings))
     if "replica_pair" not in metafunc.fixturenames:
         return
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
-    allocators = settings.allocators if provider in ("vllm", "vllm-missing") else ("n/a",)
+    launched = provider in ("vllm", "vllm-missing")
+    allocators = settings.allocators if launched else ("n/a",)
+    delays = settings.delays if launched else (0,)  # only launched processes get the hook
     metafunc.parametrize(
         "replica_pair",
-        [pytest.param(a, id=a if a != "n/a" else provider, marks=provider_marks(provider))
-         for a in allocators],
+        [pytest.param((a, d), marks=provider_marks(provider),
+                      id=(a if launched else provider) + (f"-delay{cycles_label(d)}" if d else ""))
+         for a in allocators for d in delays],
         indirect=True, scope="session")
 
 
@@ -102,8 +119,8 @@ def replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
 
     settings = state_of(pytestconfig).settings
     provider = resolve_provider(settings)
-    allocator = str(request.param)
-    log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}")
+    allocator, delay = request.param
+    log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
     if provider == "external":
         pair = external_pair(settings.endpoints or ())
     elif provider == "stub":
@@ -113,7 +130,7 @@ def replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
         devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
         pair = launch_vllm_pair(LaunchSpec(
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
-            inject_delay_cycles=settings.inject_delay,
+            inject_delay_cycles=delay,
             chunk_size=settings.chunk_size or derive_chunk_size(model)))
     elif provider == "vllm-missing":
         pytest.skip("vllm not importable: the launched provider needs it "

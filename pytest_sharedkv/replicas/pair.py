@@ -159,6 +159,8 @@ class ReplicaPair:
         self.description = description
         self.model = model  # the served checkpoint, when the suite launched it
         self.labels = dict(labels or {})  # provider, allocator, delay: the report's key
+        self.delay_cycles = 0  # fault-sensitivity mode: the delay the launched processes got
+        self.inject_log: Path | None = None  # where they log each delayed call
         self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Replica:

@@ -7,14 +7,23 @@ test double. A wrong continuation names the prompt, both answers and B's hit cou
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from pytest_sharedkv.records import ResultSink
+from pytest_sharedkv.replicas.delay_hook import read_log
 from pytest_sharedkv.replicas.namespaces import Namespaces
 from pytest_sharedkv.replicas.pair import ReplicaPair
 from pytest_sharedkv.replicas.prompts import long_prompts
 
 TIER = "replica_pair"
+
+
+def delayed_calls(pair: ReplicaPair) -> Counter[str] | None:
+    """Delayed KV transfers per launched process, or None when no delay was injected."""
+    if pair.inject_log is None:
+        return None
+    return read_log(pair.inject_log)
 
 
 @dataclass(frozen=True)
@@ -26,8 +35,9 @@ class RoundVerdict:
 def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultSink,
                         prompts: int, max_tokens: int, settle_s: float) -> RoundVerdict:
     """``settle_s``: the wait between A's answer and B's request, because LMCache stores
-    A's KV after A answers (1.7 s per 3,000-token store under a 1e8-cycle injected delay,
-    measured on an H200); a B that comes too early reports no pool hits and fails."""
+    A's KV after A answers (7.9 s per 2,976-token store under a 1e8-cycle injected delay,
+    measured on an H200); a B that comes too early reports no pool hits and fails. Both
+    answers go into the report, so a failed run says what each replica said."""
     started = time.perf_counter()
     problems: list[str] = []
     exact = 0
@@ -45,7 +55,8 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
         exact += same
         details.append({"prompt_tokens": a.prompt_tokens, "b_cached": b.cached_tokens,
                         "b_local": b.local_hit_tokens, "b_external": b.external_hit_tokens,
-                        "exact": same, "a_seconds": round(a.seconds, 3),
+                        "exact": same, "a_text": a.text, "b_text": b.text,
+                        "a_seconds": round(a.seconds, 3),
                         "b_seconds": round(b.seconds, 3)})
         if not same:
             problems.append(f"prompt {index} ({a.prompt_tokens} tokens): B answered "
@@ -53,11 +64,17 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
         if hit <= 0:
             problems.append(f"prompt {index}: B reported no external (pool) hits, so the "
                             "cross-replica step proves nothing (is the connector on?)")
+    delayed = delayed_calls(pair)
+    if delayed is not None and not delayed.get("server"):
+        problems.insert(0, "VOID: the injected delay never ran in the LMCache server "
+                        f"(delayed calls per process: {dict(delayed) or 'none'}), so this "
+                        "round cannot expose a stream-ordering fault")
     wall = time.perf_counter() - started
     sink.check(TIER, dict(pair.labels), exact, prompts,
                message="; ".join(problems[:3]),
                detail={"requests": 2 * prompts, "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
+                       "delayed_calls": dict(delayed) if delayed is not None else None,
                        "prompts": details})
     head = (f"{pair.description}: {exact}/{prompts} exact cross-replica answers, "
             f"{external} external hit tokens")

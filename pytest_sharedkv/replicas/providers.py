@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_sharedkv.replicas.delay_hook import CYCLES_ENV
+from pytest_sharedkv.replicas.delay_hook import CYCLES_ENV, LOG_ENV, ROLE_ENV, cycles_label
 from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.replicas.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.replicas.process import ManagedProcess, free_port
@@ -43,13 +43,20 @@ class LaunchSpec:
     ready_timeout: float = 900.0
 
 
+def inject_log(log_dir: Path) -> Path:
+    """Where the launched processes log each delayed call (fault-sensitivity mode)."""
+    return log_dir / "inject-delay.log"
+
+
 def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
-                base: Mapping[str, str] | None = None) -> dict[str, str]:
+                base: Mapping[str, str] | None = None, role: str = "process") -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     if spec.inject_delay_cycles:
         env[CYCLES_ENV] = str(spec.inject_delay_cycles)
+        env[LOG_ENV] = str(inject_log(spec.log_dir))
+        env[ROLE_ENV] = role
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(INJECT_DIR), env.get("PYTHONPATH", "")) if p)
     return env
@@ -77,7 +84,7 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -
 def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
         raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
-    server_env = process_env(spec, spec.devices[:1])
+    server_env = process_env(spec, spec.devices[:1], role="server")
     server = LMCacheServer(ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
                                         chunk_size=spec.chunk_size,
                                         ready_timeout=spec.ready_timeout),
@@ -87,7 +94,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     for index, name in enumerate(("A", "B")):
         devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
         port = free_port()
-        env = process_env(spec, devices)
+        env = process_env(spec, devices, role=f"replica {name}")
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         process = ManagedProcess(f"vllm replica {name}", vllm_argv(spec.model, port, server, spec),
                                  spec.log_dir / f"vllm-{name}-{port}.log", env=env)
@@ -98,7 +105,10 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                        description=f"vllm x2 + lmcache server ({server.effective_allocator()})",
                        model=spec.model,
                        labels={"provider": "vllm", "allocator": server.effective_allocator(),
-                               "delay": str(spec.inject_delay_cycles)})
+                               "delay": cycles_label(spec.inject_delay_cycles)})
+    if spec.inject_delay_cycles:
+        pair.delay_cycles = spec.inject_delay_cycles
+        pair.inject_log = inject_log(spec.log_dir)
     start_all(pair)
     return pair
 

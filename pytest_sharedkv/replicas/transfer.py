@@ -6,11 +6,15 @@ Replica A registers its KV, stores a token sequence from its block ids (under a 
 salt) and dumps the pages it stored. Replica B, a fresh process with other bytes,
 registers, looks the tokens up (all must hit), looks them up under a fresh salt (none may
 hit: the zero-hit control), retrieves into other block ids and compares every byte of
-every retrieved page with A's, and every other page with its own. It runs without a GPU
-(the processes see no CUDA device), so CPU CI exercises the real server.
+every retrieved page with A's, and every other page with its own. On ``cpu`` it runs
+without a GPU (the processes see no CUDA device), so CPU CI exercises the real server; on
+``cuda`` the KV lives on the leased GPU, the server reaches it through CUDA IPC and runs its
+GPU copy path (lazy or mixed L1), and an injected delay (fault-sensitivity mode) shows
+whether that path is stream-ordered: 8 chunks, more than the server's 4 staging buffers,
+so both a stale store (D2H) and an overwritten retrieve (H2D) can show.
 
     python -m pytest_sharedkv.replicas.transfer store|fetch --url URL --model NAME
-        --workdir DIR --salt SALT
+        --workdir DIR --salt SALT [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -26,17 +30,18 @@ from pathlib import Path
 from typing import Any
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
-NUM_BLOCKS = 96
-NUM_TOKENS = 512
+NUM_BLOCKS = 160
+NUM_TOKENS = 2048  # 8 chunks of 256
 SEED_A, SEED_B = 11, 22
 FAULT_ENV = "SHAREDKV_TRANSFER_FAULT"  # self-test seam: "off-by-one" retrieves one block over
+DEVICES = ("cpu", "cuda")
+BYTES_WRONG = "wrong bytes"
 REPLICA_ENV = {
     "LMCACHE_MP_TRANSFER_MODE": "lmcache_driven",  # what the default server serves
     "LMCACHE_TRACK_USAGE": "false",
     "DO_NOT_TRACK": "1",
     "LMCACHE_DISABLE_BANNER": "1",
     "LMCACHE_LOG_LEVEL": "WARNING",
-    "CUDA_VISIBLE_DEVICES": "",
 }
 
 
@@ -58,7 +63,7 @@ def page_bytes() -> int:
     return BLOCK * HEADS * 2 * HEAD_DIM * 2  # bf16 (BS, H, 2D)
 
 
-def make_kv(seed: int) -> dict[str, Any]:
+def make_kv(seed: int, device: str = "cpu") -> dict[str, Any]:
     """vLLM 0.26 FlashAttention NHD: (NB, H, BS, 2D) over physical (NB, BS, H, 2D)."""
     import torch
 
@@ -69,6 +74,7 @@ def make_kv(seed: int) -> dict[str, Any]:
     for layer in range(LAYERS):
         raw = torch.empty(NUM_BLOCKS * page_bytes(), dtype=torch.int8)
         fill_position_coded(raw, seed, layer)
+        raw = raw.to(device)
         kv[f"model.layers.{layer}.self_attn.attn"] = attention_view(
             raw, torch.bfloat16, (NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD_DIM), FUSED_ORDER["NHD"])
     return kv
@@ -79,7 +85,7 @@ def page(tensor: Any, block: int) -> Any:
     the pool into shared memory and re-points the tensor)."""
     import torch
 
-    u8 = torch.empty(0, dtype=torch.uint8)
+    u8 = torch.empty(0, dtype=torch.uint8, device=tensor.device)
     u8.set_(tensor.untyped_storage())
     base = tensor.storage_offset() * tensor.element_size()
     return u8[base + block * page_bytes(): base + (block + 1) * page_bytes()]
@@ -173,34 +179,34 @@ class Client:
         self.worker.shutdown()
 
 
-def store_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
+def store_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
     import torch
 
     a_ids, _ = block_plan()
-    kv = make_kv(SEED_A)
+    kv = make_kv(SEED_A, device)
     client.register(kv)
     started = time.perf_counter()
     stored = client.store("sharedkv-a-store", a_ids, salt)
     hit, attempts = 0, 0
-    while hit < NUM_TOKENS and time.perf_counter() - started < 10:  # stores land async
+    while hit < NUM_TOKENS and time.perf_counter() - started < 60:  # stores land async
         attempts += 1
         rid = f"sharedkv-a-visible-{attempts}"
         hit = client.lookup(rid, salt)
         client.release(rid, hit, salt)
-    pages = torch.stack([torch.stack([page(t, b) for b in a_ids]) for t in kv.values()])
+    pages = torch.stack([torch.stack([page(t, b).cpu() for b in a_ids]) for t in kv.values()])
     torch.save(pages, workdir / "a-pages.pt")
     return {"stored": stored, "visible_hit_tokens": hit, "lookups_until_visible": attempts,
             "store_s": round(time.perf_counter() - started, 4)}
 
 
-def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
+def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
     import torch
 
     a_ids, b_ids = block_plan()
     a_pages = torch.load(workdir / "a-pages.pt")
-    kv = make_kv(SEED_B)
+    kv = make_kv(SEED_B, device)
     client.register(kv)
-    before = [[page(t, b).clone() for b in range(NUM_BLOCKS)] for t in kv.values()]
+    before = [[page(t, b).cpu() for b in range(NUM_BLOCKS)] for t in kv.values()]
     control = client.lookup("sharedkv-b-control", salt + "-control")
     client.release("sharedkv-b-control", control, salt + "-control")
     hit = client.lookup("sharedkv-b-fetch", salt)
@@ -209,12 +215,14 @@ def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
     if os.environ.get(FAULT_ENV) == "off-by-one":  # self-tests: the checker must see it
         into = [b % (NUM_BLOCKS - 1) + 1 for b in moved]
     retrieved = client.retrieve("sharedkv-b-fetch", into, hit, salt) if hit else False
+    if device == "cuda":
+        torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
     mismatches: list[str] = []
     mismatched_pages = untouched_changed = 0
     target = {b: j for j, b in enumerate(moved)}
     for layer, tensor in enumerate(kv.values()):
         for block in range(NUM_BLOCKS):
-            now = page(tensor, block)
+            now = page(tensor, block).cpu()
             want = a_pages[layer, target[block]] if block in target else before[layer][block]
             if torch.equal(now, want):
                 continue
@@ -227,6 +235,7 @@ def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
             if len(mismatches) < 5:
                 source = (f"<- A block {a_ids[target[block]]}" if block in target
                           else "(must not change)")
+                source += holds(a_pages[layer], now, a_ids)
                 mismatches.append(
                     f"layer {layer}, B block {block} {source}: {int(diff.count_nonzero())} of "
                     f"{page_bytes()} bytes differ, first at {where(first)}: expected "
@@ -236,12 +245,52 @@ def fetch_role(client: Client, workdir: Path, salt: str) -> dict[str, Any]:
             "untouched_pages_changed": untouched_changed, "mismatches": mismatches}
 
 
+def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
+    """Whose bytes a wrong page holds, when they are another of A's pages (a stale or
+    overwritten staging buffer moves a neighbouring chunk's bytes)."""
+    import torch
+
+    for j, candidate in enumerate(pages):
+        if torch.equal(candidate, observed):
+            return f", holds A block {a_ids[j]}'s bytes (token block {j})"
+    return ""
+
+
 @dataclass
 class TransferOutcome:
     store: dict[str, Any] = field(default_factory=dict)
     fetch: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     server: str = ""
+    allocator: str = ""
+    delayed_calls: dict[str, int] | None = None
+
+    def score(self) -> tuple[int, int]:
+        """(pages right, pages compared) for the report; a failure of anything but the
+        bytes (no hits, a dead process, a void delay) counts every page as not passed."""
+        compared = int(self.fetch.get("pages_compared") or 0)
+        if not self.problems:
+            return compared or 1, compared or 1
+        if compared and all(p.startswith(BYTES_WRONG) for p in self.problems):
+            wrong = int(self.fetch.get("mismatched_pages", 0))
+            return max(compared - wrong, 0), compared
+        return 0, compared or 1
+
+
+@dataclass(frozen=True)
+class TransferCase:
+    """One cell of the transfer provider's matrix."""
+
+    device: str = "cpu"
+    allocator: str = "mixed"
+    delay: int = 0
+
+    @property
+    def id(self) -> str:
+        from pytest_sharedkv.replicas.delay_hook import cycles_label
+
+        delay = f"-delay{cycles_label(self.delay)}" if self.delay else ""
+        return f"{self.device}-{self.allocator}{delay}"
 
 
 def _cleanup_shm(pid: int) -> None:
@@ -250,24 +299,38 @@ def _cleanup_shm(pid: int) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def run_pair(workdir: Path, salt: str, timeout: float = 300.0) -> TransferOutcome:
-    """A real LMCache server (CPU) and replicas A then B; always torn down."""
+def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mixed",
+             delay_cycles: int = 0, timeout: float = 300.0) -> TransferOutcome:
+    """A real LMCache server and replicas A then B; always torn down.
+
+    ``cpu``: nobody sees a GPU (LMCache turns lazy L1 off there: the effective allocator
+    is reported). ``cuda``: the server and both replicas share the leased GPU; with
+    ``delay_cycles`` all three load the fault-sensitivity hook.
+    """
+    from pytest_sharedkv.replicas.delay_hook import read_log
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
     from pytest_sharedkv.replicas.process import ManagedProcess, ProcessFailed
+    from pytest_sharedkv.replicas.providers import LaunchSpec, inject_log, process_env
 
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
     outcome = TransferOutcome()
-    env = {**os.environ, **REPLICA_ENV}
-    server = LMCacheServer(ServerConfig(allocator="mixed", l1_size_gb=0.25, chunk_size=256),
-                           workdir, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    spec = LaunchSpec(log_dir=workdir, allocator=allocator, inject_delay_cycles=delay_cycles)
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=256),
+                           workdir, env={**process_env(spec, role="server"), **hidden})
     try:
         server.start()
-        outcome.server = f"lmcache server ({server.effective_allocator()}), {server.url}"
+        outcome.allocator = server.effective_allocator()
+        outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
         for role in ("store", "fetch"):
+            name = "A" if role == "store" else "B"
             argv = [sys.executable, "-m", "pytest_sharedkv.replicas.transfer", role, "--url",
                     server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
-                    "--salt", salt]
-            replica = ManagedProcess(f"transfer replica {'A' if role == 'store' else 'B'}",
-                                     argv, workdir / f"replica-{role}.log", env=env)
+                    "--salt", salt, "--device", device]
+            env = {**process_env(spec, role=f"replica {name}"), **REPLICA_ENV, **hidden}
+            replica = ManagedProcess(f"transfer replica {name}", argv,
+                                     workdir / f"replica-{role}.log", env=env)
             replica.start()
             try:
                 code = replica.wait_exit(timeout, f"finish its {role}")
@@ -284,8 +347,15 @@ def run_pair(workdir: Path, salt: str, timeout: float = 300.0) -> TransferOutcom
         leftovers = server.stop()
         if leftovers:
             outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
+    if delay_cycles:
+        outcome.delayed_calls = dict(read_log(inject_log(workdir)))
     if not outcome.problems:
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
+        if delay_cycles and not (outcome.delayed_calls or {}).get("server"):
+            outcome.problems.insert(0, (
+                "VOID: the injected delay never ran in the LMCache server (delayed calls "
+                f"per process: {outcome.delayed_calls or 'none'}), so this check cannot "
+                "expose a stream-ordering fault"))
     return outcome
 
 
@@ -302,7 +372,8 @@ def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
         problems.append("replica B's retrieve reported failure")
     if fetch.get("mismatched_pages") or fetch.get("untouched_pages_changed"):
         problems.append(
-            f"{fetch['mismatched_pages']} retrieved page(s) differ from replica A's and "
+            f"{BYTES_WRONG}: {fetch['mismatched_pages']} of {fetch.get('pages_compared')} "
+            f"retrieved page(s) differ from replica A's and "
             f"{fetch['untouched_pages_changed']} other page(s) changed; first: "
             + "; ".join(fetch.get("mismatches", [])[:2]))
     return problems
@@ -315,12 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--salt", default="")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args(argv)
     client = Client(args.url, args.model)
     try:
         run = store_role if args.role == "store" else fetch_role
         result = {"role": args.role, "chunk": client.chunk,
-                  **run(client, args.workdir, args.salt)}
+                  **run(client, args.workdir, args.salt, args.device)}
     finally:
         client.close()
     (args.workdir / f"{args.role}.json").write_text(json.dumps(result, indent=1))
