@@ -120,3 +120,27 @@ def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: 
         leftovers = server.stop()
     assert leftovers == []
     assert not http_ok(server.http_url + "/")
+
+
+def test_restart_gives_a_fresh_process_that_still_reaches_the_pool(tmp_path: Path) -> None:
+    from pytest_sharedkv.replicas.pair import ReplicaError
+    from pytest_sharedkv.replicas.providers import LaunchSpec, external_pair, stub_pair
+
+    pair = stub_pair(LaunchSpec(log_dir=tmp_path))
+    try:
+        prompt = "restart " * 600
+        a = pair.send("A", prompt, 8, "salt-restart")
+        old = pair["B"].process
+        assert old is not None
+        old_pid = old.pid
+        pair.restart("B")
+        assert pair["B"].process is not None and pair["B"].process.pid != old_pid
+        assert group_members(old_pid) == []  # nothing of the old B is left
+        assert len(pair["B"].start_seconds) == 2
+        b = pair.send("B", prompt, 8, "salt-restart")
+        assert b.text == a.text
+        assert (b.external_hit_tokens or 0) > 0 and b.local_hit_tokens == 0
+    finally:
+        assert pair.close() == []
+    with pytest.raises(ReplicaError, match="external: the suite cannot restart it"):
+        external_pair(("http://127.0.0.1:9", "http://127.0.0.1:10")).restart("A")
