@@ -16,6 +16,7 @@ from pytest_sharedkv.markers import TIER_MARKERS
 from pytest_sharedkv.ordering import summary as ordering_summary
 from pytest_sharedkv.pool import summary as pool_summary
 from pytest_sharedkv.records import Check
+from pytest_sharedkv.replicas import summary as replica_summary
 from pytest_sharedkv.run_log import RunLog
 
 H = TypeVar("H", bound=Hashable)
@@ -33,6 +34,7 @@ class TableSpec:
 TIER_SUMMARIES: dict[str, Callable[[RunLog], list[str]]] = {
     "ordering": ordering_summary.summary_lines,
     "pinned_pool": pool_summary.summary_lines,
+    "replica_pair": replica_summary.summary_lines,
 }
 # Tiers whose own summary replaces the generic passed/trials table.
 OWN_TABLE = {"pinned_pool"}

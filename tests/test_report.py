@@ -112,3 +112,35 @@ def test_no_summary_without_sharedkv_tests(pytester: pytest.Pytester,
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest()
     assert "sharedkv summary" not in result.stdout.str()
+
+
+def test_replica_verdicts_join_bytes_and_answers() -> None:
+    from pytest_sharedkv.replicas.summary import summary_lines
+    from pytest_sharedkv.run_log import RunLog
+
+    def cell(provider: str, allocator: str, delay: str, passed: int, trials: int,
+             message: str = "") -> Check:
+        return Check("replica_pair", {"provider": provider, "allocator": allocator,
+                                      "delay": delay}, passed, trials, message=message)
+
+    log = RunLog()
+    log.bundle.checks.extend([
+        cell("transfer (cuda)", "lazy", "0", 256, 256),
+        cell("transfer (cuda)", "lazy", "1e8", 32, 256, "wrong bytes: 224 of 256"),
+        cell("transfer (cuda)", "mixed", "0", 256, 256),
+        cell("transfer (cuda)", "mixed", "1e8", 256, 256),
+        cell("vllm", "lazy", "1e8", 3, 3),
+        cell("transfer (cpu)", "mixed", "0", 256, 256),
+    ])
+    lines = summary_lines(log)
+    assert lines[0].startswith("VERDICT lazy: NOT stream-ordered: under a 1e8-cycle delay "
+                               "224 of 256 KV pages B retrieved hold wrong bytes (256/256 "
+                               "right undelayed); remedy:")
+    assert lines[1].startswith("NOTE lazy: the served model's answers stayed exact (3/3)")
+    assert lines[2] == ("VERDICT mixed: stream-ordered (256/256 KV pages right under a "
+                        "1e8-cycle delay, 256/256 undelayed)")
+    assert len(lines) == 3
+    log.bundle.checks[1] = cell("transfer (cuda)", "lazy", "1e8", 0, 256, "VOID: never ran")
+    assert summary_lines(log)[0] == ("VERDICT lazy: VOID at delay 1e8 (the server never ran "
+                                     "the delay)")
+    assert summary_lines(RunLog()) == []
