@@ -8,8 +8,10 @@ serialises, so ``-p no:xdist`` behaves the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"))
     config.stash[STATE] = state
     if not state.is_worker:
-        config.pluginmanager.register(_Collector(state.log), "sharedkv-collector")
+        config.pluginmanager.register(_Collector(config, state.log), "sharedkv-collector")
 
 
 def _lock_root(config: pytest.Config) -> Path:
@@ -141,13 +143,32 @@ class _Collector:
 
     Reports reach ``pytest_runtest_logreport`` in the process that ran the test and, under
     xdist, again on the controller; the controller (or a run without xdist) keeps the log.
+    With ``--sharedkv-json`` the report is also rewritten (``"complete": false``) after a
+    failure and at most every few seconds otherwise, so a run killed by a time limit (a GPU
+    box's per-call cap) still leaves what it found.
     """
 
-    def __init__(self, log: RunLog) -> None:
+    PARTIAL_EVERY_S = 5.0
+
+    def __init__(self, config: pytest.Config, log: RunLog) -> None:
+        self.config = config
         self.log = log
+        self.last_write = time.monotonic()
+        self.environment: dict[str, Any] | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.log.add_report(report)
+        path = state_of(self.config).settings.json
+        if path is None or (report.when != "teardown" and not report.failed):
+            return
+        now = time.monotonic()
+        if report.failed or now - self.last_write >= self.PARTIAL_EVERY_S:
+            self.last_write = now
+            if self.environment is None:
+                self.environment = _environment_data(self.config)
+            data = report_json.build(self.log, self.environment, None)
+            with contextlib.suppress(OSError):  # the final write falls back and says so
+                report_json.write(path, data)
 
 
 def _environment_data(config: pytest.Config) -> dict[str, Any]:
@@ -161,7 +182,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
     if state.is_worker or state.settings.json is None:
         return
-    data = report_json.build(state.log, _environment_data(session.config), int(exitstatus))
+    data = report_json.build(state.log, _environment_data(session.config), int(exitstatus),
+                             complete=True)
     state.json_written = report_json.write_or_fallback(state.settings.json, data)
 
 

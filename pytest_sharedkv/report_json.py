@@ -1,8 +1,9 @@
-"""The ``--sharedkv-json`` report: every test result and every record, written once per run.
+"""The ``--sharedkv-json`` report: every test result and every record of the run.
 
 Only the process that owns the run writes it (the xdist controller, or the single process
 without xdist); the file is written to a temporary name and renamed, so a reader never
-sees half a report.
+sees half a report. It is rewritten as the run goes (``"complete": false``, no exit
+status) and a last time at the end, so a run that is killed leaves what it had.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ def check_writable(path: Path) -> str | None:
     return None
 
 
-def build(log: RunLog, environment: dict[str, Any], exitstatus: int) -> dict[str, Any]:
+def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
+          complete: bool = False) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "plugin_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "complete": complete,
         "exitstatus": exitstatus,
         "environment": environment,
         "summary": log.counts(),

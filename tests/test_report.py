@@ -144,3 +144,25 @@ def test_replica_verdicts_join_bytes_and_answers() -> None:
     assert summary_lines(log)[0] == ("VERDICT lazy: VOID at delay 1e8 (the server never ran "
                                      "the delay)")
     assert summary_lines(RunLog()) == []
+
+
+def test_a_killed_run_leaves_a_partial_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+import os, signal
+import pytest
+
+@pytest.mark.ordering
+def test_first_fails():
+    assert False, "found before the kill"
+
+@pytest.mark.ordering
+def test_then_killed():
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+    result = pytester.runpytest_subprocess("--sharedkv-json=report.json", "-p", "no:xdist",
+                                           "-p", "no:cacheprovider")
+    assert result.ret != 0
+    data = json.loads((pytester.path / "report.json").read_text())
+    assert data["complete"] is False and data["exitstatus"] is None
+    failed = [t for t in data["tests"] if t["outcome"] == "failed"]
+    assert len(failed) == 1 and "found before the kill" in failed[0]["message"]
