@@ -80,3 +80,12 @@ def test_fallback_kernels_are_default_targets_and_labels_are_short() -> None:
     assert delay_hook.cycles_label(100000000) == "1e8"
     assert delay_hook.cycles_label(0) == "0"
     assert delay_hook.cycles_label(25000000) == "25000000"
+
+
+def test_a_delay_that_never_reached_the_server_voids_the_result() -> None:
+    assert delay_hook.void_problem({"server": 28, "replica A": 2}, "check") is None
+    void = delay_hook.void_problem({"replica A": 2}, "round")
+    assert void == ("VOID: the injected delay never ran in the LMCache server (delayed calls "
+                    "per process: {'replica A': 2}), so this round cannot expose a "
+                    "stream-ordering fault")
+    assert "per process: none" in (delay_hook.void_problem({}, "check") or "")

@@ -28,7 +28,7 @@ import importlib.machinery
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +37,8 @@ CYCLES_ENV = "SHAREDKV_INJECT_DELAY_CYCLES"
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"
 LOG_ENV = "SHAREDKV_INJECT_LOG"
 ROLE_ENV = "SHAREDKV_INJECT_ROLE"  # names the process in the log (server, replica A, ...)
+SERVER_ROLE = "server"  # the process whose copies the delay must reach
+VOID = "VOID"  # how a delayed result that proves nothing begins
 _FALLBACK_KERNELS = "lmcache.v1.platform.torch_ops.mp_mem_kernels"
 # LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the GPU
 # connector helpers, the engine-driven worker path).
@@ -83,6 +85,16 @@ def read_log(path: Path) -> Counter[str]:
             if len(parts) == 3:
                 counts[parts[1]] += 1
     return counts
+
+
+def void_problem(calls: Mapping[str, int] | None, subject: str) -> str | None:
+    """Why a delayed ``subject`` ("round", "check") proves nothing, or None: the delay
+    must have run in the LMCache server for a stream-ordering fault to show."""
+    if calls is not None and calls.get(SERVER_ROLE):
+        return None
+    return (f"{VOID}: the injected delay never ran in the LMCache server (delayed calls per "
+            f"process: {dict(calls or {}) or 'none'}), so this {subject} cannot expose a "
+            "stream-ordering fault")
 
 
 def wrap(name: str, fn: Callable[..., Any], delay: Callable[[], None]) -> Callable[..., Any]:

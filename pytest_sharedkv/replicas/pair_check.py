@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pytest_sharedkv.records import ResultSink
-from pytest_sharedkv.replicas.delay_hook import read_log
+from pytest_sharedkv.replicas.delay_hook import read_log, void_problem
 from pytest_sharedkv.replicas.namespaces import Namespaces
 from pytest_sharedkv.replicas.pair import ReplicaPair
 from pytest_sharedkv.replicas.prompts import long_prompts
@@ -65,10 +65,9 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
             problems.append(f"prompt {index}: B reported no external (pool) hits, so the "
                             "cross-replica step proves nothing (is the connector on?)")
     delayed = delayed_calls(pair)
-    if delayed is not None and not delayed.get("server"):
-        problems.insert(0, "VOID: the injected delay never ran in the LMCache server "
-                        f"(delayed calls per process: {dict(delayed) or 'none'}), so this "
-                        "round cannot expose a stream-ordering fault")
+    void = void_problem(delayed, "round") if delayed is not None else None
+    if void:
+        problems.insert(0, void)
     wall = time.perf_counter() - started
     sink.check(TIER, dict(pair.labels), exact, prompts,
                message="; ".join(problems[:3]),

@@ -17,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_sharedkv.replicas.delay_hook import CYCLES_ENV, LOG_ENV, ROLE_ENV, cycles_label
+from pytest_sharedkv.replicas.delay_hook import (
+    CYCLES_ENV,
+    LOG_ENV,
+    ROLE_ENV,
+    SERVER_ROLE,
+    cycles_label,
+)
 from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.replicas.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.replicas.process import ManagedProcess, free_port
@@ -84,7 +90,7 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -
 def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
         raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
-    server_env = process_env(spec, spec.devices[:1], role="server")
+    server_env = process_env(spec, spec.devices[:1], role=SERVER_ROLE)
     server = LMCacheServer(ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
                                         chunk_size=spec.chunk_size,
                                         ready_timeout=spec.ready_timeout),

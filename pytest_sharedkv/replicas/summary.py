@@ -9,6 +9,7 @@ tiny model), and the summary says so, so nobody reads exact answers as integrity
 from __future__ import annotations
 
 from pytest_sharedkv.records import Check
+from pytest_sharedkv.replicas.delay_hook import VOID
 from pytest_sharedkv.run_log import RunLog
 
 TIER = "replica_pair"
@@ -33,7 +34,7 @@ def allocator_lines(checks: list[Check], allocator: str) -> list[str]:
     for delay, cell in sorted(transfer.items()):
         if delay == "0" or control is None:
             continue
-        if cell.message.startswith("VOID"):
+        if cell.message.startswith(VOID):
             lines.append(f"VERDICT {allocator}: VOID at delay {delay} (the server never ran "
                          "the delay)")
         elif not control.ok:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_sharedkv.replicas.delay_hook import SERVER_ROLE, cycles_label, read_log, void_problem
+
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
 NUM_TOKENS = 2048  # 8 chunks of 256
@@ -287,8 +289,6 @@ class TransferCase:
 
     @property
     def id(self) -> str:
-        from pytest_sharedkv.replicas.delay_hook import cycles_label
-
         delay = f"-delay{cycles_label(self.delay)}" if self.delay else ""
         return f"{self.device}-{self.allocator}{delay}"
 
@@ -307,7 +307,6 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     is reported). ``cuda``: the server and both replicas share the leased GPU; with
     ``delay_cycles`` all three load the fault-sensitivity hook.
     """
-    from pytest_sharedkv.replicas.delay_hook import read_log
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
     from pytest_sharedkv.replicas.process import ManagedProcess, ProcessFailed
     from pytest_sharedkv.replicas.providers import LaunchSpec, inject_log, process_env
@@ -318,7 +317,7 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     spec = LaunchSpec(log_dir=workdir, allocator=allocator, inject_delay_cycles=delay_cycles)
     hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
     server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=256),
-                           workdir, env={**process_env(spec, role="server"), **hidden})
+                           workdir, env={**process_env(spec, role=SERVER_ROLE), **hidden})
     try:
         server.start()
         outcome.allocator = server.effective_allocator()
@@ -351,11 +350,9 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         outcome.delayed_calls = dict(read_log(inject_log(workdir)))
     if not outcome.problems:
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
-        if delay_cycles and not (outcome.delayed_calls or {}).get("server"):
-            outcome.problems.insert(0, (
-                "VOID: the injected delay never ran in the LMCache server (delayed calls "
-                f"per process: {outcome.delayed_calls or 'none'}), so this check cannot "
-                "expose a stream-ordering fault"))
+        void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
+        if void:
+            outcome.problems.insert(0, void)
     return outcome
 
 
