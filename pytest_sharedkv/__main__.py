@@ -14,12 +14,13 @@ from collections.abc import Sequence
 
 DEFAULT_JSON = "sharedkv-report.json"
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
-       python -m pytest_sharedkv make-model DIR [--seed N]
+       python -m pytest_sharedkv make-model [--kind copy|tiny] DIR [--seed N]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu
-  make-model      write the tiny hybrid (Gated DeltaNet + attention) model to DIR, offline,
-                  deterministic from the seed; prints its digest
+  make-model      write a model to DIR, offline, deterministic from the seed; prints its
+                  digest. --kind copy (default): the KV-sensitive copy model the service
+                  tier serves; --kind tiny: the random-weight tiny hybrid model
 """
 
 
@@ -30,21 +31,24 @@ def make_model_command(args: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_sharedkv make-model")
     parser.add_argument("dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", choices=("copy", "tiny"), default="copy")
     parsed = parser.parse_args(list(args))
     try:
-        from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
-    except ImportError as exc:
-        sys.stderr.write(f"make-model needs transformers and tokenizers: {exc}\n")
-        return 2
-    try:
-        card = make_model(parsed.dir, TinyModelRecipe(seed=parsed.seed))
+        if parsed.kind == "copy":
+            from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, make_copy_model
+
+            digest = make_copy_model(parsed.dir, CopyModelRecipe(seed=parsed.seed)).digest
+        else:
+            from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
+
+            digest = make_model(parsed.dir, TinyModelRecipe(seed=parsed.seed)).digest
     except ImportError as exc:
         sys.stderr.write(f"make-model needs transformers and tokenizers: {exc}\n")
         return 2
     except OSError as exc:
         sys.stderr.write(f"make-model: cannot write {parsed.dir}: {exc}\n")
         return 2
-    sys.stdout.write(f"{card.path}: digest {card.digest}\n")
+    sys.stdout.write(f"{parsed.dir}: {parsed.kind} model, digest {digest}\n")
     return 0
 
 
