@@ -325,6 +325,34 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "pair-gpus",
+        "replica tiers: GPUs a launched pair leases: 1 (both replicas and the server on one "
+        "GPU) or 2 (one replica per GPU) (default 1)",
+        parse_choice("1", "2"),
+        default="1",
+        metavar="N",
+    ),
+    Option(
+        "service-sizes",
+        "service tier: document sizes to send (default 3k,8k,32k,128k: all)",
+        parse_subset("3k", "8k", "32k", "128k"),
+        metavar="3k,8k,...",
+    ),
+    Option(
+        "concurrency",
+        "service tier: requests in flight per step (default 8)",
+        parse_positive_int,
+        default=8,
+        metavar="N",
+    ),
+    Option(
+        "snapshot-dir",
+        "service tier: where stored reference answers live (default: the references "
+        "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
+        parse_path,
+        metavar="DIR",
+    ),
+    Option(
         "list-targets",
         "list the ordering tier's copy targets and exit",
         parse_bool,
@@ -358,6 +386,10 @@ class Settings:
     chunk_size: int | None = None
     inject_delay: int = 0
     settle_s: float | None = None
+    pair_gpus: str = "1"
+    service_sizes: tuple[str, ...] | None = None
+    concurrency: int = 8
+    snapshot_dir: Path | None = None
     list_targets: bool = False
     # Where each value came from, for error messages and the JSON report.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)

@@ -34,6 +34,7 @@ pytest_plugins = [
     "pytest_sharedkv.layouts.fixtures",
     "pytest_sharedkv.pool.fixtures",
     "pytest_sharedkv.replicas.fixtures",
+    "pytest_sharedkv.service.fixtures",
 ]
 
 ITEM_BUNDLE = pytest.StashKey[Bundle]()

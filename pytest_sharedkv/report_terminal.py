@@ -18,6 +18,7 @@ from pytest_sharedkv.pool import summary as pool_summary
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.replicas import summary as replica_summary
 from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.service import summary as service_summary
 
 H = TypeVar("H", bound=Hashable)
 
@@ -35,9 +36,10 @@ TIER_SUMMARIES: dict[str, Callable[[RunLog], list[str]]] = {
     "ordering": ordering_summary.summary_lines,
     "pinned_pool": pool_summary.summary_lines,
     "replica_pair": replica_summary.summary_lines,
+    "service_regression": service_summary.summary_lines,
 }
 # Tiers whose own summary replaces the generic passed/trials table.
-OWN_TABLE = {"pinned_pool"}
+OWN_TABLE = {"pinned_pool", "service_regression"}
 
 TABLE_SPECS: dict[str, TableSpec] = {
     "ordering": TableSpec(

@@ -22,23 +22,24 @@ if TYPE_CHECKING:
     from pytest_sharedkv.replicas.namespaces import Namespaces
     from pytest_sharedkv.replicas.pair import ReplicaPair
     from pytest_sharedkv.replicas.transfer import TransferCase
+    from pytest_sharedkv.service.cases import CaseSet
 
 PROMPTS = 3
-MAX_TOKENS = 16
 
 
 @pytest.mark.replica_pair
 def test_cross_replica_hits_give_exact_answers(
-    replica_pair: ReplicaPair, kv_namespace: Namespaces, sharedkv_results: ResultSink,
-    sharedkv_settings: Settings,
+    sharedkv_replica_pair: ReplicaPair, sharedkv_kv_namespace: Namespaces,
+    sharedkv_results: ResultSink, sharedkv_settings: Settings, sharedkv_case_set: CaseSet,
 ) -> None:
     from pytest_sharedkv.replicas.pair import ReplicaError
     from pytest_sharedkv.replicas.pair_check import cross_replica_round
 
-    settle_s = sharedkv_settings.settle_for(replica_pair.delay_cycles)
+    pair = sharedkv_replica_pair
+    settle_s = sharedkv_settings.settle_for(pair.delay_cycles)
     try:
-        verdict = cross_replica_round(replica_pair, kv_namespace, sharedkv_results, PROMPTS,
-                                      MAX_TOKENS, settle_s)
+        verdict = cross_replica_round(pair, sharedkv_kv_namespace, sharedkv_results,
+                                      sharedkv_case_set, PROMPTS, settle_s)
     except ReplicaError as exc:  # a replica died or stopped answering: its log tail says why
         pytest.fail(str(exc), pytrace=False)
     if not verdict.ok:
@@ -48,7 +49,7 @@ def test_cross_replica_hits_give_exact_answers(
 @pytest.mark.replica_pair
 @pytest.mark.sharedkv_requires("lmcache")
 def test_transfer_pair_moves_every_byte_through_the_server(
-    transfer_case: TransferCase, tmp_path: Path, kv_namespace: Namespaces,
+    sharedkv_transfer_case: TransferCase, tmp_path: Path, sharedkv_kv_namespace: Namespaces,
     sharedkv_results: ResultSink,
 ) -> None:
     """The transfer provider: two processes, no model, the real LMCache server (CPU, or the
@@ -57,8 +58,10 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     from pytest_sharedkv.replicas.delay_hook import cycles_label
     from pytest_sharedkv.replicas.transfer import NUM_TOKENS, run_pair
 
-    outcome = run_pair(tmp_path, kv_namespace("transfer").salt, device=transfer_case.device,
-                       allocator=transfer_case.allocator, delay_cycles=transfer_case.delay)
+    transfer_case = sharedkv_transfer_case
+    outcome = run_pair(tmp_path, sharedkv_kv_namespace("transfer").salt,
+                       device=transfer_case.device, allocator=transfer_case.allocator,
+                       delay_cycles=transfer_case.delay)
     fetch = outcome.fetch
     sharedkv_results.check(
         "replica_pair",

@@ -15,15 +15,17 @@ def test_every_package_is_listed() -> None:
     listed = set(config["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts)
              for p in (ROOT / "pytest_sharedkv").rglob("__init__.py")}
-    found.add("pytest_sharedkv.suites")
+    found |= {"pytest_sharedkv.suites", "pytest_sharedkv.fixtures"}  # mapped in
     assert listed == found
     assert config["package-dir"]["pytest_sharedkv.suites"] == "suites"
+    assert config["package-dir"]["pytest_sharedkv.fixtures"] == "fixtures"
 
 
 def test_data_files_are_listed() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     data = config["package-data"]
+    mapped = config["package-dir"]
     for package, patterns in data.items():
-        base = ROOT.joinpath(*package.split("."))
+        base = ROOT / mapped[package] if package in mapped else ROOT.joinpath(*package.split("."))
         for pattern in patterns:
             assert list(base.glob(pattern)), f"{package}: {pattern} matches nothing"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +16,13 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
 
 
-def _no_stub_left() -> bool:
+def _no_stub_left(where: Path) -> bool:
+    """No stub this run started (its pool lives under WHERE) is still running."""
     import subprocess
 
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return "pytest_sharedkv.replicas.stub_openai" not in out
+    return not any("pytest_sharedkv.replicas.stub_openai" in line and str(where) in line
+                   for line in out.splitlines())
 
 
 def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester) -> None:
@@ -33,7 +36,7 @@ def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester) -> None:
     check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
     assert check["detail"]["external_hit_tokens"] > 0
     assert all(p["b_local"] == 0 and p["b_external"] > 0 for p in check["detail"]["prompts"])
-    assert _no_stub_left()
+    assert _no_stub_left(pytester.path)
 
 
 def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester,
@@ -45,7 +48,7 @@ def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester
         "stub x2 (test double): 0/3 exact cross-replica answers, * external hit tokens: "
         "prompt 0 (* tokens): B answered * from * external hit tokens, A answered *",
     ])
-    assert _no_stub_left()
+    assert _no_stub_left(pytester.path)
 
 
 def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
@@ -59,7 +62,7 @@ def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
         "--- last lines of *stub-B-*.log ---",
         "*crashing on purpose after 1 completions",
     ])
-    assert _no_stub_left()
+    assert _no_stub_left(pytester.path)
 
 
 def test_endpoints_must_be_two_urls(pytester: pytest.Pytester) -> None:

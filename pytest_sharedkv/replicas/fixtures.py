@@ -1,5 +1,7 @@
-"""The replica tier's pytest side: the tiny model, the LMCache server, replica pairs and
-cache namespaces as fixtures, and the (allocator) matrix of ``replica_pair`` tests."""
+"""The replica tier's pytest side: the served model, the LMCache server, replica pairs and
+cache namespaces as fixtures, and the (allocator x delay) matrix of the tests that use a
+pair. Every fixture is named ``sharedkv_*``, so a project's own ``replica_pair`` or
+``transfer_case`` fixture is never parametrized or shadowed by the plugin."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pytest_sharedkv.state import state_of
 if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer
     from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.service.cases import CaseSet
 
 
 def resolve_provider(settings: Settings) -> str:
@@ -33,9 +36,10 @@ def resolve_provider(settings: Settings) -> str:
     return "vllm-missing"
 
 
-def provider_marks(provider: str) -> list[Any]:
+def provider_marks(provider: str, gpus: int = 1) -> list[Any]:
     if provider in ("vllm", "vllm-missing"):
-        return [pytest.mark.sharedkv_gpu, pytest.mark.sharedkv_requires("vllm", "lmcache")]
+        return [pytest.mark.sharedkv_gpu(count=gpus),
+                pytest.mark.sharedkv_requires("vllm", "lmcache")]
     return []
 
 
@@ -49,10 +53,14 @@ def transfer_cases(settings: Settings) -> list[Any]:
                          else []) for c in cases]
 
 
+PAIR = "sharedkv_replica_pair"
+TRANSFER = "sharedkv_transfer_case"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "transfer_case" in metafunc.fixturenames:
-        metafunc.parametrize("transfer_case", transfer_cases(state_of(metafunc.config).settings))
-    if "replica_pair" not in metafunc.fixturenames:
+    if TRANSFER in metafunc.fixturenames:
+        metafunc.parametrize(TRANSFER, transfer_cases(state_of(metafunc.config).settings))
+    if PAIR not in metafunc.fixturenames:
         return
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
@@ -60,16 +68,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
     metafunc.parametrize(
-        "replica_pair",
-        [pytest.param((a, d), marks=provider_marks(provider),
+        PAIR,
+        [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
+                                     pytest.mark.xdist_group(
+            f"sharedkv-pair-{a}-{d}")],
                       id=(a if launched else provider) + (f"-delay{cycles_label(d)}" if d else ""))
          for a in allocators for d in delays],
         indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")
-def tiny_model(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """--sharedkv-model, or the tiny hybrid model generated once per run (xdist-safe)."""
+def sharedkv_model_dir(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--sharedkv-model, or the copy model (KV-sensitive by construction) generated once
+    per run (xdist-safe)."""
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
@@ -77,20 +89,33 @@ def tiny_model(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
                         pytrace=False)
         return settings.model
     try:
-        from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, card, make_model
+        from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, make_copy_model
     except ImportError as exc:
-        pytest.skip(f"the tiny model needs transformers and tokenizers: {exc}")
-    recipe = TinyModelRecipe()
+        pytest.skip(f"the copy model needs torch, transformers and safetensors: {exc}")
+    recipe = CopyModelRecipe()
     root = tmp_path_factory.getbasetemp().parent
-    path = root / f"sharedkv-tiny-model-{recipe.key()}"
+    path = root / f"sharedkv-copy-model-{recipe.key()}"
     with FileLock(str(path) + ".lock"):
         if not (path / "model.safetensors").exists():
-            make_model(path, recipe)
-    return card(path).path
+            make_copy_model(path, recipe)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sharedkv_case_set(pytestconfig: pytest.Config) -> CaseSet:
+    """What the service tier (and the replica tier's round) sends: the copy model's corpus,
+    or a text corpus for a user's model (reference: replica A's cold answer)."""
+    from pytest_sharedkv.service.corpus_choice import case_set
+
+    try:
+        return case_set(state_of(pytestconfig).settings)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture
-def lmcache_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LMCacheServer]:
+def sharedkv_lmcache_server(request: pytest.FixtureRequest, tmp_path: Path
+                            ) -> Iterator[LMCacheServer]:
     """A real LMCache server on free 127.0.0.1 ports (allocator: the param, else mixed);
     its process group is killed at teardown and nothing of it may survive."""
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
@@ -105,8 +130,8 @@ def lmcache_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[L
 
 
 @pytest.fixture(scope="session")
-def replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPair]:
+def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPair]:
     """Two replicas over one LMCache pool: launched (vllm), external endpoints, or the
     stub test double; torn down (replicas, then the server) with no process left."""
     from pytest_sharedkv.replicas.providers import (
@@ -124,13 +149,15 @@ def replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
     if provider == "external":
         pair = external_pair(settings.endpoints or ())
     elif provider == "stub":
-        pair = stub_pair(LaunchSpec(log_dir=log_dir))
+        cases = request.getfixturevalue("sharedkv_case_set")
+        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32))
     elif provider == "vllm":
-        model = request.getfixturevalue("tiny_model")
+        model = request.getfixturevalue("sharedkv_model_dir")
+        cases = request.getfixturevalue("sharedkv_case_set")
         devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
         pair = launch_vllm_pair(LaunchSpec(
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
-            inject_delay_cycles=delay,
+            inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
             chunk_size=settings.chunk_size or derive_chunk_size(model)))
     elif provider == "vllm-missing":
         pytest.skip("vllm not importable: the launched provider needs it "
@@ -143,8 +170,19 @@ def replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
         pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
 
 
+def max_model_len(model: Path, cases: CaseSet) -> int:
+    """The longest prompt the corpus sends plus its answer, within the model's context."""
+    import json
+
+    longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
+    longest = max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
+    need = max(4096, longest + cases.answer_tokens + 64)
+    context = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    return min(need, int(context)) if isinstance(context, int) else need
+
+
 @pytest.fixture
-def kv_namespace(request: pytest.FixtureRequest) -> Namespaces:
+def sharedkv_kv_namespace(request: pytest.FixtureRequest) -> Namespaces:
     """``kv_namespace(label)`` -> a fresh cache_salt for this case (and label)."""
     return Namespaces(run_id(request.config), request.node.nodeid)
 

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_sharedkv.replicas.process import ManagedProcess, ProcessFailed, http_ok
 
@@ -140,6 +141,41 @@ class Replica:
                      prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
                      local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
 
+    def post(self, body: dict[str, object], timeout: float = 600.0) -> dict[str, Any]:
+        """POST /v1/completions (the served model filled in); the JSON answer, or a
+        ReplicaError naming the replica. Safe to call from many threads at once."""
+        payload = {"model": self.served_model(), **body}
+        request = urllib.request.Request(self.base_url + "/v1/completions",
+                                         data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                data: dict[str, Any] = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise self._failure(f"HTTP {exc.code} for /v1/completions: {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise self._failure(f"request failed: {exc}") from None
+        return data
+
+    def stream(self, body: dict[str, object], timeout: float = 600.0
+               ) -> list[dict[str, Any]]:
+        """POST /v1/completions with stream=true; the server-sent events, in order."""
+        payload = {"model": self.served_model(), **body, "stream": True}
+        request = urllib.request.Request(self.base_url + "/v1/completions",
+                                         data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+        events = []
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        events.append(json.loads(line[5:]))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise self._failure(f"streamed request failed: {exc}") from None
+        return events
+
     def _failure(self, why: str) -> ReplicaError:
         if self.process is None:
             return ReplicaError(f"replica {self.name} ({self.base_url}): {why}")
@@ -161,6 +197,10 @@ class ReplicaPair:
         self.labels = dict(labels or {})  # provider, allocator, delay: the report's key
         self.delay_cycles = 0  # fault-sensitivity mode: the delay the launched processes got
         self.inject_log: Path | None = None  # where they log each delayed call
+        # the service tier's sensitivity gate: the control file the LMCache server's hook
+        # reads and the log it writes (None where nothing can be injected: external)
+        self.gate_control: Path | None = None
+        self.gate_log: Path | None = None
         self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Replica:

@@ -1,7 +1,9 @@
 """The cross-replica round: A cold, then B from the shared pool, exact answers and hits.
 
 Kept out of the suite file so the suite stays thin and the logic is tested on the stub
-test double. A wrong continuation names the prompt, both answers and B's hit counts.
+test double. The prompts are the service corpus's first requests, so with the copy model
+both answers are also checked against the answer known by construction. A wrong
+continuation names the prompt, both answers and B's hit counts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pytest_sharedkv.records import ResultSink
 from pytest_sharedkv.replicas.delay_hook import read_log, void_problem
 from pytest_sharedkv.replicas.namespaces import Namespaces
 from pytest_sharedkv.replicas.pair import ReplicaPair
-from pytest_sharedkv.replicas.prompts import long_prompts
+from pytest_sharedkv.service.cases import CaseSet
 
 TIER = "replica_pair"
 
@@ -33,7 +35,7 @@ class RoundVerdict:
 
 
 def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultSink,
-                        prompts: int, max_tokens: int, settle_s: float) -> RoundVerdict:
+                        cases: CaseSet, prompts: int, settle_s: float) -> RoundVerdict:
     """``settle_s``: the wait between A's answer and B's request, because LMCache stores
     A's KV after A answers (7.9 s per 2,976-token store under a 1e8-cycle injected delay,
     measured on an H200); a B that comes too early reports no pool hits and fails. Both
@@ -43,15 +45,22 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     exact = 0
     external = 0
     details = []
-    for index, prompt in enumerate(long_prompts(prompts, model=pair.model)):
+    chosen = cases.by_role("measured")[:prompts]
+    for index, case in enumerate(chosen):
         namespace = namespaces(f"prompt-{index}")
-        a = pair.send("A", prompt, max_tokens, namespace.salt)
+        a = pair.send("A", case.text, cases.answer_tokens, namespace.salt)
         namespace.expect_cold(a)
         time.sleep(settle_s)
-        b = pair.send("B", prompt, max_tokens, namespace.salt)
+        b = pair.send("B", case.text, cases.answer_tokens, namespace.salt)
         hit = b.external_hit_tokens or 0
         external += hit
         same = a.text == b.text
+        if case.expected is not None and cases.decode is not None:
+            for name, reply in (("A", a), ("B", b)):
+                if cases.decode(reply.text) != case.expected:
+                    same = False
+                    problems.append(f"prompt {index} ({case.id}): replica {name} answered "
+                                    f"{reply.text!r}, not the answer known by construction")
         exact += same
         details.append({"prompt_tokens": a.prompt_tokens, "b_cached": b.cached_tokens,
                         "b_local": b.local_hit_tokens, "b_external": b.external_hit_tokens,
@@ -69,12 +78,12 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     if void:
         problems.insert(0, void)
     wall = time.perf_counter() - started
-    sink.check(TIER, dict(pair.labels), exact, prompts,
+    sink.check(TIER, dict(pair.labels), exact, len(chosen),
                message="; ".join(problems[:3]),
-               detail={"requests": 2 * prompts, "external_hit_tokens": external,
+               detail={"requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "prompts": details})
-    head = (f"{pair.description}: {exact}/{prompts} exact cross-replica answers, "
+    head = (f"{pair.description}: {exact}/{len(chosen)} exact cross-replica answers, "
             f"{external} external hit tokens")
     return RoundVerdict(not problems, head + ("" if not problems else ": " + "; ".join(problems)))

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pytest_sharedkv.replicas import corrupt_hook
 from pytest_sharedkv.replicas.delay_hook import (
     CYCLES_ENV,
     LOG_ENV,
@@ -43,10 +45,17 @@ class LaunchSpec:
     devices: tuple[str, ...] = ()
     inject_delay_cycles: int = 0
     chunk_size: int = 256
-    l1_size_gb: float = 4.0
+    l1_size_gb: float = 8.0
     max_model_len: int = 4096
+    max_num_seqs: int = 16
     gpu_memory_utilization: float = 0.35
     ready_timeout: float = 900.0
+    gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
+
+
+def gate_paths(log_dir: Path) -> tuple[Path, Path]:
+    """(control file, log) of the sensitivity gate's hook in the LMCache server."""
+    return log_dir / "gate-control.json", log_dir / "gate-zeroed.log"
 
 
 def inject_log(log_dir: Path) -> Path:
@@ -59,10 +68,18 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
     env = dict(os.environ if base is None else base)
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    hooked = False
     if spec.inject_delay_cycles:
         env[CYCLES_ENV] = str(spec.inject_delay_cycles)
         env[LOG_ENV] = str(inject_log(spec.log_dir))
         env[ROLE_ENV] = role
+        hooked = True
+    if spec.gate and role == SERVER_ROLE:
+        control, log = gate_paths(spec.log_dir)
+        env[corrupt_hook.CONTROL_ENV] = str(control)
+        env[corrupt_hook.LOG_ENV] = str(log)
+        hooked = True
+    if hooked:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(INJECT_DIR), env.get("PYTHONPATH", "")) if p)
     return env
@@ -80,7 +97,7 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -
         str(model),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
-        "--max-model-len", str(spec.max_model_len), "--max-num-seqs", "4",
+        "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
         "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}",
         "--kv-transfer-config", json.dumps(transfer),
         "--additional-config", json.dumps({"gdn_prefill_backend": "triton"}),
@@ -115,25 +132,37 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.inject_delay_cycles:
         pair.delay_cycles = spec.inject_delay_cycles
         pair.inject_log = inject_log(spec.log_dir)
+    if spec.gate:
+        pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
     start_all(pair)
     return pair
 
 
-STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"  # self-tests: "corrupt-external" or "crash-after=N"
+# self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
+# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent)
+STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
 
 
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     fault = os.environ.get(STUB_FAULT_ENV, "")
     pool = spec.log_dir / "stub-pool"
+    control, log = gate_paths(spec.log_dir)
     replicas = {}
     for name in ("A", "B"):
         port = free_port()
         argv = [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port",
-                str(port), "--name", name, "--pool", str(pool)]
+                str(port), "--name", name, "--pool", str(pool), "--block",
+                str(spec.chunk_size)]
         if name == "B" and fault == "corrupt-external":
             argv.append("--corrupt-external")
         if name == "B" and fault.startswith("crash-after="):
             argv += ["--crash-after", fault.split("=", 1)[1]]
+        if fault == "leak":
+            argv.append("--ignore-salt")
+        if name == "B" and fault == "diverge":
+            argv.append("--diverge")
+        if name == "B" and fault != "no-gate":
+            argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         process = ManagedProcess(f"stub replica {name}", argv,
                                  spec.log_dir / f"stub-{name}-{port}.log")
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
@@ -141,6 +170,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
                        labels={"provider": "stub (test double)", "allocator": "n/a",
                                "delay": fault or "0"})
+    pair.gate_control, pair.gate_log = control, log
     start_all(pair)
     return pair
 
@@ -158,9 +188,13 @@ def derive_chunk_size(model: Path, blocks: int = 2) -> int:
     """LMCache's chunk must be whole engine blocks: for a hybrid model vLLM raises the
     attention block so one page holds the Gated DeltaNet state (the packed_page tier's
     arithmetic, LayoutSpec.logical_block_size); 2 blocks per chunk, as measured."""
+    return chunk_size_for_config(json.loads((model / "config.json").read_text()), blocks)
+
+
+def chunk_size_for_config(config: Mapping[str, Any], blocks: int = 2) -> int:
+    """derive_chunk_size from a config.json already read (or not yet written)."""
     from pytest_sharedkv.layouts.specs import LayoutSpec
 
-    config = json.loads((model / "config.json").read_text())
     types = config.get("layer_types") or []
     if "linear_attention" not in types:
         return 16 * 16

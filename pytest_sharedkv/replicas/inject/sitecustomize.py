@@ -1,5 +1,6 @@
 """Loaded by launched processes whose PYTHONPATH starts with this directory: turns on
-pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set."""
+pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
+service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set."""
 
 import os
 
@@ -7,3 +8,8 @@ if os.environ.get("SHAREDKV_INJECT_DELAY_CYCLES"):
     from pytest_sharedkv.replicas.delay_hook import install
 
     install()
+
+if os.environ.get("SHAREDKV_CORRUPT_CONTROL"):
+    from pytest_sharedkv.replicas.corrupt_hook import install as arm_gate
+
+    arm_gate()

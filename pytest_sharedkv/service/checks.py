@@ -1,0 +1,157 @@
+"""Judging answers and hits: exact tokens against the answer known by construction and
+against replica A's cold answer; hits against what each step may have.
+
+A failure names the request, payload digest, step, source chunk, the first divergent
+token, both continuations and every step's hit counts, and (when it ran) what the zero-hit
+control said: if the same request answered right with a fresh ``cache_salt``, the fault
+is in cache transfer or reuse, not the model.
+"""
+
+from __future__ import annotations
+
+from pytest_sharedkv.service.cases import Case
+from pytest_sharedkv.service.copy_rule import first_divergence
+from pytest_sharedkv.service.runner import STEPS, Answer, ServiceRun, Step, StepTotals
+
+SHOWN_WORDS = 8
+
+
+def _short(text: str) -> str:
+    words = text.split()
+    tail = " ..." if len(words) > SHOWN_WORDS else ""
+    return repr(" ".join(words[:SHOWN_WORDS]) + tail)
+
+
+def _words(ids: tuple[int, ...], run: ServiceRun, case: Case) -> str:
+    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, text_of
+
+    if run.cases.kind != "copy":
+        return repr(ids)
+    return _short(text_of([i for i in ids if i >= 0], CopyModelRecipe()))
+
+
+def diverged(run: ServiceRun, case: Case, answer: Answer) -> str | None:
+    """Why ANSWER is not the right one, or None."""
+    cold = run.answer(case.id, "cold")
+    if case.expected is not None:
+        if answer.ids == case.expected:
+            return None
+        index = first_divergence(case.expected, answer.ids or ())
+        return (f"first divergent token {index}: expected {_words(case.expected, run, case)}"
+                f" (by construction), replica {answer.replica} answered {_short(answer.text)}")
+    if cold is None or answer is cold or cold.error:
+        return None
+    if answer.text == cold.text:
+        return None
+    index = first_divergence(cold.text.split(), answer.text.split())
+    return (f"first divergent word {index}: replica A answered {_short(cold.text)} cold, "
+            f"replica {answer.replica} answered {_short(answer.text)}")
+
+
+def hit_problem(case: Case, step: Step, answer: Answer) -> str | None:
+    cached = answer.cached_tokens
+    if cached is None:
+        return f"replica {answer.replica} reported no usage.prompt_tokens_details.cached_tokens"
+    if step.hits == "none":
+        if cached:
+            return (f"namespace leak: the cold request hit {cached} cached tokens on replica "
+                    f"{answer.replica} in a fresh cache_salt namespace")
+        return None
+    if case.shareable is not None and cached != case.shareable:
+        kind = "the pool" if step.hits == "external" else "its own prefix cache"
+        return (f"replica {answer.replica} took {cached} of the {case.shareable} shareable "
+                f"prompt tokens from {kind} (a full hit leaves exactly one to compute)")
+    return None
+
+
+def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True
+                  ) -> list[str]:
+    answer = run.answer(case.id, step.name)
+    if answer is None:
+        return [f"{step.name}: no answer was recorded"]
+    if answer.error:
+        return [f"{step.name} on replica {step.replica}: {answer.error}"]
+    problems = []
+    wrong = diverged(run, case, answer)
+    if wrong:
+        problems.append(wrong)
+    if check_hits:
+        hit = hit_problem(case, step, answer)
+        if hit:
+            problems.append(hit)
+    return problems
+
+
+def hit_line(run: ServiceRun, case: Case) -> str:
+    parts = []
+    for step in STEPS:
+        answer = run.answer(case.id, step.name)
+        if answer is not None:
+            parts.append(f"{step.name} on {step.replica}: {answer.cached_tokens} cached")
+    return "; ".join(parts)
+
+
+def control_line(run: ServiceRun, case: Case, step: Step) -> str:
+    control = run.controls.get((case.id, step.name))
+    if control is None:
+        return ""
+    if control.error:
+        return f"zero-hit control on {control.replica}: {control.error}"
+    if diverged(run, case, control) is None:
+        return (f"zero-hit control (same request, fresh cache_salt, replica {control.replica}):"
+                " right, so the fault is in cache transfer or reuse, not the model")
+    return (f"zero-hit control (same request, fresh cache_salt, replica {control.replica}): "
+            "wrong too, so the model or engine is at fault, not the cache")
+
+
+def chain_failures(run: ServiceRun, case: Case) -> list[str]:
+    """One message per failed step of this case's chain (empty: all four held)."""
+    out = []
+    for step in STEPS:
+        problems = step_problems(run, case, step)
+        if problems:
+            head = (f"request {case.id} (payload sha256 {case.sha256[:16]}), step {step.name}"
+                    f" on replica {step.replica}"
+                    + (f", source chunk {case.source_chunk}"
+                       if case.source_chunk is not None else ""))
+            tail = [hit_line(run, case), control_line(run, case, step)]
+            out.append(head + ": " + "; ".join(problems) + " [" +
+                       "; ".join(t for t in tail if t) + "]")
+    return out
+
+
+def totals_problems(totals: StepTotals, shareable: int | None) -> list[str]:
+    """What a step's counter deltas say against what the step may have.
+
+    The pool counter (``vllm:external_prefix_cache_hits``) counts hit tokens and must equal
+    the responses' ``cached_tokens``; the engine's own prefix-cache counter is only read as
+    zero or not: for a hybrid model vLLM 0.26 counts it per KV-cache group and scheduling
+    step (57,152 counted for 12,032 cached tokens on an H200), not per token."""
+    where = f"{totals.group} {totals.step} on {totals.replica}"
+    if totals.local is None or totals.external is None:
+        return [f"{where}: the engine exposes no {'local' if totals.local is None else 'pool'}"
+                " hit counter, so the split cannot be accounted"]
+    problems = []
+    if totals.step == "cold" and (totals.local or totals.external):
+        problems.append(f"{where}: {totals.local} local and {totals.external} pool hit tokens "
+                        "in cold requests (a namespace leak)")
+    if totals.step in ("local", "receiver-local") and totals.external:
+        problems.append(f"{where}: {totals.external} tokens came from the pool where the "
+                        "engine's own prefix cache should have served")
+    if totals.step == "cross" and totals.local:
+        problems.append(f"{where}: {totals.local} tokens hit replica B's own prefix cache "
+                        "before B ever saw these prompts")
+    expected = totals.cached
+    if totals.step == "cross" and totals.external != expected:
+        problems.append(f"{where}: the engine counted {totals.external} pool hit tokens, its "
+                        f"responses reported {expected} cached")
+    if totals.step in ("local", "receiver-local") and expected and not totals.local:
+        problems.append(f"{where}: the responses reported {expected} cached tokens but the "
+                        "engine counted no hits in its own prefix cache")
+    if shareable is not None and totals.step != "cold" and expected != shareable:
+        problems.append(f"{where}: {expected} of {shareable} shareable tokens were cached")
+    if totals.other_local or totals.other_external:
+        problems.append(f"{where}: replica {'B' if totals.replica == 'A' else 'A'} counted "
+                        f"{totals.other_local} local and {totals.other_external} pool hits "
+                        "while it had no requests")
+    return problems

@@ -1,0 +1,97 @@
+"""The service tier's pytest side: one pass of the corpus per replica pair (session
+fixture), and the parameters of its tests: one per request, session and protocol check.
+
+Every name is ``sharedkv_*``. The pass runs once, at the first service test of a pair,
+and the tests read its answers, so requests can go concurrently and in steps while pytest
+still reports one outcome per request. Under xdist, ``--dist loadgroup`` keeps each
+pair's tests on one worker (they carry an ``xdist_group`` per pair); other modes give
+each worker a pass of its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
+from pytest_sharedkv.state import state_of
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.service.cases import CaseSet
+    from pytest_sharedkv.service.execute import Pass
+
+CASE = "sharedkv_service_case"
+SESSION = "sharedkv_service_session"
+PROTOCOL = "sharedkv_protocol_check"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    settings = state_of(metafunc.config).settings
+    if CASE in metafunc.fixturenames:
+        from pytest_sharedkv.service.corpus_choice import measured_ids
+
+        ids = measured_ids(settings)
+        metafunc.parametrize(CASE, ids, ids=ids)
+    if SESSION in metafunc.fixturenames:
+        from pytest_sharedkv.service.corpus import SESSIONS
+
+        ids = [f"session-{i:02d}" for i in range(SESSIONS)]
+        metafunc.parametrize(SESSION, ids, ids=ids)
+    if PROTOCOL in metafunc.fixturenames:
+        from pytest_sharedkv.service.protocol import CHECKS
+
+        metafunc.parametrize(PROTOCOL, list(CHECKS), ids=list(CHECKS))
+
+
+def _progress(config: pytest.Config, log_path: Path) -> Callable[[str], None]:
+    """Progress lines to a file and, outside xdist workers, to the terminal: a pass over
+    264 requests takes minutes and should say where it is."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    worker = hasattr(config, "workerinput")
+    started = time.monotonic()
+
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def log(line: str) -> None:
+        stamped = f"[sharedkv service {time.monotonic() - started:7.1f}s] {line}"
+        with log_path.open("a", encoding="utf-8") as out:
+            out.write(stamped + "\n")
+        if reporter is not None and not worker and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(stamped)
+        else:
+            print(stamped, file=sys.stderr, flush=True)
+
+    return log
+
+
+@pytest.fixture(scope="session")
+def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                          sharedkv_replica_pair: ReplicaPair, sharedkv_case_set: CaseSet
+                          ) -> Pass:
+    """The corpus through this pair, once, in stages the tests ask for (``ensure``):
+    warm-ups and the sensitivity gate, each size by step, sessions, protocol checks."""
+    from pytest_sharedkv.service.execute import Pass
+    from pytest_sharedkv.service.runner import STORE_S_PER_TOKEN
+
+    settings = state_of(pytestconfig).settings
+    pair = sharedkv_replica_pair
+    namespaces = Namespaces(run_id(pytestconfig), f"service/{pair.description}/"
+                            f"{'-'.join(pair.labels.values())}")
+    log_dir: Path = request.getfixturevalue("tmp_path_factory").mktemp("service")
+    progress = _progress(pytestconfig, log_dir / "progress.log")
+    progress(f"{pair.description} ({', '.join(f'{k} {v}' for k, v in pair.labels.items())}):"
+             f" {len(sharedkv_case_set.cases)} cases, {len(sharedkv_case_set.sessions)} "
+             f"sessions; corpus: {sharedkv_case_set.source}")
+    # an explicit --sharedkv-settle-s is the whole settle; by default it grows with the
+    # tokens LMCache must store first
+    per_token = 0.0 if settings.settle_s is not None else STORE_S_PER_TOKEN
+    return Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
+                settings.settle_for(pair.delay_cycles), concurrency=settings.concurrency,
+                log=progress, store_s_per_token=per_token)

@@ -1,0 +1,103 @@
+"""The service tier's summary: per pair, a table of size x step (exact answers, cached
+tokens, the engines' own and pool hit counters, wall time) and one VERDICT line.
+
+A pair whose sensitivity gate is VOID gets VOID whatever its answers; external endpoints
+get "sensitivity unproven"; otherwise the verdict counts the requests that diverged after
+cross-replica hits, with the remedy for the lazy allocator on LMCache's torch fallback.
+"""
+
+from __future__ import annotations
+
+from pytest_sharedkv.markdown import markdown_table
+from pytest_sharedkv.records import Check
+from pytest_sharedkv.replicas.summary import REMEDY
+from pytest_sharedkv.run_log import RunLog
+
+TIER = "service_regression"
+PAIR_KEYS = ("provider", "allocator", "delay")
+NOT_STEPS = ("gate", "session", "protocol")  # sizes whose records are not step totals
+
+
+def _pair(check: Check) -> tuple[str, ...]:
+    return tuple(check.key.get(k, "") for k in PAIR_KEYS)
+
+
+def _n(value: object) -> str:
+    return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def table(checks: list[Check]) -> list[str]:
+    rows = []
+    for c in _steps(checks, warmups=True):
+        d = c.detail
+        rows.append([*_pair(c), c.key.get("size", ""), c.key.get("step", ""),
+                     str(d.get("replica", "")), f"{c.passed}/{c.trials}", _n(d.get("cached")),
+                     _n(d.get("local")), _n(d.get("external")), _n(d.get("wall_s"))])
+    if not rows:
+        return []
+    return markdown_table([*PAIR_KEYS, "size", "step", "replica", "exact", "cached tokens",
+                           "own-cache hits", "pool hits", "wall s"], rows)
+
+
+def _steps(checks: list[Check], warmups: bool = False) -> list[Check]:
+    """The step-total records (a failed request's own record has step "chain")."""
+    return [c for c in checks if c.key.get("size") not in NOT_STEPS
+            and c.key.get("step") != "chain" and (warmups or c.key.get("size") != "warm-up")]
+
+
+def _tally(checks: list[Check], size: str) -> str:
+    group = [c for c in checks if c.key.get("size") == size]
+    if not group:
+        return ""
+    return f"{sum(c.passed for c in group)}/{sum(c.trials for c in group)}"
+
+
+def verdicts(checks: list[Check]) -> list[str]:
+    lines = []
+    for pair in dict.fromkeys(_pair(c) for c in checks):
+        mine = [c for c in checks if _pair(c) == pair]
+        name = pair[1] if pair[1] not in ("", "n/a", "unknown") else pair[0]
+        gate = next((c for c in mine if c.key.get("size") == "gate"), None)
+        steps = _steps(mine)
+        cross = [c for c in steps if c.key.get("step") == "cross"]
+        total = sum(c.trials for c in cross)
+        wrong = sum(c.trials - c.passed for c in cross)
+        chains = [c for c in mine if c.key.get("step") == "chain"]
+        all_ok = all(c.ok for c in steps) and not chains
+        sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
+        extra = ", ".join(x for x in (f"sessions {sessions} turns" if sessions else "",
+                                      f"protocol {protocol}" if protocol else "") if x)
+        if gate is not None and gate.detail.get("status") == "VOID":
+            lines.append(f"VERDICT {name}: VOID: {gate.message}")
+            continue
+        if gate is not None and gate.detail.get("status") == "unproven":
+            lines.append(f"NOTE {name}: {gate.message}")
+        elif gate is not None:
+            lines.append(f"GATE {name}: {gate.message}")
+        if not steps:
+            continue
+        if all_ok:
+            lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
+                         f"local, cross-replica, receiver-local), hits as expected"
+                         + (f"; {extra}" if extra else ""))
+        elif wrong:
+            remedy = f"; {REMEDY}" if pair[1] == "lazy" else ""
+            lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
+                         "cross-replica pool hits (HTTP 200, the prompt served from the pool)"
+                         + remedy)
+        else:
+            bad = [f"{c.key.get('size')} {c.key.get('step')}" for c in steps
+                   if not c.ok or c.message]
+            lines.append(f"VERDICT {name}: {total}/{total} answers exact after cross-replica "
+                         f"hits, but {len(chains)} request chains failed their hit accounting"
+                         + (f" ({', '.join(bad)})" if bad else "")
+                         + (f"; {extra}" if extra else ""))
+    return lines
+
+
+def summary_lines(log: RunLog) -> list[str]:
+    checks = [c for c in log.bundle.checks if c.tier == TIER]
+    lines = table(checks)
+    if lines:
+        lines.append("")
+    return lines + verdicts(checks)

@@ -1,0 +1,174 @@
+"""service_regression tier: a fixed corpus through a replica pair; every answer checked
+against the answer known by construction and against replica A's cold answer, every hit
+accounted for, so a cache-induced divergence cannot pass as an HTTP 200.
+
+Per request: cold on A (no hits: a hit is a namespace leak) -> local reuse on A -> cross-
+replica on B (hits from the pool only, covering the shareable prefix) -> receiver-local on
+B. A sensitivity gate proves, in every launched run, that the served model sees a zeroed
+chunk; if it does not, every result here is VOID. Sessions alternate replicas over six
+turns whose answers only the distant prefix holds; protocol checks cover what clients
+depend on. Stored references (syrupy) separate engine drift from cache-induced divergence.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.records import ResultSink
+    from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.service.execute import Pass
+    from pytest_sharedkv.service.runner import ServiceRun
+
+pytestmark = pytest.mark.service_regression
+TIER = "service_regression"
+
+
+def _usable(run: ServiceRun) -> None:
+    """A VOID gate or a dead replica makes every result of the pass meaningless."""
+    if run.gate is not None and run.gate.void:
+        pytest.fail(run.gate.message, pytrace=False)
+    if run.error:
+        pytest.fail(run.error, pytrace=False)
+
+
+def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
+                          sharedkv_results: ResultSink) -> None:
+    from pytest_sharedkv.service.execute import GATE
+    from pytest_sharedkv.service.sensitivity import PROVEN, UNPROVEN
+
+    gate = sharedkv_service_pass.ensure(GATE).gate
+    sharedkv_results.check(
+        TIER, {**sharedkv_replica_pair.labels, "size": "gate", "step": "zeroed chunk"},
+        gate.changed, max(gate.copying, 1) if gate.status != UNPROVEN else 0,
+        role="negative-control", message=gate.message,
+        detail={"status": gate.status, "zeroed_chunk": gate.zeroed_chunk,
+                "others_exact": gate.others_exact, "others": gate.others,
+                "zeroed_chunks_logged": gate.zeroed_chunks_logged, "controls": gate.details})
+    if gate.status == UNPROVEN:
+        pytest.skip(gate.message)
+    if gate.status != PROVEN:
+        pytest.fail(gate.message, pytrace=False)
+
+
+def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
+                       sharedkv_replica_pair: ReplicaPair,
+                       sharedkv_results: ResultSink) -> None:
+    from pytest_sharedkv.service.checks import chain_failures
+    from pytest_sharedkv.service.execute import GATE
+
+    case = sharedkv_service_pass.run.cases.case(sharedkv_service_case)
+    if case is None:
+        pytest.skip(f"{sharedkv_service_case}: not in this corpus "
+                    f"({sharedkv_service_pass.run.cases.source})")
+    _usable(sharedkv_service_pass.ensure(GATE))
+    run = sharedkv_service_pass.ensure(case.size)
+    failures = chain_failures(run, case)
+    if failures:
+        answers = {step: a.to_data() for (cid, step), a in run.answers.items()
+                   if cid == case.id}
+        sharedkv_results.check(
+            TIER, {**sharedkv_replica_pair.labels, "size": case.size, "step": "chain"}, 0, 1,
+            message=failures[0][:600],
+            detail={"case": case.id, "sha256": case.sha256, "answers": answers,
+                    "expected": list(case.expected or ())})
+        pytest.fail("\n".join(failures), pytrace=False)
+
+
+def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
+                                     sharedkv_replica_pair: ReplicaPair,
+                                     sharedkv_results: ResultSink) -> None:
+    """One record per size x step (exact answers, the engines' hit counters, wall time);
+    fails when a step's hits are not the one kind that step may have."""
+    from pytest_sharedkv.service.checks import step_problems, totals_problems
+    from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.service.runner import STEPS
+
+    run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
+    steps = {s.name: s for s in STEPS}
+    problems: list[str] = []
+    for totals in run.totals:
+        if totals.group == "gate" or totals.step not in steps:
+            continue
+        group = [c for c in run.cases.cases if (c.role == "measured" and c.size == totals.group)
+                 or (totals.group == "warm-up" and c.role == "warmup")]
+        exact = sum(not step_problems(run, c, steps[totals.step], check_hits=False)
+                    for c in group)
+        shareable = sum(c.shareable or 0 for c in group) if all(
+            c.shareable is not None for c in group) else None
+        found = totals_problems(totals, shareable)
+        if totals.group != "warm-up":
+            problems += found
+        sharedkv_results.check(
+            TIER, {**sharedkv_replica_pair.labels, "size": totals.group, "step": totals.step},
+            exact, totals.requests, message="; ".join(found)[:400],
+            detail={"replica": totals.replica, "cached": totals.cached, "local": totals.local,
+                    "external": totals.external, "other_local": totals.other_local,
+                    "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
+                    "shareable": shareable})
+    sharedkv_results.note(TIER, _wall_line(run, sharedkv_replica_pair.labels))
+    _usable(run)  # the records above stay, so a VOID pass still shows what it saw
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def _wall_line(run: ServiceRun, labels: dict[str, Any]) -> str:
+    per = run.request_seconds / run.requests if run.requests else 0.0
+    return (f"wall time {labels.get('allocator', '')}: {run.wall_s:.1f} s for {run.requests} "
+            f"requests ({run.wall_s / max(run.requests, 1):.3f} s each, {per:.3f} s mean "
+            "latency), settles included")
+
+
+def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: str,
+                       sharedkv_replica_pair: ReplicaPair,
+                       sharedkv_results: ResultSink) -> None:
+    """Six turns alternating replicas: each exact answer lives only in the distant prefix,
+    which must have come from a cache (cached tokens beyond the source)."""
+    from pytest_sharedkv.service.execute import SESSIONS
+
+    run = sharedkv_service_pass.ensure(SESSIONS)
+    _usable(run)
+    session = run.cases.session(sharedkv_service_session)
+    if session is None:
+        pytest.skip(f"{sharedkv_service_session}: this corpus has no sessions "
+                    f"({run.cases.source})")
+    answers = run.sessions.get(session.id, [])
+    problems = []
+    for turn, answer in zip(session.turns, answers, strict=False):
+        where = f"{session.id} turn {turn.index} on {turn.replica}"
+        if answer.error:
+            problems.append(f"{where}: {answer.error}")
+        elif turn.expected is not None and answer.ids != turn.expected:
+            problems.append(f"{where} (source chunk {turn.source_chunk}): answered "
+                            f"{answer.text!r}, expected by construction another answer")
+        elif turn.index and turn.source_chunk is not None and run.cases.chunk and (
+                (answer.cached_tokens or 0) <= turn.source_chunk * run.cases.chunk):
+            problems.append(f"{where}: only {answer.cached_tokens} cached tokens, so the "
+                            "distant source was recomputed, not recovered from a cache")
+    if len(answers) < len(session.turns):
+        problems.append(f"{session.id}: {len(answers)} of {len(session.turns)} turns ran")
+    sharedkv_results.check(
+        TIER, {**sharedkv_replica_pair.labels, "size": "session", "step": "6 turns"},
+        len(session.turns) - len(problems), len(session.turns), message="; ".join(problems),
+        detail={"session": session.id,
+                "turns": [{"cached": a.cached_tokens, "text": a.text} for a in answers]})
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
+                  sharedkv_replica_pair: ReplicaPair, sharedkv_results: ResultSink) -> None:
+    from pytest_sharedkv.service.execute import PROTOCOL
+
+    run = sharedkv_service_pass.ensure(PROTOCOL)
+    result = next((r for r in run.protocol if r.name == sharedkv_protocol_check), None)
+    if result is None:
+        pytest.fail(f"protocol check {sharedkv_protocol_check} did not run", pytrace=False)
+    sharedkv_results.check(
+        TIER, {**sharedkv_replica_pair.labels, "size": "protocol", "step": result.name},
+        int(result.ok), 1, message="" if result.ok else result.message,
+        detail={"message": result.message})
+    if not result.ok:
+        pytest.fail(f"{result.name}: {result.message}", pytrace=False)

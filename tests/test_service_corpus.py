@@ -1,0 +1,76 @@
+"""The service corpus: the committed manifest is what the generator makes from its seed,
+every payload hashes as committed, lengths leave one token to recompute, sources cover
+every chunk, and session turns never carry their own answer in the history."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from pytest_sharedkv.replicas.copy_model import CopyModelRecipe
+from pytest_sharedkv.service import corpus
+from pytest_sharedkv.service.copy_rule import continue_ids, first_divergence
+from pytest_sharedkv.service.corpus_choice import bundled_manifest
+
+
+@pytest.fixture(scope="module")
+def committed() -> corpus.Corpus:
+    return corpus.load(bundled_manifest(32), CopyModelRecipe())
+
+
+def test_manifest_is_what_the_seed_generates(committed: corpus.Corpus) -> None:
+    made = corpus.build(32)
+    assert json.dumps(made.to_data(), sort_keys=True) == json.dumps(committed.to_data(),
+                                                                    sort_keys=True)
+
+
+def test_shape_of_the_corpus(committed: corpus.Corpus) -> None:
+    measured = committed.measured()
+    assert len(measured) == 264
+    by_size = {size: [r for r in measured if r.size == size] for size, *_ in corpus.PLAN}
+    assert [len(v) for v in by_size.values()] == [200, 40, 16, 8]
+    for size, requests in by_size.items():
+        lengths = {r.prompt_tokens for r in requests}
+        assert len(lengths) == 1
+        (n,) = lengths
+        assert (n - 1) % 32 == 0, f"{size}: a full hit must leave one token to compute"
+    chunks_3k = (by_size["3k"][0].prompt_tokens - 1) // 32
+    assert {r.source_chunk for r in by_size["3k"]} == set(range(chunks_3k))
+    chunks_128k = (by_size["128k"][0].prompt_tokens - 1) // 32
+    assert {r.source_chunk for r in by_size["128k"]} >= {0, chunks_128k - 1}
+    assert len({r.sha256 for r in committed.requests}) == len(committed.requests)
+    assert [len(s.turns) for s in committed.sessions] == [6] * corpus.SESSIONS
+    assert [t.replica for t in committed.sessions[0].turns] == ["A", "B"] * 3
+
+
+def test_every_payload_hashes_as_committed_and_drift_is_an_error(
+        committed: corpus.Corpus) -> None:
+    request = committed.by_role("control")[0]
+    assert len(committed.text(request).split()) == request.prompt_tokens - 1
+    drifted = corpus.Corpus(committed.chunk, committed.recipe,
+                            [replace(request, seed=request.seed + "x")])
+    with pytest.raises(corpus.CorpusError, match="does not hash to the committed"):
+        drifted.words(drifted.requests[0])
+
+
+def test_session_turns_never_carry_their_own_answer(committed: corpus.Corpus) -> None:
+    for session in committed.sessions[:3]:
+        for turn, text in committed.session_prompts(session):
+            ids = [0, *(int(w[1:]) + 5 for w in text.split())]
+            answer = list(turn.expected)
+            hits = [i for i in range(len(ids) - len(answer) + 1)
+                    if ids[i:i + len(answer)] == answer]
+            assert hits == [turn.source], (session.id, turn.index, hits)
+
+
+def test_copy_rule() -> None:
+    miss = 4
+    ids = [0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 30, 31, 10, 11, 12, 13, 14]
+    assert continue_ids(ids, 3, miss) == [15, 16, 17]
+    assert continue_ids(ids, 1, miss, hidden={6}) == [miss]  # the key copied from is lost
+    assert continue_ids([0, 1, 2, 3, 4, 5, 6], 1, miss) == [miss]  # nothing to copy
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2]) is None
+    assert first_divergence([1, 2], [1]) == 1

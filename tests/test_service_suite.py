@@ -1,0 +1,149 @@
+"""The shipped service_regression suite, end to end, on the stub provider (a test double
+that answers copy prompts with the copy model's rule): a clean pass passes; a planted
+corruption, a planted leak and a planted divergence are each caught by name; a gate
+whose hook never fires makes every result VOID; external endpoints say that sensitivity
+is unproven."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.replicas.process import free_port, http_ok
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
+        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
+        "--sharedkv-service-sizes=3k"]
+CHAINS = 200
+PROTOCOL_CHECKS = 15
+ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS
+
+
+def _stubs_left(where: Path) -> bool:
+    """A stub this run started (its pool lives under WHERE) is still running."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return any("pytest_sharedkv.replicas.stub_openai" in line and str(where) in line
+               for line in out.splitlines())
+
+
+def test_clean_pass(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=ALL)
+    result.stdout.fnmatch_lines([
+        "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 200/200 | 601,600*| 0*| 601,600*",
+        "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"
+        " 4/4 answers that copy from it changed and 4/4 others stayed exact",
+        "*VERDICT stub (test double): 200/200 requests exact in every step (cold, local, "
+        "cross-replica, receiver-local), hits as expected; sessions 48/48 turns, protocol "
+        "15/15",
+    ])
+    report = json.loads((pytester.path / "r.json").read_text())
+    gate = next(c for c in report["checks"] if c["key"].get("size") == "gate")
+    assert gate["role"] == "negative-control" and gate["detail"]["status"] == "proven"
+    assert not _stubs_left(pytester.path)
+
+
+def test_planted_corruption_is_caught_and_blamed_on_the_cache(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00")
+    result.assert_outcomes(failed=10)
+    result.stdout.fnmatch_lines([
+        "request 3k-000 (payload sha256 *), step cross on replica B, source chunk 0: first "
+        "divergent token 0: expected * (by construction), replica B answered * [[]*cross on B: "
+        "3008 cached*; zero-hit control (same request, fresh cache_salt, replica B): right, "
+        "so the fault is in cache transfer or reuse, not the model[]]",
+    ])
+    assert not _stubs_left(pytester.path)
+
+
+def test_planted_divergence_is_blamed_on_the_model(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "diverge")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-01")
+    result.assert_outcomes(failed=10)
+    result.stdout.fnmatch_lines([
+        "request 3k-010 *step cross on replica B*zero-hit control (same request, fresh "
+        "cache_salt, replica B): wrong too, so the model or engine is at fault, not the "
+        "cache[]]",
+    ])
+
+
+def test_planted_leak_is_caught_by_name(pytester: pytest.Pytester,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "leak")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "protocol and cache-salt")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "cache-salt-separates-namespaces: the same prompt under another cache_salt: 3008 "
+        "cached",
+        "cache-salt-separates-namespaces-across-replicas: B under another cache_salt after A "
+        "stored it: 3008 cached",
+    ])
+
+
+def test_a_cold_request_that_hits_is_a_namespace_leak() -> None:
+    from pytest_sharedkv.service.cases import Case
+    from pytest_sharedkv.service.checks import hit_problem
+    from pytest_sharedkv.service.runner import STEPS, Answer
+
+    case = Case("3k-000", "measured", "3k", "w00", "0" * 64, prompt_tokens=3009)
+    cold, local = STEPS[0], STEPS[1]
+    assert hit_problem(case, cold, Answer("3k-000", "cold", "A", cached_tokens=0)) is None
+    leak = hit_problem(case, cold, Answer("3k-000", "cold", "A", cached_tokens=64))
+    assert leak == ("namespace leak: the cold request hit 64 cached tokens on replica A in a "
+                    "fresh cache_salt namespace")
+    short = hit_problem(case, local, Answer("3k-000", "local", "A", cached_tokens=2976))
+    assert short is not None and "2976 of the 3008 shareable" in short
+
+
+def test_a_gate_whose_hook_never_fires_makes_every_result_void(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "no-gate")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "gate or (chain and 3k-00)")
+    result.assert_outcomes(failed=11)
+    result.stdout.fnmatch_lines([
+        "*VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server*",
+        "*VERDICT stub (test double): VOID: *",
+    ])
+
+
+@pytest.fixture
+def stub_endpoints(tmp_path: Path) -> Iterator[str]:
+    procs, urls = [], []
+    for name in ("A", "B"):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
+             "--name", name, "--pool", str(tmp_path / "pool")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls.append(f"http://127.0.0.1:{port}")
+    import time
+
+    deadline = time.monotonic() + 30
+    while not all(http_ok(u + "/health") for u in urls) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield ",".join(urls)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_external_endpoints_run_the_text_corpus_and_say_sensitivity_is_unproven(
+        pytester: pytest.Pytester, stub_endpoints: str) -> None:
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_sharedkv.suites", "-m", "service_regression", "-p",
+        "no:cacheprovider", f"--sharedkv-endpoints={stub_endpoints}",
+        "--sharedkv-settle-s=0.05", "--sharedkv-service-sizes=3k", "-k",
+        "gate or chain and text-3k-00", "-rs")
+    result.assert_outcomes(passed=10, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*sensitivity unproven: the replicas are external endpoints, so no corruption can be "
+        "injected*",
+        "*NOTE external: sensitivity unproven*",
+    ])
