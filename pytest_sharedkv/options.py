@@ -392,6 +392,11 @@ def add_options(parser: pytest.Parser) -> None:
             )
 
 
+def given(settings: Settings) -> bool:
+    """True when any --sharedkv-* option or sharedkv_* ini value was given: sharedkv is in use."""
+    return any(source != "default" for source in settings.sources.values())
+
+
 def load_settings(config: pytest.Config) -> Settings:
     """Read every option (command line first, then ini) and validate it, or raise UsageError."""
     values: dict[str, Any] = {}
