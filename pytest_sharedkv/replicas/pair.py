@@ -113,15 +113,13 @@ class Replica:
             raise self._failure(f"request failed: GET {path}: {_one_line(exc)}") from None
 
     def counters(self) -> dict[str, float]:
-        """The engine's Prometheus counters; empty when it serves no /metrics (an HTTP
-        error status), a ReplicaError when the replica cannot be reached at all."""
+        """The engine's Prometheus counters, empty when they cannot be read: metrics are
+        optional, and a replica that is down fails the request that follows, which names
+        it (and, once its process has died, says so)."""
         try:
-            text = self._get("/metrics")
-        except ReplicaError as exc:
-            if isinstance(exc.__context__, urllib.error.HTTPError):
-                return {}
-            raise
-        return parse_counters(text)
+            return parse_counters(self._get("/metrics"))
+        except ReplicaError:
+            return {}
 
     def served_model(self) -> str:
         if self.model is None:
