@@ -17,7 +17,8 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny] DIR [--seed N]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
-                  extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu
+                  extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
+                  writes sharedkv-report.json unless --sharedkv-json PATH is given
   make-model      write a model to DIR, offline, deterministic from the seed; prints its
                   digest. --kind copy (default): the KV-sensitive copy model the service
                   tier serves; --kind tiny: the random-weight tiny hybrid model
@@ -58,20 +59,64 @@ QUIET = ["-W", "ignore:Module already imported so cannot be rewritten:"
                "pytest.PytestAssertRewriteWarning"]
 
 
+def _plugin_choices(args: Sequence[str]) -> list[str]:
+    """The values of every ``-p NAME`` / ``-pNAME`` in ARGS and in PYTEST_ADDOPTS."""
+    import shlex
+
+    tokens = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *args]
+    values = []
+    for i, token in enumerate(tokens):
+        if token == "-p" and i + 1 < len(tokens):
+            values.append(tokens[i + 1])
+        elif token.startswith("-p") and len(token) > 2 and not token.startswith("--"):
+            values.append(token[2:])
+    return values
+
+
+DISABLED = {"no:sharedkv", "no:pytest_sharedkv", "no:pytest_sharedkv.plugin"}
+XDIST_OPTIONS = ("-n", "--numprocesses", "--dist", "-d", "--tx", "--maxprocesses")
+
+
+def _wants_xdist(args: Sequence[str]) -> bool:
+    return any(a in XDIST_OPTIONS or a.startswith(("-n", "--numprocesses=", "--dist=", "--tx="))
+               for a in args if not a.startswith("--no"))
+
+
 def suite_args(extra: Sequence[str]) -> list[str]:
+    """pytest's arguments for the shipped suite: what the user gave, plus only what that run
+    needs (the plugin and xdist where auto-loading is off, a JSON report where the plugin
+    is on and the user named none)."""
+    plugins = _plugin_choices(extra)
+    enabled = not DISABLED.intersection(plugins)
     args = ["--pyargs", "pytest_sharedkv.suites", *QUIET, *extra]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args = ["-p", "sharedkv", *args]
-    if not any(a == "--sharedkv-json" or a.startswith("--sharedkv-json=") for a in extra):
+        load = []
+        if enabled:
+            load += ["-p", "sharedkv"]
+        if _wants_xdist(extra) and not {"xdist", "xdist.plugin"}.intersection(plugins):
+            load += ["-p", "xdist.plugin"]
+        args = [*load, *args]
+    if enabled and not any(a == "--sharedkv-json" or a.startswith("--sharedkv-json=")
+                           for a in extra):
         args += ["--sharedkv-json", DEFAULT_JSON]
     return args
+
+
+def help_command() -> int:
+    """The wrapper's usage, then pytest's help with the sharedkv options (the same plugins
+    a run would load)."""
+    sys.stdout.write(USAGE + "\npytest's options (python -m pytest_sharedkv takes them all):\n\n")
+    sys.stdout.flush()
+    import pytest
+
+    args = ["-p", "sharedkv"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
+    return int(pytest.main([*args, "--help"]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
-        return 0
+        return help_command()
     if args and args[0] == "make-model":
         return make_model_command(args[1:])
     if args and args[0] == "run":

@@ -12,6 +12,7 @@ never reported as hardware results: tiers that need CUDA check torch after bindi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -57,6 +58,10 @@ class DiscoveryError(ValueError):
     """A device list that cannot be honoured (bad fake spec, unknown --sharedkv-gpus index)."""
 
 
+FAKE_FORMAT = "device indices, e.g. 0,1, or 0:80,1:40 with free GiB"
+_VISIBLE_TOKEN = re.compile(r"^(-?\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9A-Za-z/-]+)$")
+
+
 def _parse_fake(spec: str) -> tuple[Gpu, ...]:
     gpus: list[Gpu] = []
     for part in (p.strip() for p in spec.split(",")):
@@ -64,17 +69,53 @@ def _parse_fake(spec: str) -> tuple[Gpu, ...]:
             continue
         token, _, free = part.partition(":")
         if not token.isdigit():
-            raise DiscoveryError(f"{FAKE_GPUS_ENV}={spec!r}: {token!r} is not a device index")
+            raise DiscoveryError(f"{FAKE_GPUS_ENV}={spec!r}: {token!r} is not a device index; "
+                                 f"it takes {FAKE_FORMAT}")
+        if any(g.token == token for g in gpus):
+            raise DiscoveryError(f"{FAKE_GPUS_ENV}={spec!r}: names device {token} twice; "
+                                 f"it takes {FAKE_FORMAT}")
         free_mib: int | None = None
         if free:
             try:
-                free_mib = int(float(free) * 1024)
+                gib = float(free)
             except ValueError:
+                gib = -1.0
+            if not 0 <= gib < 1 << 20:
                 raise DiscoveryError(
-                    f"{FAKE_GPUS_ENV}={spec!r}: {free!r} is not a number of free GiB"
-                ) from None
+                    f"{FAKE_GPUS_ENV}={spec!r}: {free!r} is not a number of free GiB "
+                    "(0 or more); it takes " + FAKE_FORMAT)
+            free_mib = int(gib * 1024)
         gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib))
     return tuple(gpus)
+
+
+def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with the device variables (without running anything), or None.
+
+    A malformed ``SHAREDKV_FAKE_GPUS`` or ``CUDA_VISIBLE_DEVICES`` is one usage error at
+    the start of a run instead of one error per test (or a device named "garbage" leased).
+    """
+    env = os.environ if environ is None else environ
+    fake = env.get(FAKE_GPUS_ENV)
+    if fake is not None:
+        try:
+            _parse_fake(fake)
+        except DiscoveryError as exc:
+            return str(exc)
+        return None  # the fake list replaces discovery; CUDA_VISIBLE_DEVICES is not read
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    tokens = [t.strip() for t in visible.split(",") if t.strip()]
+    for token in tokens:
+        if not _VISIBLE_TOKEN.match(token):
+            return (f"CUDA_VISIBLE_DEVICES={visible!r}: {token!r} is not a device index or a "
+                    "GPU-/MIG- UUID (CUDA would see no device from there on); it takes "
+                    "indices like 0,1 or UUIDs; fix or unset it")
+    if len(set(tokens)) != len(tokens):
+        return (f"CUDA_VISIBLE_DEVICES={visible!r}: names a device twice (CUDA would stop "
+                "there); it takes each index or UUID once")
+    return None
 
 
 def query_nvidia_smi(
@@ -155,14 +196,21 @@ def discover(
         if visible is not None and found.gpus:
             tokens = [t.strip() for t in visible.split(",") if t.strip()]
             kept: list[Gpu] = []
+            note = found.note
+            uuids_known = any(g.uuid for g in found.gpus)
             for token in tokens:
-                if token.startswith("-"):
-                    break  # CUDA stops at the first invalid entry; "-1" hides all devices
                 match = [g for g in found.gpus if _match(g, token)]
-                kept.append(match[0] if match else Gpu(token=token, name="unknown"))
+                if match:
+                    kept.append(match[0])
+                elif token.startswith(("GPU-", "MIG-")) and not uuids_known:
+                    kept.append(Gpu(token=token, name=f"device {token}"))  # cannot tell here
+                else:
+                    # CUDA stops at the first entry it cannot use ("-1" hides every device)
+                    note = f"CUDA_VISIBLE_DEVICES entry {token!r} names no device here"
+                    break
             found = replace(
-                found, gpus=tuple(kept), source=f"{found.source}, CUDA_VISIBLE_DEVICES={visible}"
-            )
+                found, gpus=tuple(kept), note=note,
+                source=f"{found.source}, CUDA_VISIBLE_DEVICES={visible}")
     if selected is not None:
         picked: list[Gpu] = []
         for token in selected:
@@ -170,7 +218,8 @@ def discover(
             if not match:
                 raise DiscoveryError(
                     f"--sharedkv-gpus names device {token!r}, which is not among the "
-                    f"visible devices ({found.describe()})"
+                    f"visible devices ({found.describe()}); it takes indices or UUIDs of "
+                    "visible devices"
                 )
             picked.append(match[0])
         found = replace(found, gpus=tuple(picked), source=f"{found.source}, --sharedkv-gpus")

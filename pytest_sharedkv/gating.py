@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,10 @@ def import_error(module: str) -> str | None:
 class Gate:
     """One per process: the device list (found once, lazily) and the lease manager."""
 
-    def __init__(self, settings: Settings, lock_root: Path, owner: str) -> None:
+    def __init__(self, settings: Settings, lock_root: Path | Callable[[], Path],
+                 owner: str) -> None:
         self.settings = settings
-        self.lock_root = lock_root
+        self._lock_root = lock_root  # a callable: found (and created) on the first lease
         self.owner = owner
         self._discovery: Discovery | str | None = None
         self._leases: LeaseManager | None = None
@@ -58,7 +60,8 @@ class Gate:
 
     def leases(self, discovery: Discovery) -> LeaseManager:
         if self._leases is None:
-            self._leases = LeaseManager(self.lock_root, discovery.gpus, self.owner)
+            root = self._lock_root() if callable(self._lock_root) else self._lock_root
+            self._leases = LeaseManager(root, discovery.gpus, self.owner)
         return self._leases
 
     def setup(self, item: pytest.Item) -> None:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
+def escape_cell(text: str) -> str:
+    """A '|' inside a cell would end it; escape it (unless it already is)."""
+    return re.sub(r"(?<!\\)\|", r"\\|", text)
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    header = [escape_cell(h) for h in header]
+    rows = [[escape_cell(c) for c in row] for row in rows]
     widths = [len(h) for h in header]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]

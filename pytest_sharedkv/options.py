@@ -9,6 +9,7 @@ traceback.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,18 +39,34 @@ _SIZE_UNITS = {
     "gb": 1 << 30,
     "gib": 1 << 30,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+# Patterns are compiled on first use (re caches them), not when the plugin loads.
+_SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$"
+_DEVICE_PATTERN = r"^(\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$"
+MAX_SIZE = 1 << 30  # ordering: one copy's bytes (the probe keeps host and device buffers)
+BLOCK_MULTIPLE = 16  # vLLM's KV block sizes are multiples of 16 tokens
+
+
+def show_number(value: float) -> str:
+    """1e11 rather than 100000000000, 4096 as is: how the help and errors write bounds."""
+    if value >= 1e6 and value == int(value):
+        exponent = len(str(int(value))) - 1
+        if int(value) == 10**exponent:
+            return f"1e{exponent}"
+    return f"{value:g}"
 
 
 def parse_size(text: str) -> int:
     """'4KiB' -> 4096. Units are binary (K, KiB and KB all mean 1024)."""
-    m = _SIZE_RE.match(text)
+    m = re.match(_SIZE_PATTERN, text)
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _SIZE_UNITS:
         raise OptionError(f"{text!r} is not a size; use e.g. 4KiB, 1MiB, 16MiB or a byte count")
     value = float(m.group(1)) * _SIZE_UNITS[unit]
     if value != int(value) or value <= 0:
         raise OptionError(f"{text!r} is not a positive whole number of bytes")
+    if value > MAX_SIZE:
+        raise OptionError(f"{text!r} is out of range; it takes sizes from 1 byte to "
+                          f"{format_size(MAX_SIZE)}")
     return int(value)
 
 
@@ -61,37 +78,79 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
+def _no_duplicates(text: str, items: tuple[str, ...], keys: tuple[object, ...] | None = None,
+                   example: str = "") -> None:
+    """Each entry once: a list that names something twice would run it twice."""
+    seen: dict[object, str] = {}
+    for item, key in zip(items, keys or items, strict=True):
+        if key in seen:
+            same = f" ({seen[key]} and {item} are the same size)" if seen[key] != item else ""
+            raise OptionError(f"{text!r} names {seen[key]} twice{same}; each once"
+                              + (f", e.g. {example}" if example else ""))
+        seen[key] = item
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
-    items = [s for s in (p.strip() for p in text.split(",")) if s]
+    items = tuple(s for s in (p.strip() for p in text.split(",")) if s)
     if not items:
         raise OptionError("needs at least one size, e.g. 4KiB,1MiB,16MiB")
-    return tuple(parse_size(s) for s in items)
+    sizes = tuple(parse_size(s) for s in items)
+    _no_duplicates(text, items, tuple(sizes), "4KiB,1MiB,16MiB")
+    return sizes
 
 
-def parse_positive_int(text: str) -> int:
-    """Whole numbers, also written as 1e8 or 100_000_000."""
+def _number(text: str) -> float | None:
+    """The value of TEXT (1e8 and 100_000_000 too), None when it is not a finite number."""
     try:
-        value = float(text.replace("_", "")) if re.search(r"[eE.]", text) else int(text, 10)
-    except ValueError:
-        raise OptionError(f"{text!r} is not a whole number") from None
-    if value != int(value) or value < 1:
-        raise OptionError(f"{text!r} must be a whole number >= 1")
-    return int(value)
-
-
-def parse_nonnegative_int(text: str) -> int:
-    if text.strip() == "0":
-        return 0
-    return parse_positive_int(text)
-
-
-def parse_positive_float(text: str) -> float:
-    try:
-        value = float(text)
+        value = float(text.strip().replace("_", ""))
     except ValueError:
         raise OptionError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise OptionError(f"{text!r} must be > 0")
+    return value if math.isfinite(value) else None
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """A parser for whole numbers LOW..HIGH, also written as 1e8 or 100_000_000."""
+    takes = f"it takes a whole number from {show_number(low)} to {show_number(high)}"
+
+    def parse(text: str) -> int:
+        try:
+            value = _number(text)
+        except OptionError:
+            raise OptionError(f"{text!r} is not a whole number; {takes}") from None
+        if value is None or not low <= value <= high:
+            raise OptionError(f"{text!r} is out of range; {takes}")
+        if value != int(value):
+            raise OptionError(f"{text!r} is not a whole number; {takes}")
+        return int(value)
+
+    return parse
+
+
+def number_up_to(high: float) -> Callable[[str], float]:
+    """A parser for numbers above 0 and at most HIGH (seconds, GiB)."""
+    takes = f"it takes a number above 0 and up to {show_number(high)}"
+
+    def parse(text: str) -> float:
+        try:
+            value = _number(text)
+        except OptionError:
+            raise OptionError(f"{text!r} is not a number; {takes}") from None
+        if value is None or not 0 < value <= high:
+            raise OptionError(f"{text!r} is out of range; {takes}")
+        return value
+
+    return parse
+
+
+def parse_chunk_size(text: str) -> int:
+    """Tokens per LMCache chunk: whole engine blocks. The block size is known only from the
+    model (when the pair starts); a multiple of 16 is what can be checked up front."""
+    value = whole_number(1, 1 << 16)(text)
+    if value % BLOCK_MULTIPLE:
+        raise OptionError(
+            f"{text!r} is not a multiple of {BLOCK_MULTIPLE} tokens; LMCache chunks must be whole "
+            f"engine blocks and vLLM's block sizes are multiples of {BLOCK_MULTIPLE} (the model's "
+            "own block size is checked when the pair starts)")
     return value
 
 
@@ -99,17 +158,17 @@ def parse_names(text: str) -> tuple[str, ...]:
     names = tuple(s for s in (p.strip() for p in text.split(",")) if s)
     if not names:
         raise OptionError("needs at least one name")
+    _no_duplicates(text, names)
     return names
-
-
-_DEVICE_TOKEN = re.compile(r"^(\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$")
 
 
 def parse_gpus(text: str) -> tuple[str, ...]:
     """Device indices (or UUIDs) as CUDA_VISIBLE_DEVICES would take them: '0,1'."""
-    tokens = parse_names(text)
+    tokens = tuple(s for s in (p.strip() for p in text.split(",")) if s)
+    if not tokens:
+        raise OptionError("needs at least one device, e.g. 0,1")
     for token in tokens:
-        if not _DEVICE_TOKEN.match(token):
+        if not re.match(_DEVICE_PATTERN, token):
             raise OptionError(
                 f"{token!r} is not a device; use indices like 0,1 or GPU-/MIG- UUIDs"
             )
@@ -130,22 +189,47 @@ def parse_choice(*allowed: str) -> Callable[[str], str]:
 
 def parse_subset(*allowed: str) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
-        names = parse_names(text)
+        names = tuple(s for s in (p.strip() for p in text.split(",")) if s)
+        if not names:
+            raise OptionError(f"needs at least one of {', '.join(allowed)}")
         bad = [n for n in names if n not in allowed]
         if bad:
             raise OptionError(f"{', '.join(bad)}: not among {', '.join(allowed)}")
+        _no_duplicates(text, names, example=",".join(allowed))
         return names
 
     return parse
 
 
+def _url_problem(url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port out of 0..65535
+    except ValueError as exc:
+        return f"{exc}".replace("Port", "port")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "it needs http:// or https:// and a host"
+    if port == 0:
+        return "port 0 is no port"
+    return None
+
+
 def parse_urls(text: str) -> tuple[str, ...]:
-    urls = parse_names(text)
+    urls = tuple(s for s in (p.strip() for p in text.split(",")) if s)
     for url in urls:
-        if not re.match(r"^https?://[^/\s]+", url):
-            raise OptionError(f"{url!r} is not an http(s) URL")
+        problem = _url_problem(url)
+        if problem is not None:
+            raise OptionError(f"{url!r} is not an http(s) URL ({problem}); it takes two URLs, "
+                              "replica A then replica B, e.g. http://10.0.0.1:8000,"
+                              "http://10.0.0.2:8000")
     if len(urls) != 2:
         raise OptionError(f"needs two URLs, replica A then replica B (got {len(urls)})")
+    if urls[0].rstrip("/") == urls[1].rstrip("/"):
+        raise OptionError(f"names {urls[0]!r} twice; replica A and replica B are two servers")
     return urls
 
 
@@ -155,6 +239,17 @@ def parse_path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def parse_model(text: str) -> Path:
+    """A checkpoint directory, checked before any test (the tiny model is the default)."""
+    path = parse_path(text)
+    takes = "it takes a model checkpoint directory holding config.json"
+    if not path.exists():
+        raise OptionError(f"{text} does not exist; {takes}")
+    if not (path / "config.json").is_file():
+        raise OptionError(f"{text} holds no config.json; {takes}")
+    return path
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -162,6 +257,15 @@ def parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise OptionError(f"{text!r} is not a boolean; use true or false")
+
+
+MAX_TRIALS = 100_000
+MAX_CYCLES = 10**11
+MAX_POOL_GIB = 4096.0
+MAX_HOST_GIB = 65536.0
+MAX_WAIT_S = 7 * 24 * 3600.0
+MAX_STEP_S = 24 * 3600.0
+MAX_SETTLE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -212,28 +316,30 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "lease-timeout",
-        "seconds a test waits for its GPU lease before failing (default 1800)",
-        parse_positive_float,
+        "seconds a test waits for its GPU lease before failing (default 1800; up to a week, "
+        "604800)",
+        number_up_to(MAX_WAIT_S),
         default=1800.0,
         metavar="SECONDS",
     ),
     Option(
         "trials",
-        "ordering tier: trials per matrix cell (default 10)",
-        parse_positive_int,
+        f"ordering tier: trials per matrix cell (default 10; 1 to {MAX_TRIALS})",
+        whole_number(1, MAX_TRIALS),
         default=10,
         metavar="N",
     ),
     Option(
         "delay-cycles",
-        "ordering tier: GPU cycles of the imposed delay (torch.cuda._sleep) (default 1e8)",
-        parse_positive_int,
+        "ordering tier: GPU cycles of the imposed delay (torch.cuda._sleep) (default 1e8; "
+        f"1 to {show_number(MAX_CYCLES)}, about a minute at 2 GHz)",
+        whole_number(1, MAX_CYCLES),
         default=100_000_000,
         metavar="CYCLES",
     ),
     Option(
         "sizes",
-        "ordering tier: copy sizes (default 4KiB,1MiB,16MiB)",
+        "ordering tier: copy sizes, each once (default 4KiB,1MiB,16MiB; 1 byte to 1GiB each)",
         parse_sizes,
         default=(4 << 10, 1 << 20, 16 << 20),
         metavar="4KiB,1MiB,16MiB",
@@ -253,23 +359,24 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "pool-gib",
-        "pinned_pool tier: pool size in GiB (default 1; 256 for the full production check)",
-        parse_positive_float,
+        "pinned_pool tier: pool size in GiB (default 1; 256 for the full production check; "
+        f"above 0 and up to {show_number(MAX_POOL_GIB)})",
+        number_up_to(MAX_POOL_GIB),
         default=1.0,
         metavar="GIB",
     ),
     Option(
         "host-budget-gib",
         "pinned_pool tier: host memory all workers together may pin (default: 90 percent of "
-        "MemAvailable)",
-        parse_positive_float,
+        f"MemAvailable; above 0 and up to {show_number(MAX_HOST_GIB)})",
+        number_up_to(MAX_HOST_GIB),
         metavar="GIB",
     ),
     Option(
         "pool-timeout",
         "pinned_pool tier: seconds one allocation may take before its process is killed "
-        "(default 900)",
-        parse_positive_float,
+        "(default 900; up to a day, 86400)",
+        number_up_to(MAX_STEP_S),
         default=900.0,
         metavar="SECONDS",
     ),
@@ -283,15 +390,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "model",
-        "replica tiers: model checkpoint directory (default: the tiny hybrid model, "
-        "generated offline)",
-        parse_path,
+        "replica tiers: model checkpoint directory holding config.json (default: the tiny "
+        "hybrid model, generated offline)",
+        parse_model,
         metavar="PATH",
     ),
     Option(
         "endpoints",
-        "replica tiers: two OpenAI-compatible URLs (A,B) of an existing deployment; nothing "
-        "is started or stopped",
+        "replica tiers: two OpenAI-compatible http(s) URLs (A,B) of an existing deployment; "
+        "nothing is started or stopped",
         parse_urls,
         metavar="URL_A,URL_B",
     ),
@@ -304,24 +411,26 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "chunk-size",
-        "replica tiers: LMCache chunk size in tokens (default: two engine blocks)",
-        parse_positive_int,
+        "replica tiers: LMCache chunk size in tokens, whole engine blocks: a multiple of 16 "
+        "(default: two engine blocks)",
+        parse_chunk_size,
         metavar="TOKENS",
     ),
     Option(
         "inject-delay",
         "replica tiers: fault-sensitivity mode: GPU cycles of delay on the current stream "
         "before every KV store and retrieve in the launched processes; each configuration "
-        "then also runs delayed, next to its undelayed control (0: off)",
-        parse_nonnegative_int,
+        "then also runs delayed, next to its undelayed control (0: off; up to "
+        f"{show_number(MAX_CYCLES)}); needs launched processes (provider vllm or transfer)",
+        whole_number(0, MAX_CYCLES),
         default=0,
         metavar="CYCLES",
     ),
     Option(
         "settle-s",
         "replica tiers: seconds between replica A's answer and replica B's request, for "
-        "LMCache's asynchronous store (default 2; 20 for delayed cells)",
-        parse_positive_float,
+        "LMCache's asynchronous store (default 2; 20 for delayed cells; up to 3600)",
+        number_up_to(MAX_SETTLE_S),
         metavar="SECONDS",
     ),
     Option(
@@ -340,8 +449,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "concurrency",
-        "service tier: requests in flight per step (default 8)",
-        parse_positive_int,
+        "service tier: requests in flight per step (default 8; 1 to 256)",
+        whole_number(1, 256),
         default=8,
         metavar="N",
     ),
@@ -424,6 +533,11 @@ def add_options(parser: pytest.Parser) -> None:
             )
 
 
+def given(settings: Settings) -> bool:
+    """True when any --sharedkv-* option or sharedkv_* ini value was given: sharedkv is in use."""
+    return any(source != "default" for source in settings.sources.values())
+
+
 def load_settings(config: pytest.Config) -> Settings:
     """Read every option (command line first, then ini) and validate it, or raise UsageError."""
     values: dict[str, Any] = {}
@@ -447,4 +561,23 @@ def load_settings(config: pytest.Config) -> Settings:
             except OptionError as exc:
                 raise pytest.UsageError(f"{where}: {exc}") from None
         sources[opt.field] = where
-    return Settings(**values, sources=sources)
+    settings = Settings(**values, sources=sources)
+    problem = _combination_problem(settings)
+    if problem is not None:
+        raise pytest.UsageError(problem)
+    return settings
+
+
+def _combination_problem(settings: Settings) -> str | None:
+    """Options that each parse but do nothing together, said before the run instead of
+    being ignored without a word."""
+    if settings.inject_delay:
+        provider = settings.provider
+        if provider == "auto" and settings.endpoints:
+            provider = "external"
+        if provider in ("stub", "external"):
+            where = settings.sources.get("inject_delay", "--sharedkv-inject-delay")
+            return (f"{where}: the {provider} provider launches no process to delay (the "
+                    "delay goes into launched LMCache processes: provider vllm, transfer, or "
+                    "auto without endpoints); drop it or choose one of those")
+    return None

@@ -1,8 +1,12 @@
 """The pytest entry point (``pytest11: sharedkv``): hooks and the core fixtures, nothing heavy.
 
-Loading this module must not import torch, lmcache or vllm; tiers import them inside the
-fixtures that need them. Run state lives in ``config.stash``. Nothing here depends on
-xdist: records cross from workers to the controller on ``user_properties``, which xdist
+Loading this module must not import torch, lmcache or vllm, and in a project without
+sharedkv tests the plugin must cost nothing: until the run is *active* (a ``--sharedkv-*``
+option or ini value is given, or a sharedkv item is collected: ``tiers.is_sharedkv_item``)
+it runs no subprocess, writes no file and prints no line. Device discovery, the
+environment header, the lmcache probe and the report modules come with the first need.
+Run state lives in ``config.stash``. Nothing here depends on xdist: records cross from
+workers to the controller on ``user_properties`` and report attributes, which xdist
 serialises, so ``-p no:xdist`` behaves the same.
 """
 
@@ -14,19 +18,21 @@ import tempfile
 import time
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv import environment, options, report_json, report_terminal
-from pytest_sharedkv.devices import Discovery
-from pytest_sharedkv.gating import ITEM_LEASE, Gate, worker_id
-from pytest_sharedkv.leases import LEASE_DIR_NAME, Lease
+from pytest_sharedkv import options
 from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.markers import register as register_markers
-from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
-from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.report_fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
 from pytest_sharedkv.state import STATE, RunState, state_of
+from pytest_sharedkv.tiers import is_sharedkv_item, tier_of
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.gating import Gate
+    from pytest_sharedkv.leases import Lease
+    from pytest_sharedkv.records import Bundle, ResultSink
 
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
 pytest_plugins = [
@@ -37,7 +43,15 @@ pytest_plugins = [
     "pytest_sharedkv.service.fixtures",
 ]
 
-ITEM_BUNDLE = pytest.StashKey[Bundle]()
+ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
+ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
+# lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary; the
+# filter goes on sharedkv items only, never on a project's own tests.
+OTEL_FILTER = "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning"
+# An xdist worker that finds a bad device environment says so here; the controller turns
+# it into the usage error (a worker cannot stop the run itself).
+WORKER_USAGE_ERROR = "sharedkv_usage_error"
+REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -53,23 +67,74 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
-    # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary.
-    config.addinivalue_line(
-        "filterwarnings", "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning")
     settings = options.load_settings(config)
     if settings.json is not None:
+        from pytest_sharedkv import report_json
+
         problem = report_json.check_writable(settings.json)
         if problem is not None:
             raise pytest.UsageError(f"{settings.sources['json']}: cannot write {problem}")
-    state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"))
+    state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
+                     active=options.given(settings))
     config.stash[STATE] = state
     if not state.is_worker:
-        config.pluginmanager.register(_Collector(config, state.log), "sharedkv-collector")
+        config.pluginmanager.register(_Collector(config, state), "sharedkv-collector")
+        if state.active:
+            _check_devices(config)
+
+
+def _device_problem(config: pytest.Config) -> str | None:
+    """A bad device variable, or --sharedkv-gpus naming an absent device (runs discovery)."""
+    from pytest_sharedkv.devices import environment_problem
+
+    problem = environment_problem()
+    if problem is None and state_of(config).settings.gpus is not None:
+        discovery = gate_of(config).discovery
+        if isinstance(discovery, str):
+            problem = discovery
+    return problem
+
+
+def _check_devices(config: pytest.Config) -> None:
+    problem = _device_problem(config)
+    if problem is not None:
+        raise pytest.UsageError(problem)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sharedkv = [item for item in items if is_sharedkv_item(item)]
+    if not sharedkv:
+        return
+    for item in sharedkv:
+        item.add_marker(pytest.mark.filterwarnings(OTEL_FILTER))
+    state = state_of(config)
+    if state.active:
+        return
+    state.active = True
+    problem = _device_problem(config)
+    if problem is None:
+        return
+    if state.is_worker:
+        config.workeroutput[WORKER_USAGE_ERROR] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: a worker found the device environment unusable (see above)."""
+    problem = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERROR)
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 def _lock_root(config: pytest.Config) -> Path:
     """The run's shared temp dir (the xdist controller's basetemp for workers)."""
     factory = getattr(config, "_tmp_path_factory", None)
+    from pytest_sharedkv.leases import LEASE_DIR_NAME
+
     if factory is not None:
         return Path(factory.getbasetemp()).parent / LEASE_DIR_NAME
     return Path(tempfile.gettempdir()) / f"pytest-sharedkv-{os.getuid()}" / LEASE_DIR_NAME
@@ -78,20 +143,36 @@ def _lock_root(config: pytest.Config) -> Path:
 def gate_of(config: pytest.Config) -> Gate:
     state = state_of(config)
     if state.gate is None:
-        state.gate = Gate(state.settings, _lock_root(config), owner=worker_id())
+        from pytest_sharedkv.gating import Gate, worker_id
+
+        state.gate = Gate(state.settings, lambda: _lock_root(config), owner=worker_id())
     return state.gate
 
 
 def _environment_lines(config: pytest.Config) -> list[str]:
     state = state_of(config)
     if state.header is None:
-        discovery: Discovery | str = gate_of(config).discovery
-        state.header = environment.header_lines(config, discovery)
+        from pytest_sharedkv import environment
+
+        state.header = environment.header_lines(config, gate_of(config).discovery)
     return state.header
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
+def _show_header(config: pytest.Config) -> list[str]:
+    state = state_of(config)
+    if not state.active or state.header_shown or state.is_worker:
+        return []
+    state.header_shown = True
     return _environment_lines(config)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return _show_header(config)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """The header, once sharedkv items are known (a run that gave no sharedkv option)."""
+    return _show_header(config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,8 +189,12 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     finally:
-        if ITEM_LEASE in item.stash:
-            gate_of(item.config).teardown(item)
+        state = state_of(item.config)
+        if state.gate is not None:
+            from pytest_sharedkv.gating import ITEM_LEASE
+
+            if ITEM_LEASE in item.stash:
+                state.gate.teardown(item)
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -123,20 +208,35 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if ITEM_TIER not in item.stash:
+        item.stash[ITEM_TIER] = tier_of(item)
+    tier = item.stash[ITEM_TIER]
+    if tier is not None:
+        setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
     bundle = item.stash.get(ITEM_BUNDLE, None)
     if bundle:
+        from pytest_sharedkv.records import Bundle
+
         # A fresh list: report.user_properties is item.user_properties, shared by all phases.
         report.user_properties = [*report.user_properties, (USER_PROPERTY, bundle.to_data())]
         item.stash[ITEM_BUNDLE] = Bundle()
     settings = state_of(item.config).settings
     if (settings.require_gpu and report.skipped and not hasattr(report, "wasxfail")
             and is_gated(item)):
+        reason = _skip_reason(report)
         report.outcome = "failed"
-        report.longrepr = (
-            f"{_skip_reason(report)}\n"
-            "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
-        )
+        report.longrepr = f"{reason}\n{REQUIRE_GPU_TAG}"
+        setattr(report, REQUIRE_GPU_FLAG, reason)
     return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport | pytest.CollectReport
+                             ) -> tuple[str, str, str] | None:
+    """A gated skip failed by --sharedkv-require-gpu is a failure, also at setup (where
+    pytest would call any failed report an error), as the README promises."""
+    if getattr(report, REQUIRE_GPU_FLAG, None):
+        return "failed", "F", "FAILED"
+    return None
 
 
 class _Collector:
@@ -144,32 +244,59 @@ class _Collector:
 
     Reports reach ``pytest_runtest_logreport`` in the process that ran the test and, under
     xdist, again on the controller; the controller (or a run without xdist) keeps the log.
-    With ``--sharedkv-json`` the report is also rewritten (``"complete": false``) after a
-    failure and at most every few seconds otherwise, so a run killed by a time limit (a GPU
-    box's per-call cap) still leaves what it found.
+    Until the run is active only sharedkv reports are kept (under xdist the controller
+    learns of sharedkv items from their reports). With ``--sharedkv-json`` the report is
+    also rewritten (``"complete": false``) after a failure and at most every few seconds
+    otherwise, so a run killed by a time limit (a GPU box's per-call cap) still leaves what
+    it found.
     """
 
     PARTIAL_EVERY_S = 5.0
 
-    def __init__(self, config: pytest.Config, log: RunLog) -> None:
+    def __init__(self, config: pytest.Config, state: RunState) -> None:
         self.config = config
-        self.log = log
+        self.state = state
         self.last_write = time.monotonic()
         self.environment: dict[str, Any] | None = None
 
+    def _category(self, report: pytest.TestReport) -> str:
+        status = self.config.hook.pytest_report_teststatus(report=report, config=self.config)
+        return str(status[0]) if status else ""
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.log.add_report(report)
-        path = state_of(self.config).settings.json
+        state = self.state
+        if not (state.active or getattr(report, REPORT_TIER, None)
+                or any(name == USER_PROPERTY for name, _ in report.user_properties)
+                or (state.has_log and report.nodeid in state.log.tests)):
+            return
+        state.log.add_report(report, self._category(report))
+        path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):
             return
         now = time.monotonic()
         if report.failed or now - self.last_write >= self.PARTIAL_EVERY_S:
             self.last_write = now
-            if self.environment is None:
-                self.environment = _environment_data(self.config)
-            data = report_json.build(self.log, self.environment, None)
-            with contextlib.suppress(OSError):  # the final write falls back and says so
-                report_json.write(path, data)
+            self._write_partial(path)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if self.state.active and not report.passed:
+            self.state.log.add_collect_report(report, "error" if report.failed else "skipped")
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        if not (self.state.active or self.state.has_log):
+            return
+        message = str(excinfo.value).strip()
+        name = excinfo.typename
+        self.state.log.interrupted = f"{name}: {message}" if message else name
+
+    def _write_partial(self, path: Path) -> None:
+        from pytest_sharedkv import report_json
+
+        if self.environment is None:
+            self.environment = _environment_data(self.config)
+        data = report_json.build(self.state.log, self.environment, None)
+        with contextlib.suppress(OSError):  # the final write falls back and says so
+            report_json.write(path, data)
 
 
 def _environment_data(config: pytest.Config) -> dict[str, Any]:
@@ -181,9 +308,20 @@ def _environment_data(config: pytest.Config) -> dict[str, Any]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
-    if state.is_worker or state.settings.json is None:
+    if state.is_worker or not state.has_log:
         return
-    data = report_json.build(state.log, _environment_data(session.config), int(exitstatus),
+    log = state.log
+    if log.interrupted is None:
+        stopped = session.shouldfail or session.shouldstop  # -x, --maxfail, a plugin's stop
+        if stopped:
+            log.interrupted = str(stopped)
+        elif exitstatus == pytest.ExitCode.INTERRUPTED:
+            log.interrupted = "interrupted"
+    if state.settings.json is None:
+        return
+    from pytest_sharedkv import report_json
+
+    data = report_json.build(log, _environment_data(session.config), int(exitstatus),
                              complete=True)
     state.json_written = report_json.write_or_fallback(state.settings.json, data)
 
@@ -194,9 +332,23 @@ def pytest_terminal_summary(
     state = state_of(config)
     if state.is_worker:
         return
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        from pytest_sharedkv.tiers import unselected_tier_lines
+
+        for line in unselected_tier_lines(config.getoption("markexpr", "") or ""):
+            terminalreporter.write_line(line, yellow=True)
+    if not state.has_log:
+        return
+    from pytest_sharedkv import report_terminal
+
     lines = report_terminal.summary_lines(state.log)
     if lines:
         terminalreporter.section("sharedkv summary")
+        if not state.header_shown:  # an xdist run that gave no sharedkv option
+            state.active = state.header_shown = True
+            for line in _environment_lines(config):
+                terminalreporter.write_line(line)
+            terminalreporter.write_line("")
         for line in lines:
             terminalreporter.write_line(line)
     if state.json_written is not None:
@@ -216,6 +368,8 @@ def sharedkv_settings(pytestconfig: pytest.Config) -> options.Settings:
 @pytest.fixture
 def sharedkv_results(request: pytest.FixtureRequest) -> ResultSink:
     """Add check records, notes and facts; they reach the tables and the JSON report."""
+    from pytest_sharedkv.records import Bundle, ResultSink
+
     item = request.node
     bundle = item.stash.setdefault(ITEM_BUNDLE, Bundle())
     return ResultSink(item.nodeid, bundle)
@@ -227,6 +381,8 @@ def sharedkv_gpu_lease(request: pytest.FixtureRequest) -> Lease:
 
     ``lease.env()`` gives the CUDA_VISIBLE_DEVICES for subprocesses that should use them.
     """
+    from pytest_sharedkv.gating import ITEM_LEASE
+
     lease: Lease | None = request.node.stash.get(ITEM_LEASE, None)
     if lease is None:
         pytest.fail(

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-USER_PROPERTY = "sharedkv"
 ROLES = ("control", "negative-control", "under-test", "check")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,19 +40,29 @@ def check_writable(path: Path) -> str | None:
 
 def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
           complete: bool = False) -> dict[str, Any]:
+    """The report; ``complete`` only for a run that ended without being interrupted."""
+    tiers = _ordered_unique(r.tier for r in log.tests.values() if r.tier is not None)
     return {
         "schema": SCHEMA,
         "plugin_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "complete": complete,
+        "complete": complete and log.interrupted is None,
+        "interrupted": log.interrupted,
         "exitstatus": exitstatus,
         "environment": environment,
         "summary": log.counts(),
-        "tests": [asdict(r) for r in log.tests.values()],
+        "tiers": {t: {"summary": log.counts(t), "wall_s": log.wall_s(t)} for t in tiers},
+        "tests": [{k: v for k, v in asdict(r).items() if k != "categories"}
+                  for r in log.tests.values()],
+        "collection": [{"nodeid": n, "outcome": c, "message": m} for n, c, m in log.collection],
         "checks": [asdict(c) for c in log.bundle.checks],
         "notes": [asdict(n) for n in log.bundle.notes],
         "facts": [asdict(f) for f in log.bundle.facts],
     }
+
+
+def _ordered_unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
 def write(path: Path, data: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from pytest_sharedkv.ordering import summary as ordering_summary
 from pytest_sharedkv.pool import summary as pool_summary
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.replicas import summary as replica_summary
-from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.run_log import RunLog, TestResult
 from pytest_sharedkv.service import summary as service_summary
 
 H = TypeVar("H", bound=Hashable)
@@ -103,19 +103,52 @@ def _as_number(text: str) -> float:
 
 
 def _counts_line(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {name}" for name, n in counts.items() if n) or "none run"
+    """pytest's words: '2 passed, 1 failed, 1 error' (and 'errors' for more than one)."""
+    parts = [f"{n} {'error' if name == 'errors' and n == 1 else name}"
+             for name, n in counts.items() if n]
+    return ", ".join(parts) or "none finished"
+
+
+def _reason_lines(results: Sequence[TestResult]) -> list[str]:
+    """Why tests did not pass, grouped: skips, gated skips failed on purpose, errors."""
+    groups = (
+        ("skipped", [r.message for r in results if r.outcome == "skipped"]),
+        ("failed under --sharedkv-require-gpu",
+         [r.message for r in results if r.outcome == "failed" and r.require_gpu]),
+        ("error", [r.message for r in results if r.outcome == "error"]),
+    )
+    lines = []
+    for label, messages in groups:
+        for reason, n in Counter(messages).most_common():
+            lines.append(f"  {label} ({n}): {reason}")
+    unfinished = [r.nodeid for r in results if r.outcome is None]
+    if unfinished:
+        shown = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
+        lines.append(f"  no outcome ({len(unfinished)}): {shown}")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def summary_lines(log: RunLog) -> list[str]:
     lines: list[str] = []
     tiers = [t for t in TIER_MARKERS if any(r.tier == t for r in log.tests.values())]
     tiers += [t for t in _ordered_unique(c.tier for c in log.bundle.checks) if t not in tiers]
+    if tiers and log.interrupted is not None:
+        unfinished = [r for r in log.unfinished() if r.tier is not None]
+        lines.append(f"INTERRUPTED ({log.interrupted}): {_plural(len(unfinished), 'test')} "
+                     f"{'has' if len(unfinished) == 1 else 'have'} no outcome; the counts "
+                     "below cover what finished")
+        lines.append("")
     for tier in tiers:
         results = [r for r in log.tests.values() if r.tier == tier]
         lines.append(f"[{tier}] tests: {_counts_line(log.counts(tier))}")
-        skips = Counter(r.message for r in results if r.outcome == "skipped")
-        for reason, n in skips.most_common():
-            lines.append(f"  skipped ({n}): {reason}")
+        lines.extend(_reason_lines(results))
+        wall = log.wall_s(tier)
+        if wall is not None:
+            lines.append(f"  wall time: {wall:.1f} s (first test start to last test end)")
         checks = [c for c in log.bundle.checks if c.tier == tier]
         table = [] if tier in OWN_TABLE else check_table(checks, TABLE_SPECS.get(tier))
         if table:

@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.gating import Gate
-from pytest_sharedkv.options import Settings
-from pytest_sharedkv.run_log import RunLog
+if TYPE_CHECKING:  # loading the plugin imports neither: they come with the first use
+    from pytest_sharedkv.gating import Gate
+    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.run_log import RunLog
 
 
 @dataclass
 class RunState:
     settings: Settings
     is_worker: bool
-    log: RunLog = field(default_factory=RunLog)
+    # sharedkv is in use in this run: a --sharedkv-* option or ini value was given, or a
+    # sharedkv item was collected. Until then the plugin runs, writes and prints nothing.
+    active: bool = False
     gate: Gate | None = None
     header: list[str] | None = None
+    header_shown: bool = False
     json_written: str | None = None
+    _log: RunLog | None = None
+
+    @property
+    def log(self) -> RunLog:
+        if self._log is None:
+            from pytest_sharedkv.run_log import RunLog
+
+            self._log = RunLog()
+        return self._log
+
+    @property
+    def has_log(self) -> bool:
+        return self._log is not None
 
 
 STATE = pytest.StashKey[RunState]()

@@ -21,9 +21,11 @@ if TYPE_CHECKING:  # torch stays out of collection: the session module imports i
 
 @pytest.mark.ordering
 @pytest.mark.sharedkv_gpu
+@pytest.mark.sharedkv_requires("torch")
 def test_copy_path_is_stream_ordered(
-    ordering_cell: Cell, ordering_session: OrderingSession, sharedkv_results: ResultSink
+    sharedkv_ordering_cell: Cell, sharedkv_ordering_session: OrderingSession,
+    sharedkv_results: ResultSink,
 ) -> None:
-    judgement = ordering_session.judge(ordering_cell, sharedkv_results)
+    judgement = sharedkv_ordering_session.judge(sharedkv_ordering_cell, sharedkv_results)
     if not judgement.ok:
         pytest.fail(judgement.message, pytrace=False)

@@ -19,11 +19,12 @@ if TYPE_CHECKING:  # torch stays out of collection
 
 
 @pytest.mark.packed_page
-@pytest.mark.sharedkv_requires("lmcache")
+@pytest.mark.sharedkv_requires("torch", "lmcache")
 def test_every_byte_survives_the_round_trip(
-    packed_case: PackedCase, packed_page: PackedPageRunner, sharedkv_results: ResultSink
+    sharedkv_packed_case: PackedCase, sharedkv_packed_page: PackedPageRunner,
+    sharedkv_results: ResultSink,
 ) -> None:
-    verdict = packed_page.run(packed_case, sharedkv_results)
+    verdict = sharedkv_packed_page.run(sharedkv_packed_case, sharedkv_results)
     if verdict.skip:
         pytest.skip(verdict.message)
     if verdict.xfail:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:  # torch stays out of collection
     from pytest_sharedkv.records import ResultSink
 
 ROUTE_PARAMS = [
-    pytest.param(r, id=r, marks=[pytest.mark.sharedkv_requires("lmcache")]
-                 if r in LMCACHE_ROUTES else [])
+    pytest.param(r, id=r, marks=[pytest.mark.sharedkv_requires("torch", "lmcache")]
+                 if r in LMCACHE_ROUTES else [pytest.mark.sharedkv_requires("torch")])
     for r in ROUTES
 ]
 ROUND_KEY = "pinned_max_round_threshold_mb"
@@ -35,11 +35,11 @@ REMEDY = ("remedy: size pools at exactly 2^k bytes, or pin through cudaHostRegis
 @pytest.mark.sharedkv_gpu
 @pytest.mark.parametrize("route", ROUTE_PARAMS)
 def test_pool_is_fully_pinned_at_the_size_asked(
-    route: str, pinned_pool: PinnedPool, sharedkv_results: ResultSink
+    route: str, sharedkv_pinned_pool: PinnedPool, sharedkv_results: ResultSink
 ) -> None:
     from pytest_sharedkv.pool.fixtures import record
 
-    report = pinned_pool.route(route)
+    report = sharedkv_pinned_pool.route(route)
     if report.skip:
         pytest.skip(report.skip)
     if report.data.get("requested"):
@@ -50,18 +50,19 @@ def test_pool_is_fully_pinned_at_the_size_asked(
 
 @pytest.mark.pinned_pool
 @pytest.mark.sharedkv_gpu
+@pytest.mark.sharedkv_requires("torch")
 def test_power_of_two_rounding_and_its_cap(
-    pinned_pool: PinnedPool, sharedkv_results: ResultSink
+    sharedkv_pinned_pool: PinnedPool, sharedkv_results: ResultSink
 ) -> None:
-    base = next_power_of_two(min(pinned_pool.nbytes, 1 << 30)) // 2 or 1 << 20
+    base = next_power_of_two(min(sharedkv_pinned_pool.nbytes, 1 << 30)) // 2 or 1 << 20
     asked = base + (1 << 20)
-    plain = pinned_pool.route("torch-pin-memory", asked, alloc_conf="")
+    plain = sharedkv_pinned_pool.route("torch-pin-memory", asked, alloc_conf="")
     if plain.skip:
         pytest.skip(plain.skip)
     reserved = plain.data.get("reserved")
     assert isinstance(reserved, int), f"torch reported no host allocator statistics: {plain}"
     conf = f"{ROUND_KEY}:{base >> 20}"
-    probe = pinned_pool.conf_accepted(conf)
+    probe = sharedkv_pinned_pool.conf_accepted(conf)
     accepted = bool(probe.data and probe.data.get("accepted"))
     torch_version = plain.data.get("torch")
     sharedkv_results.note("pinned_pool", f"torch {torch_version}: {gib(asked)} asked pinned "
@@ -76,7 +77,7 @@ def test_power_of_two_rounding_and_its_cap(
             f"{gib(asked)} asked: expected the power-of-two reservation "
             f"{gib(next_power_of_two(asked))}, torch reserved {gib(reserved)}")
         return
-    capped = pinned_pool.route("torch-pin-memory", asked, alloc_conf=conf)
+    capped = sharedkv_pinned_pool.route("torch-pin-memory", asked, alloc_conf=conf)
     ratio = capped.data.get("ratio")
     shown = f"{ratio:.3f}x" if isinstance(ratio, float) else "unknown"
     sharedkv_results.note("pinned_pool", f"with {conf}: {gib(asked)} asked pinned "
@@ -86,12 +87,13 @@ def test_power_of_two_rounding_and_its_cap(
 
 @pytest.mark.pinned_pool
 @pytest.mark.sharedkv_gpu
+@pytest.mark.sharedkv_requires("torch")
 def test_round_threshold_below_the_cache_limit_is_safe(
-    pinned_pool: PinnedPool, sharedkv_results: ResultSink
+    sharedkv_pinned_pool: PinnedPool, sharedkv_results: ResultSink
 ) -> None:
     """pytorch#192722: rounding off below the cache limit let a 200 MiB request reuse a
     cached 150 MiB block (a 50 MiB heap overflow). Run in a child process: it may crash."""
-    probe = pinned_pool.conf_accepted(HAZARD_CONF)
+    probe = sharedkv_pinned_pool.conf_accepted(HAZARD_CONF)
     if probe.data is None:
         pytest.fail(f"probing {HAZARD_CONF}: {probe.error}", pytrace=False)
     if not probe.data["accepted"]:
@@ -101,7 +103,7 @@ def test_round_threshold_below_the_cache_limit_is_safe(
         sharedkv_results.note("pinned_pool", f"hazard check: torch refuses {HAZARD_CONF} "
                               f"({error}); the configuration cannot be used")
         return
-    result = pinned_pool.hazard(HAZARD_CONF)
+    result = sharedkv_pinned_pool.hazard(HAZARD_CONF)
     if result.data is None:
         pytest.fail(f"{result.error}: a crash here is the heap overflow of pytorch#192722; "
                     f"stderr: {' | '.join(result.stderr_tail)}", pytrace=False)

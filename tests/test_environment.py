@@ -14,12 +14,30 @@ from pytest_sharedkv.lmcache_status import LMCacheStatus
 
 def test_header_on_a_machine_without_gpus(pytester: pytest.Pytester,
                                           fake_gpus: Callable[[str], None]) -> None:
-    pytester.makepyfile("def test_x(): pass")
+    pytester.makepyfile("import pytest\n@pytest.mark.packed_page\ndef test_x(): pass")
     result = pytester.runpytest()
+    # no sharedkv option given: the header comes once sharedkv items are collected
     result.stdout.fnmatch_lines([
+        "collected 1 item",
         "sharedkv: torch * lmcache *; vllm *; xdist *",
         "sharedkv: GPUs: no CUDA device visible (SHAREDKV_FAKE_GPUS)",
         "sharedkv: lmcache*",
+    ])
+    # with a sharedkv option, before collection, as pytest's other header lines
+    early = pytester.runpytest("--sharedkv-trials=3")
+    early.stdout.fnmatch_lines(["sharedkv: torch * lmcache *; vllm *; xdist *", "collected *"])
+
+
+def test_header_under_xdist_without_options_is_in_the_summary(
+    pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+) -> None:
+    pytester.makepyfile("import pytest\n@pytest.mark.packed_page\ndef test_x(): pass")
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([
+        "*sharedkv summary*",
+        "sharedkv: torch * lmcache *; vllm *; xdist *",
+        "sharedkv: GPUs: no CUDA device visible (SHAREDKV_FAKE_GPUS)",
+        "[[]packed_page[]] tests: 1 passed",
     ])
 
 

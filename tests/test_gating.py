@@ -65,8 +65,9 @@ def test_require_gpu_turns_gated_skips_into_failures(
     fake_gpus("0:12")
     pytester.makepyfile(GATED)
     result = pytester.runpytest("--sharedkv-require-gpu", "-rs")
-    # gated skips fail; xfail stays xfail; the ungated skip stays a skip
-    result.assert_outcomes(passed=1, errors=3, skipped=1, xfailed=1)
+    # gated skips fail (failures in pytest's count, as the README says, even at setup);
+    # xfail stays xfail; the ungated skip stays a skip
+    result.assert_outcomes(passed=1, failed=3, skipped=1, xfailed=1)
     result.stdout.fnmatch_lines_random([
         "*--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip*",
         "*an ordinary skip",
@@ -80,7 +81,7 @@ def test_require_gpu_from_ini(pytester: pytest.Pytester, fake_gpus: Callable[[st
     pytester.makeini("[pytest]\nsharedkv_require_gpu = true\n")
     pytester.makepyfile(GATED)
     result = pytester.runpytest()
-    result.assert_outcomes(errors=5, skipped=1)
+    result.assert_outcomes(failed=5, skipped=1)
 
 
 def test_skip_inside_a_gated_test_also_fails_under_require_gpu(
@@ -100,13 +101,16 @@ def test_skip_inside_a_gated_test_also_fails_under_require_gpu(
     result.stdout.fnmatch_lines(["*torch sees no CUDA device*"])
 
 
-def test_bad_fake_spec_fails_clearly(pytester: pytest.Pytester,
-                                     fake_gpus: Callable[[str], None]) -> None:
+def test_bad_fake_spec_is_one_usage_error(pytester: pytest.Pytester,
+                                         fake_gpus: Callable[[str], None]) -> None:
     fake_gpus("zero")
-    pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
+    pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n"
+                        "@pytest.mark.sharedkv_gpu\ndef test_y(): pass\n")
     result = pytester.runpytest()
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*SHAREDKV_FAKE_GPUS='zero': 'zero' is not a device index*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: SHAREDKV_FAKE_GPUS='zero': 'zero' is not a device "
+                                 "index; it takes device indices, e.g. 0,1*"])
+    assert "PASSED" not in result.stdout.str() and "Traceback" not in result.stderr.str()
 
 
 def test_gpus_option_must_name_visible_devices(pytester: pytest.Pytester,
@@ -114,8 +118,9 @@ def test_gpus_option_must_name_visible_devices(pytester: pytest.Pytester,
     fake_gpus("0,1")
     pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
     result = pytester.runpytest("--sharedkv-gpus=3")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*--sharedkv-gpus names device '3', which is not among*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-gpus names device '3', which is not among*"
+                                 "it takes indices or UUIDs of visible devices"])
     pytester.runpytest("--sharedkv-gpus=1").assert_outcomes(passed=1)
 
 

@@ -20,7 +20,7 @@ def test_plugin_loaded(pytestconfig):
 
 def test_entry_point_load_imports_no_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(NO_HEAVY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sharedkv-trials=3")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["sharedkv: torch *", "sharedkv: GPUs: *"])
 

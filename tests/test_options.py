@@ -9,9 +9,9 @@ from pytest_sharedkv.options import (
     OptionError,
     format_size,
     parse_gpus,
-    parse_positive_int,
     parse_size,
     parse_sizes,
+    whole_number,
 )
 
 
@@ -21,11 +21,12 @@ from pytest_sharedkv.options import (
         (["--sharedkv-sizes=4KiB,lots"], "--sharedkv-sizes: 'lots' is not a size*"),
         (["--sharedkv-sizes=0"], "--sharedkv-sizes: '0' is not a positive*"),
         (["--sharedkv-trials=zero"], "--sharedkv-trials: 'zero' is not a whole number*"),
-        (["--sharedkv-trials=0"], "--sharedkv-trials: '0' must be a whole number >= 1*"),
-        (["--sharedkv-delay-cycles=1.5"], "--sharedkv-delay-cycles: '1.5' must be a whole*"),
+        (["--sharedkv-trials=0"], "--sharedkv-trials: '0' is out of range; it takes a whole "
+                                  "number from 1 to 100000"),
+        (["--sharedkv-delay-cycles=1.5"], "--sharedkv-delay-cycles: '1.5' is not a whole*"),
         (["--sharedkv-gpus=a,b"], "--sharedkv-gpus: 'a' is not a device*"),
         (["--sharedkv-gpus=0,0"], "--sharedkv-gpus: '0,0' names a device twice*"),
-        (["--sharedkv-lease-timeout=-1"], "--sharedkv-lease-timeout: '-1' must be > 0*"),
+        (["--sharedkv-lease-timeout=-1"], "--sharedkv-lease-timeout: '-1' is out of range*"),
     ],
 )
 def test_bad_option_is_a_usage_error(
@@ -83,8 +84,9 @@ def test_parsers() -> None:
     assert parse_sizes("4KiB, 1MiB") == (4096, 1 << 20)
     assert format_size(16 << 20) == "16MiB"
     assert format_size(1000) == "1000B"
-    assert parse_positive_int("1e8") == 100_000_000
+    assert whole_number(1, 10**11)("1e8") == 100_000_000
+    assert whole_number(1, 10**11)("100_000_000") == 100_000_000
     assert parse_gpus("0,GPU-1234abcd") == ("0", "GPU-1234abcd")
-    for bad in ("", "4XB", "-1"):
+    for bad in ("", "4XB", "-1", "2GiB"):
         with pytest.raises(OptionError):
             parse_size(bad)

@@ -123,7 +123,7 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     result.assert_outcomes(skipped=12)
     result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
     strict = pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu")
-    strict.assert_outcomes(errors=12)
+    strict.assert_outcomes(failed=12)
     # a device that torch cannot use (a CPU build) is a skip with its reason, then a failure
     fake_gpus("0")
     cpu = pytester.runpytest_subprocess(*args)

@@ -39,7 +39,7 @@ def test_cpu_round_trips_tables_and_xfails(pytester: pytest.Pytester,
     assert "1568 tokens = 49 kernel page(s) of 32" in server["detail"]["layout"]
     strict = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16",
                                            "--sharedkv-require-gpu")
-    strict.assert_outcomes(passed=4, errors=3)
+    strict.assert_outcomes(passed=4, failed=3)
 
 
 def test_unknown_layout_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -166,3 +166,13 @@ def test_then_killed():
     assert data["complete"] is False and data["exitstatus"] is None
     failed = [t for t in data["tests"] if t["outcome"] == "failed"]
     assert len(failed) == 1 and "found before the kill" in failed[0]["message"]
+
+
+def test_a_pipe_inside_a_cell_keeps_the_table() -> None:
+    from pytest_sharedkv.markdown import markdown_table
+
+    lines = markdown_table(["layout", "path"], [["a|b", "x"], ["c", "y\\|z"]])
+    # every row has exactly the header's cell separators once pipes in cells are escaped
+    separators = [line.replace("\\|", "").count("|") for line in lines]
+    assert separators == [3, 3, 3, 3]
+    assert lines[2].startswith("| a\\|b ")

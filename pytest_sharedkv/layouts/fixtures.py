@@ -2,24 +2,30 @@
 the runner that turns a round trip into a pass, a failure with the first wrong byte, an
 xfail (a combination LMCache refuses by design) or a skip (hardware or kernels absent).
 
-Imports nothing heavy at module level; torch and lmcache load when a case runs.
+Registered by the main plugin, so loading it must cost a project without sharedkv tests
+nothing: the layout registry is built on first need; torch and lmcache load when a case
+runs. Fixtures are ``sharedkv_``-prefixed and the matrix parametrizes only tests of this
+tier (``tiers.parametrizes``), never a user's ``packed_case``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.cuda_check import cuda_unavailable_reason
-from pytest_sharedkv.layouts.specs import LayoutRegistry, default_registry
-from pytest_sharedkv.options import Settings
-from pytest_sharedkv.records import ResultSink
 from pytest_sharedkv.state import state_of
+from pytest_sharedkv.tiers import parametrizes
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.layouts.specs import LayoutRegistry
+    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.records import ResultSink
 
 TIER = "packed_page"
-LAYOUTS = pytest.StashKey[LayoutRegistry]()
+CASE_FIXTURE = "sharedkv_packed_case"
+LAYOUTS: pytest.StashKey[LayoutRegistry] = pytest.StashKey()
 # Paths per device: the server path is LMCache's CPU cache context; on CUDA the kernel runs
 # as the torch fallback and (when lmcache.cuda_ops loaded) natively.
 DEVICE_PATHS = {
@@ -40,6 +46,8 @@ class PackedCase:
 
 
 def build_layouts(config: pytest.Config, settings: Settings) -> LayoutRegistry:
+    from pytest_sharedkv.layouts.specs import default_registry
+
     registry = default_registry()
     config.hook.pytest_sharedkv_layouts(registry=registry)
     if settings.layouts is not None:
@@ -52,8 +60,17 @@ def build_layouts(config: pytest.Config, settings: Settings) -> LayoutRegistry:
     return registry
 
 
+def layouts_of(config: pytest.Config) -> LayoutRegistry:
+    """The KV layouts, built (and the extension hook called) on first need."""
+    if LAYOUTS not in config.stash:
+        config.stash[LAYOUTS] = build_layouts(config, state_of(config).settings)
+    return config.stash[LAYOUTS]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[LAYOUTS] = build_layouts(config, state_of(config).settings)
+    # a --sharedkv-layouts naming an unknown layout is a usage error before any test runs
+    if state_of(config).settings.layouts is not None:
+        layouts_of(config)
 
 
 def cases(registry: LayoutRegistry, settings: Settings) -> list[tuple[PackedCase, list[Any]]]:
@@ -69,18 +86,21 @@ def cases(registry: LayoutRegistry, settings: Settings) -> list[tuple[PackedCase
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "packed_case" not in metafunc.fixturenames:
+    if not parametrizes(metafunc, CASE_FIXTURE, TIER):
         return
     config = metafunc.config
-    matrix = cases(config.stash[LAYOUTS], state_of(config).settings)
-    metafunc.parametrize("packed_case", [pytest.param(c, marks=m, id=c.id) for c, m in matrix],
+    matrix = cases(layouts_of(config), state_of(config).settings)
+    metafunc.parametrize(CASE_FIXTURE, [pytest.param(c, marks=m, id=c.id) for c, m in matrix],
                          indirect=True)
 
 
 @pytest.fixture
-def packed_case(request: pytest.FixtureRequest) -> PackedCase:
+def sharedkv_packed_case(request: pytest.FixtureRequest) -> PackedCase:
     """One (layout, LMCache path, device) cell of the packed_page matrix."""
-    case: PackedCase = request.param
+    case: PackedCase | None = getattr(request, "param", None)
+    if case is None:
+        pytest.fail(f"{CASE_FIXTURE} is parametrized only for tests marked "
+                    f"@pytest.mark.{TIER}", pytrace=False)
     return case
 
 
@@ -99,6 +119,7 @@ class PackedPageRunner:
     def run(self, case: PackedCase, sink: ResultSink) -> Verdict:
         import torch
 
+        from pytest_sharedkv.cuda_check import cuda_unavailable_reason
         from pytest_sharedkv.layouts.transfer import Unsupported, expected_unsupported, round_trip
 
         if case.device == "cuda":
@@ -145,6 +166,6 @@ class PackedPageRunner:
 
 
 @pytest.fixture(scope="session")
-def packed_page(pytestconfig: pytest.Config) -> PackedPageRunner:
+def sharedkv_packed_page(pytestconfig: pytest.Config) -> PackedPageRunner:
     """Runs packed_page cases: replicas, LMCache's transfer, the byte checker."""
-    return PackedPageRunner(pytestconfig.stash[LAYOUTS])
+    return PackedPageRunner(layouts_of(pytestconfig))

@@ -1,8 +1,10 @@
 """The ordering tier's pytest side: the target registry, the matrix, the session fixture.
 
-Registered by the main plugin. Imports nothing heavy at module level: torch (and lmcache,
-for its targets) are imported by the session fixture, after the GPU lease has set
-``CUDA_VISIBLE_DEVICES``.
+Registered by the main plugin, so loading it must cost a project without sharedkv tests
+nothing: the target registry is built on first need, and torch (and lmcache, for its
+targets) are imported by the session fixture, after the GPU lease has set
+``CUDA_VISIBLE_DEVICES``. Fixtures are ``sharedkv_``-prefixed and the matrix parametrizes
+only tests of this tier (``tiers.parametrizes``), never a user's ``ordering_cell``.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.cuda_check import cuda_unavailable_reason
-from pytest_sharedkv.options import Settings
-from pytest_sharedkv.ordering.cells import Cell
-from pytest_sharedkv.ordering.targets import DIRECTIONS, TargetRegistry, builtin_registry
 from pytest_sharedkv.state import state_of
+from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.ordering.cells import Cell
     from pytest_sharedkv.ordering.session import OrderingSession
+    from pytest_sharedkv.ordering.targets import TargetRegistry
 
-REGISTRY = pytest.StashKey[TargetRegistry]()
+TIER = "ordering"
+CELL_FIXTURE = "sharedkv_ordering_cell"
+REGISTRY: pytest.StashKey[TargetRegistry] = pytest.StashKey()
 SIMULATED_ENV = "SHAREDKV_SIMULATED_STREAMS"  # the self-tests' seam; see simulated.py
 
 
@@ -31,6 +35,8 @@ def active_backend() -> str:
 
 
 def build_registry(config: pytest.Config, settings: Settings) -> TargetRegistry:
+    from pytest_sharedkv.ordering.targets import builtin_registry
+
     registry = builtin_registry()
     config.hook.pytest_sharedkv_copy_targets(registry=registry)
     if settings.targets is not None:
@@ -44,12 +50,24 @@ def build_registry(config: pytest.Config, settings: Settings) -> TargetRegistry:
     return registry
 
 
+def registry_of(config: pytest.Config) -> TargetRegistry:
+    """The copy targets, built (and the extension hook called) on first need."""
+    if REGISTRY not in config.stash:
+        config.stash[REGISTRY] = build_registry(config, state_of(config).settings)
+    return config.stash[REGISTRY]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Runs after the main plugin's (tryfirst) pytest_configure has validated the settings.
-    config.stash[REGISTRY] = build_registry(config, state_of(config).settings)
+    # Runs after the main plugin's (tryfirst) pytest_configure has validated the settings;
+    # a --sharedkv-targets naming an unknown target is a usage error before any test runs.
+    if state_of(config).settings.targets is not None:
+        registry_of(config)
 
 
 def selected_cells(registry: TargetRegistry, settings: Settings) -> list[tuple[Cell, Any]]:
+    from pytest_sharedkv.ordering.cells import Cell
+    from pytest_sharedkv.ordering.targets import DIRECTIONS
+
     cells = []
     for target in registry.for_backend(active_backend()):
         if settings.targets is not None and target.name not in settings.targets:
@@ -71,13 +89,13 @@ def list_targets(registry: TargetRegistry) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "ordering_cell" not in metafunc.fixturenames:
+    if not parametrizes(metafunc, CELL_FIXTURE, TIER):
         return
     config = metafunc.config
     settings = state_of(config).settings
-    cells = selected_cells(config.stash[REGISTRY], settings)
+    cells = selected_cells(registry_of(config), settings)
     metafunc.parametrize(
-        "ordering_cell",
+        CELL_FIXTURE,
         [pytest.param(cell, marks=marks, id=cell.id) for cell, marks in cells],
         indirect=True,
     )
@@ -88,7 +106,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     config._do_configure()
     try:
-        for line in list_targets(config.stash[REGISTRY]):
+        for line in list_targets(registry_of(config)):
             print(line)
     finally:
         config._ensure_unconfigure()
@@ -96,13 +114,18 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
 
 @pytest.fixture
-def ordering_cell(request: pytest.FixtureRequest) -> Cell:
+def sharedkv_ordering_cell(request: pytest.FixtureRequest) -> Cell:
     """One (target, direction, size) cell of the ordering matrix."""
-    cell: Cell = request.param
+    cell: Cell | None = getattr(request, "param", None)
+    if cell is None:
+        pytest.fail(f"{CELL_FIXTURE} is parametrized only for tests marked "
+                    f"@pytest.mark.{TIER}", pytrace=False)
     return cell
 
 
 def _cuda_backend() -> Any:
+    from pytest_sharedkv.cuda_check import cuda_unavailable_reason
+
     reason = cuda_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -118,12 +141,12 @@ def _simulated_backend() -> Any:
 
 
 @pytest.fixture(scope="session")
-def ordering_session(pytestconfig: pytest.Config) -> Iterator[OrderingSession]:
+def sharedkv_ordering_session(pytestconfig: pytest.Config) -> Iterator[OrderingSession]:
     """The process's probe: backend, buffers per size, copy paths, sensitivity gate."""
     from pytest_sharedkv.ordering.session import OrderingSession
 
     backend = _simulated_backend() if active_backend() == "simulated" else _cuda_backend()
-    session = OrderingSession(backend, pytestconfig.stash[REGISTRY],
+    session = OrderingSession(backend, registry_of(pytestconfig),
                               state_of(pytestconfig).settings)
     if not backend.simulated:
         from pytest_sharedkv.environment import dist_version

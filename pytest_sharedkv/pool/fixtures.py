@@ -1,6 +1,8 @@
-"""The pinned_pool tier's pytest side: the ``pinned_pool`` session fixture and its checks.
+"""The pinned_pool tier's pytest side: the ``sharedkv_pinned_pool`` session fixture and its
+checks. Registered by the main plugin, so module-level imports stay light (the budget
+ledger, child runner and predictions load with the fixture).
 
-``pinned_pool.route(name)`` allocates a pool of ``--sharedkv-pool-gib`` through one route
+``sharedkv_pinned_pool.route(name)`` allocates a pool of ``--sharedkv-pool-gib`` through one route
 in a child process (after reserving its predicted size in the run's host budget), then
 judges it: every sampled page pinned, no pageable-fallback warning, reserved within 1% of
 what was asked. Results are cached per route for the session.
@@ -9,22 +11,16 @@ what was asked. Results are cached per route for the session.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.cuda_check import cuda_unavailable_reason
-from pytest_sharedkv.pool.budget import HostBudget, Reservation, default_budget
-from pytest_sharedkv.pool.predict import ROUTES, gib, predicted_reservation
-from pytest_sharedkv.pool.runner import (
-    HOST_REGISTER_CONF,
-    ChildResult,
-    child_env,
-    run_child,
-    worker_argv,
-)
-from pytest_sharedkv.records import ResultSink
 from pytest_sharedkv.state import state_of
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.pool.budget import HostBudget, Reservation
+    from pytest_sharedkv.pool.runner import ChildResult
+    from pytest_sharedkv.records import ResultSink
 
 TIER = "pinned_pool"
 WASTE_LIMIT = 1.01
@@ -57,6 +53,8 @@ class PinnedPool:
 
     def _child(self, what: str, args: list[str], alloc_conf: str | None, reserve: int
                ) -> ChildResult | str:
+        from pytest_sharedkv.pool.runner import child_env, run_child, worker_argv
+
         reservation: Reservation | str = self.budget.reserve(reserve, what, wait_s=60.0)
         if isinstance(reservation, str):
             return reservation
@@ -67,6 +65,9 @@ class PinnedPool:
 
     def route(self, route: str, nbytes: int | None = None, alloc_conf: str | None = None
               ) -> RouteReport:
+        from pytest_sharedkv.pool.predict import gib, predicted_reservation
+        from pytest_sharedkv.pool.runner import HOST_REGISTER_CONF
+
         n = nbytes or self.nbytes
         conf = alloc_conf if alloc_conf is not None else (
             HOST_REGISTER_CONF if route == "torch-host-register" else None)
@@ -90,12 +91,16 @@ class PinnedPool:
         return report
 
     def conf_accepted(self, conf: str) -> ChildResult:
+        from pytest_sharedkv.pool.runner import child_env, run_child, worker_argv
+
         if conf not in self._conf:
             self._conf[conf] = run_child(worker_argv("probe-conf"), child_env(conf), 300,
                                          f"PYTORCH_CUDA_ALLOC_CONF={conf}")
         return self._conf[conf]
 
     def hazard(self, conf: str) -> ChildResult:
+        from pytest_sharedkv.pool.runner import child_env, run_child, worker_argv
+
         return run_child(worker_argv("probe-hazard"), child_env(conf), 300,
                          f"pytorch#192722 regression check with {conf}")
 
@@ -109,6 +114,8 @@ def _threshold_bytes(conf: str | None) -> int | None:
 
 
 def _judge(report: RouteReport, child: ChildResult) -> None:
+    from pytest_sharedkv.pool.predict import gib
+
     data = child.data or {}
     checked, pinned = int(data["checked"]), int(data["pinned"])
     if pinned < checked:
@@ -130,6 +137,8 @@ def _judge(report: RouteReport, child: ChildResult) -> None:
 
 
 def record(sink: ResultSink, report: RouteReport) -> None:
+    from pytest_sharedkv.pool.predict import ROUTES, gib
+
     data = report.data
     sink.check(
         TIER, {"route": report.route, "size": gib(report.requested)},
@@ -143,9 +152,12 @@ def record(sink: ResultSink, report: RouteReport) -> None:
 
 
 @pytest.fixture(scope="session")
-def pinned_pool(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-                ) -> PinnedPool:
+def sharedkv_pinned_pool(pytestconfig: pytest.Config,
+                         tmp_path_factory: pytest.TempPathFactory) -> PinnedPool:
     """Pools of --sharedkv-pool-gib through each allocation route, judged page by page."""
+    from pytest_sharedkv.cuda_check import cuda_unavailable_reason
+    from pytest_sharedkv.pool.budget import HostBudget, default_budget
+
     reason = cuda_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)

@@ -1,7 +1,9 @@
 """The replica tier's pytest side: the served model, the LMCache server, replica pairs and
 cache namespaces as fixtures, and the (allocator x delay) matrix of the tests that use a
-pair. Every fixture is named ``sharedkv_*``, so a project's own ``replica_pair`` or
-``transfer_case`` fixture is never parametrized or shadowed by the plugin."""
+pair. Every fixture is named ``sharedkv_*`` and the matrix parametrizes only tests of the
+replica and service tiers (``tiers.parametrizes``), so a project's own ``replica_pair`` or
+``transfer_case`` fixture is never parametrized or shadowed by the plugin. Imports stay
+light: this module loads with the plugin in every pytest run."""
 
 from __future__ import annotations
 
@@ -12,13 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from filelock import FileLock
 
 from pytest_sharedkv.options import Settings
 from pytest_sharedkv.replicas.delay_hook import cycles_label
 from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
-from pytest_sharedkv.replicas.transfer import TransferCase
 from pytest_sharedkv.state import state_of
+from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer
@@ -47,6 +48,8 @@ def transfer_cases(settings: Settings) -> list[Any]:
     """The transfer provider's matrix: the CPU server (CI; LMCache turns lazy L1 off
     without CUDA, so mixed only, and no delay: the hook delays GPU streams), then on a
     leased GPU every allocator, undelayed and, in fault-sensitivity mode, delayed."""
+    from pytest_sharedkv.replicas.transfer import TransferCase
+
     cases = [TransferCase("cpu", "mixed", 0)]
     cases += [TransferCase("cuda", a, d) for a in settings.allocators for d in settings.delays]
     return [pytest.param(c, id=c.id, marks=[pytest.mark.sharedkv_gpu] if c.device == "cuda"
@@ -55,12 +58,13 @@ def transfer_cases(settings: Settings) -> list[Any]:
 
 PAIR = "sharedkv_replica_pair"
 TRANSFER = "sharedkv_transfer_case"
+PAIR_TIERS = ("replica_pair", "service_regression")  # the tiers that send through a pair
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if TRANSFER in metafunc.fixturenames:
+    if parametrizes(metafunc, TRANSFER, "replica_pair"):
         metafunc.parametrize(TRANSFER, transfer_cases(state_of(metafunc.config).settings))
-    if PAIR not in metafunc.fixturenames:
+    if not any(parametrizes(metafunc, PAIR, tier) for tier in PAIR_TIERS):
         return
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
@@ -92,6 +96,8 @@ def sharedkv_model_dir(pytestconfig: pytest.Config,
         from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, make_copy_model
     except ImportError as exc:
         pytest.skip(f"the copy model needs torch, transformers and safetensors: {exc}")
+    from filelock import FileLock
+
     recipe = CopyModelRecipe()
     root = tmp_path_factory.getbasetemp().parent
     path = root / f"sharedkv-copy-model-{recipe.key()}"
@@ -144,6 +150,9 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
 
     settings = state_of(pytestconfig).settings
     provider = resolve_provider(settings)
+    if getattr(request, "param", None) is None:
+        pytest.fail(f"{PAIR} is parametrized only for tests marked "
+                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
     allocator, delay = request.param
     log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
     if provider == "external":

@@ -11,10 +11,12 @@ import hashlib
 import os
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.replicas.pair import Reply
+if TYPE_CHECKING:  # the replica client (urllib, http.client) loads when a pair is used
+    from pytest_sharedkv.replicas.pair import Reply
 
 RUN_ID = pytest.StashKey[str]()
 

@@ -10,6 +10,7 @@ stopped); ``restart`` and ``logs`` work on launched ones.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -43,18 +44,29 @@ class Reply:
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name without _total: value summed over labels}."""
+    """Prometheus text -> {metric name without _total: value summed over labels}.
+
+    prometheus_client's own parser reads it (a sample's optional timestamp is not its value;
+    label values may hold spaces and braces); text that stops parsing yields what came before.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].removesuffix("_total")
-        try:
-            totals[name] = totals.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                totals[name] = totals.get(name, 0.0) + float(sample.value)
+    except ValueError:
+        pass
     return totals
+
+
+def _one_line(exc: BaseException) -> str:
+    """urllib's errors wrap the socket's: '[Errno 111] Connection refused', one line."""
+    reason = getattr(exc, "reason", None)
+    text = str(reason if isinstance(exc, urllib.error.URLError) and reason else exc)
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 @dataclass
@@ -93,19 +105,31 @@ class Replica:
         return self.process.log_text() if self.process is not None else "(external replica)"
 
     def _get(self, path: str) -> str:
-        with urllib.request.urlopen(self.base_url + path, timeout=30) as response:
-            return str(response.read().decode())
+        """GET PATH; a failure is a ReplicaError that names the replica and its URL in one
+        line (not urllib's chained traceback)."""
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=30) as response:
+                return str(response.read().decode())
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._failure(f"request failed: GET {path}: {_one_line(exc)}") from None
 
     def counters(self) -> dict[str, float]:
+        """The engine's Prometheus counters, empty when they cannot be read: metrics are
+        optional, and a replica that is down fails the request that follows, which names
+        it (and, once its process has died, says so)."""
         try:
             return parse_counters(self._get("/metrics"))
-        except (urllib.error.URLError, OSError):
+        except ReplicaError:
             return {}
 
     def served_model(self) -> str:
         if self.model is None:
-            data = json.loads(self._get("/v1/models"))
-            self.model = str(data["data"][0]["id"])
+            text = self._get("/v1/models")
+            try:
+                self.model = str(json.loads(text)["data"][0]["id"])
+            except (ValueError, LookupError, TypeError) as exc:
+                raise self._failure(f"GET /v1/models: no model id in the answer "
+                                    f"({_one_line(exc)}): {text[:200]!r}") from None
         return self.model
 
     def complete(self, prompt: str, max_tokens: int, cache_salt: str | None) -> Reply:

@@ -20,6 +20,7 @@ import pytest
 
 from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
 from pytest_sharedkv.state import state_of
+from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:
     from pytest_sharedkv.replicas.pair import ReplicaPair
@@ -29,21 +30,22 @@ if TYPE_CHECKING:
 CASE = "sharedkv_service_case"
 SESSION = "sharedkv_service_session"
 PROTOCOL = "sharedkv_protocol_check"
+TIER = "service_regression"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = state_of(metafunc.config).settings
-    if CASE in metafunc.fixturenames:
+    if parametrizes(metafunc, CASE, TIER):
         from pytest_sharedkv.service.corpus_choice import measured_ids
 
         ids = measured_ids(settings)
         metafunc.parametrize(CASE, ids, ids=ids)
-    if SESSION in metafunc.fixturenames:
+    if parametrizes(metafunc, SESSION, TIER):
         from pytest_sharedkv.service.corpus import SESSIONS
 
         ids = [f"session-{i:02d}" for i in range(SESSIONS)]
         metafunc.parametrize(SESSION, ids, ids=ids)
-    if PROTOCOL in metafunc.fixturenames:
+    if parametrizes(metafunc, PROTOCOL, TIER):
         from pytest_sharedkv.service.protocol import CHECKS
 
         metafunc.parametrize(PROTOCOL, list(CHECKS), ids=list(CHECKS))

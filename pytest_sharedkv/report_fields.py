@@ -1,0 +1,12 @@
+"""What the plugin puts on test reports for the process that owns the run.
+
+Plain values under fixed names: xdist serialises a report's ``user_properties`` and its
+extra attributes, so the controller reads them exactly as a run without xdist does.
+"""
+
+from __future__ import annotations
+
+USER_PROPERTY = "sharedkv"  # user_properties entry: the test's check records, notes, facts
+REPORT_TIER = "sharedkv_tier"  # attribute: the item's tier, from its markers
+# attribute: the skip reason of a gated test that --sharedkv-require-gpu turned into a failure
+REQUIRE_GPU_FLAG = "sharedkv_require_gpu"

@@ -1,0 +1,65 @@
+"""``python -m pytest_sharedkv``: the wrapper adds only what the user's run needs, and its
+help shows pytest's, sharedkv options included."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.__main__ import suite_args
+
+
+def _main(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+          ) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "pytest_sharedkv", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_help_shows_the_wrapper_and_the_sharedkv_options(tmp_path: Path) -> None:
+    out = _main(["--help"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m pytest_sharedkv")
+    assert "pytest-sharedkv: shared KV-cache integrity" in out.stdout
+    assert "--sharedkv-require-gpu" in out.stdout and "--sharedkv-json=PATH" in out.stdout
+
+
+def test_disabled_plugin_gets_no_sharedkv_option(tmp_path: Path) -> None:
+    assert "--sharedkv-json" not in suite_args(["-p", "no:sharedkv"])
+    assert "--sharedkv-json" not in suite_args(["-pno:sharedkv"])
+    out = _main(["-p", "no:sharedkv", "--collect-only", "-q"], tmp_path)
+    assert "sharedkv-json" not in out.stdout + out.stderr
+    assert "unrecognized arguments" not in out.stderr
+
+
+def test_xdist_is_loaded_when_autoload_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    args = suite_args(["-n", "2"])
+    assert args[:4] == ["-p", "sharedkv", "-p", "xdist.plugin"]
+    assert "xdist.plugin" not in suite_args(["-m", "ordering"])
+    assert suite_args(["-p", "xdist", "-n", "2"]).count("xdist.plugin") == 0
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    assert "xdist.plugin" not in suite_args(["-n", "2"])
+
+
+def test_xdist_run_without_autoload(tmp_path: Path) -> None:
+    out = _main(["-n", "2", "-m", "replica_pair", "-k", "cross_replica",
+                 "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05", "-p",
+                 "no:cacheprovider"], tmp_path, {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "1 passed" in out.stdout
+
+
+def test_a_tier_with_no_tests_yet_says_so(tmp_path: Path) -> None:
+    out = _main(["-m", "perf", "-p", "no:cacheprovider"], tmp_path)
+    assert out.returncode == pytest.ExitCode.NO_TESTS_COLLECTED
+    lines = [line for line in out.stdout.splitlines() if "perf" in line and "sharedkv" in line]
+    assert len(lines) == 1, out.stdout
+    assert lines[0].startswith("sharedkv: -m 'perf' selected no test: the perf tier has no "
+                               "tests yet (this version's suite has tests for ordering, ")
