@@ -9,8 +9,6 @@ serialises, so ``-p no:xdist`` behaves the same.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from pytest_sharedkv import environment, options, report_json, report_terminal
 from pytest_sharedkv.devices import Discovery
 from pytest_sharedkv.gating import ITEM_LEASE, Gate, worker_id
-from pytest_sharedkv.leases import LEASE_DIR_NAME, Lease
+from pytest_sharedkv.leases import Lease
 from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.markers import register as register_markers
 from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
@@ -66,18 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_Collector(config, state.log), "sharedkv-collector")
 
 
-def _lock_root(config: pytest.Config) -> Path:
-    """The run's shared temp dir (the xdist controller's basetemp for workers)."""
-    factory = getattr(config, "_tmp_path_factory", None)
-    if factory is not None:
-        return Path(factory.getbasetemp()).parent / LEASE_DIR_NAME
-    return Path(tempfile.gettempdir()) / f"pytest-sharedkv-{os.getuid()}" / LEASE_DIR_NAME
-
-
 def gate_of(config: pytest.Config) -> Gate:
     state = state_of(config)
     if state.gate is None:
-        state.gate = Gate(state.settings, _lock_root(config), owner=worker_id())
+        state.gate = Gate(state.settings, owner=worker_id())
     return state.gate
 
 

@@ -11,14 +11,19 @@ from collections.abc import Callable
 import pytest
 
 from pytest_sharedkv.devices import FAKE_GPUS_ENV
+from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
 
 
 @pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inner pytest runs must not inherit this run's xdist identity or device binding."""
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch,
+                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Inner pytest runs must not inherit this run's xdist identity or device binding, and
+    each test gets its own machine-wide directory (leases, host budget, launch records):
+    self-tests running side by side must not queue on each other's fake devices."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
-                 "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS"):
+                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path_factory.mktemp("runtime")))
 
 
 @pytest.fixture

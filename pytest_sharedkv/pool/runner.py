@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_sharedkv.leases import DEVICE_ORDER
+
 TAG = "SHAREDKV-POOL "
 FALLBACK_PATTERNS = (
     "falling back to unpinned",  # LMCache torch fallback (mem_alloc.py)
@@ -36,6 +38,7 @@ def child_env(alloc_conf: str | None, extra: Mapping[str, str] | None = None) ->
     if alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     env.update(extra or {})
+    env.update(DEVICE_ORDER)
     return env
 
 

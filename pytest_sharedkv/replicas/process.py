@@ -18,6 +18,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_sharedkv.leases import DEVICE_ORDER
+
 LOG_TAIL_LINES = 40
 
 
@@ -69,7 +71,7 @@ class ManagedProcess:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
-        self.env = dict(os.environ if env is None else env)
+        self.env = {**(os.environ if env is None else env), **DEVICE_ORDER}
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
