@@ -24,9 +24,11 @@ from pytest_sharedkv.pool.runner import (
     worker_argv,
 )
 from pytest_sharedkv.records import ResultSink
+from pytest_sharedkv.runtime_dir import RuntimeDirError, subdir
 from pytest_sharedkv.state import state_of
 
 TIER = "pinned_pool"
+BUDGET_DIR = "host-budget"  # under the runtime dir
 WASTE_LIMIT = 1.01
 ROUND_KEY = "pinned_max_round_threshold_mb"
 CACHE_KEY = "pinned_max_cached_size_mb"
@@ -143,8 +145,7 @@ def record(sink: ResultSink, report: RouteReport) -> None:
 
 
 @pytest.fixture(scope="session")
-def pinned_pool(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-                ) -> PinnedPool:
+def pinned_pool(pytestconfig: pytest.Config) -> PinnedPool:
     """Pools of --sharedkv-pool-gib through each allocation route, judged page by page."""
     reason = cuda_unavailable_reason()
     if reason is not None:
@@ -155,6 +156,9 @@ def pinned_pool(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFa
     if budget is None:
         pytest.skip("cannot tell how much host memory is free (no /proc/meminfo); "
                     "set --sharedkv-host-budget-gib")
-    root = tmp_path_factory.getbasetemp().parent
-    return PinnedPool(int(settings.pool_gib * (1 << 30)), HostBudget(root, budget),
+    try:  # one ledger per machine: concurrent runs pin from the same host memory
+        ledger = subdir(BUDGET_DIR)
+    except RuntimeDirError as exc:
+        pytest.fail(f"host budget: {exc}", pytrace=False)
+    return PinnedPool(int(settings.pool_gib * (1 << 30)), HostBudget(ledger, budget),
                       settings.pool_timeout)
