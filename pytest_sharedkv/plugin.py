@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv import environment, options, report_json, report_terminal
+from pytest_sharedkv import environment, interrupts, options, report_json, report_terminal
 from pytest_sharedkv.devices import Discovery
 from pytest_sharedkv.gating import ITEM_LEASE, Gate, worker_id
 from pytest_sharedkv.leases import Lease
-from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
+from pytest_sharedkv.markers import GPU_MARKER, TIER_MARKERS, MarkerError, is_gated
 from pytest_sharedkv.markers import register as register_markers
 from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
 from pytest_sharedkv.run_log import RunLog
@@ -62,6 +62,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = state
     if not state.is_worker:
         config.pluginmanager.register(_Collector(config, state.log), "sharedkv-collector")
+
+
+def uses_sharedkv(item: pytest.Item) -> bool:
+    """A tier or need marker, or a fixture of this plugin."""
+    if is_gated(item) or any(item.get_closest_marker(m) for m in TIER_MARKERS):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        for fixturedef in defs:
+            module = getattr(getattr(fixturedef, "func", None), "__module__", "") or ""
+            if module.startswith("pytest_sharedkv."):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # From here on SIGTERM (a CI time limit) tears the run down as Ctrl-C does.
+    if any(uses_sharedkv(item) for item in items):
+        interrupts.install(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts.restore(config)
 
 
 def gate_of(config: pytest.Config) -> Gate:

@@ -6,12 +6,14 @@ Runs that could touch CUDA (or must prove torch was never imported) use
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
 
 from pytest_sharedkv.devices import FAKE_GPUS_ENV
 from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
+from tests.process_tags import TAG_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +38,11 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
 
     _set("")
     return _set
+
+
+@pytest.fixture
+def process_tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A tag every process this test starts inherits (see ``process_tags.tagged``)."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    return tag
