@@ -55,7 +55,7 @@ def selected_cells(registry: TargetRegistry, settings: Settings) -> list[tuple[C
         if settings.targets is not None and target.name not in settings.targets:
             continue
         marks = [pytest.mark.sharedkv_requires(*target.requires)] if target.requires else []
-        for direction in DIRECTIONS:
+        for direction in (d for d in DIRECTIONS if d in target.directions):
             for nbytes in settings.sizes:
                 cells.append((Cell(target.name, direction, nbytes), marks))
     return cells
@@ -66,7 +66,10 @@ def list_targets(registry: TargetRegistry) -> list[str]:
     for target in registry:
         needs = f" [needs {', '.join(target.requires)}]" if target.requires else ""
         backend = "" if target.backend == "cuda" else f" [backend {target.backend}]"
-        lines.append(f"  {target.name:32} {target.role:17} {target.summary}{needs}{backend}")
+        only = "" if set(target.directions) == set(DIRECTIONS) else \
+            f" [{'/'.join(target.directions)} only]"
+        lines.append(f"  {target.name:32} {target.role:17} {target.summary}{needs}{backend}"
+                     f"{only}")
     return lines
 
 

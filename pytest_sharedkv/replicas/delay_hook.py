@@ -26,12 +26,15 @@ import functools
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from pytest_sharedkv.lmcache_source import GPU_OPS, defines, importable, memcpy_helpers
 
 CYCLES_ENV = "SHAREDKV_INJECT_DELAY_CYCLES"
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"
@@ -40,18 +43,34 @@ ROLE_ENV = "SHAREDKV_INJECT_ROLE"  # names the process in the log (server, repli
 SERVER_ROLE = "server"  # the process whose copies the delay must reach
 VOID = "VOID"  # how a delayed result that proves nothing begins
 _FALLBACK_KERNELS = "lmcache.v1.platform.torch_ops.mp_mem_kernels"
-# LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the GPU
-# connector helpers, the engine-driven worker path).
-DEFAULT_TARGETS = (
+# LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the
+# engine-driven worker path, the torch fallback's kernels); the GPU connector helpers that
+# reach lmcache_memcpy_async are discovered in LMCache's source (lmcache_source.py), so a
+# newer LMCache's helpers (e.g. lmcache_memcpy_async_h2d_range) are delayed too.
+FIXED_TARGETS = (
     "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
-    "lmcache.v1.gpu_connector.gpu_ops:lmcache_memcpy_async_d2h",
-    "lmcache.v1.gpu_connector.gpu_ops:lmcache_memcpy_async_h2d",
     "lmcache.v1.multiprocess.transfer_context.base:gather_paged_kv_to_cpu",
     "lmcache.v1.multiprocess.transfer_context.base:scatter_cpu_to_paged_kv",
     *(f"{_FALLBACK_KERNELS}:_transfer_{kind}" for kind in (
         "per_layer_fused", "per_layer_nhd", "per_layer_hnd", "per_layer_mla",
         "per_layer_mla_tuple", "per_layer_kv_tuple", "cross_layer", "sglang_mha")),
 )
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def default_targets() -> tuple[str, ...]:
+    """The fixed entry points, then every discovered gpu_ops helper (read from source: this
+    runs first thing in launched processes and imports nothing)."""
+    helpers = tuple(f"{GPU_OPS}:{h.name}" for h in memcpy_helpers())
+    return (FIXED_TARGETS[0], *helpers, *FIXED_TARGETS[1:])
+
+
+def __getattr__(name: str) -> object:
+    if name == "DEFAULT_TARGETS":  # the former constant, now discovered on use
+        return default_targets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 CALLS: Counter[str] = Counter()
 
 
@@ -158,13 +177,41 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+class TargetError(ValueError):
+    """A SHAREDKV_INJECT_TARGETS value that cannot be honoured; the message says why."""
+
+
 def parse_targets(text: str | None) -> dict[str, list[str]]:
+    """``module:function,...`` (or the defaults for None/empty) -> {module: [functions]}."""
     targets: dict[str, list[str]] = {}
-    for item in (text.split(",") if text else DEFAULT_TARGETS):
-        module, _, attribute = item.strip().partition(":")
-        if module and attribute:
-            targets.setdefault(module, []).append(attribute)
+    for raw in (text.split(",") if text else default_targets()):
+        item = raw.strip()
+        if not item:
+            continue  # a stray comma
+        module, _, attribute = item.partition(":")
+        if not (_IDENTIFIER.match(module) and attribute.isidentifier()):
+            raise TargetError(f"{item!r} is not module:function")
+        targets.setdefault(module, []).append(attribute)
     return targets
+
+
+def check_targets(text: str) -> list[str]:
+    """Why TEXT cannot be used as SHAREDKV_INJECT_TARGETS (empty: it can). Syntax always;
+    where lmcache is importable, that every module exists and defines its function (read
+    from source, nothing imported)."""
+    try:
+        targets = parse_targets(text)
+    except TargetError as exc:
+        return [str(exc)]
+    if not importable("lmcache"):
+        return []
+    problems = []
+    for module, attributes in targets.items():
+        if not importable(module):
+            problems.append(f"no module {module}")
+            continue
+        problems += [f"{module} has no {a}" for a in attributes if defines(module, a) is False]
+    return problems
 
 
 def report() -> None:
