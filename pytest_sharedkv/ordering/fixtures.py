@@ -16,10 +16,12 @@ import pytest
 from pytest_sharedkv.cuda_check import cuda_unavailable_reason
 from pytest_sharedkv.options import Settings
 from pytest_sharedkv.ordering.cells import Cell
+from pytest_sharedkv.ordering.child_session import launch_blocking
 from pytest_sharedkv.ordering.targets import DIRECTIONS, TargetRegistry, builtin_registry
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.ordering.child_session import ChildSession
     from pytest_sharedkv.ordering.session import OrderingSession
 
 REGISTRY = pytest.StashKey[TargetRegistry]()
@@ -105,10 +107,14 @@ def ordering_cell(request: pytest.FixtureRequest) -> Cell:
     return cell
 
 
-def _cuda_backend() -> Any:
+def _require_cuda() -> None:
     reason = cuda_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
+
+
+def _cuda_backend() -> Any:
+    _require_cuda()
     from pytest_sharedkv.ordering.cuda_backend import CudaBackend
 
     return CudaBackend()
@@ -121,14 +127,28 @@ def _simulated_backend() -> Any:
 
 
 @pytest.fixture(scope="session")
-def ordering_session(pytestconfig: pytest.Config) -> Iterator[OrderingSession]:
-    """The process's probe: backend, buffers per size, copy paths, sensitivity gate."""
-    from pytest_sharedkv.ordering.session import OrderingSession
+def ordering_session(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[OrderingSession | ChildSession]:
+    """The process's probe: backend, buffers per size, copy paths, sensitivity gate (in a
+    child process when CUDA_LAUNCH_BLOCKING would make every launch synchronous here)."""
+    settings = state_of(pytestconfig).settings
+    registry = pytestconfig.stash[REGISTRY]
+    simulated = active_backend() == "simulated"
+    session: OrderingSession | ChildSession
+    if launch_blocking():
+        if not simulated:
+            _require_cuda()
+        from pytest_sharedkv.ordering.child_session import ChildSession
 
-    backend = _simulated_backend() if active_backend() == "simulated" else _cuda_backend()
-    session = OrderingSession(backend, pytestconfig.stash[REGISTRY],
-                              state_of(pytestconfig).settings)
-    if not backend.simulated:
+        log = tmp_path_factory.mktemp("ordering-child") / "child.log"
+        session = ChildSession(registry, settings.trials, settings.delay_cycles, settings.sizes,
+                               os.environ[SIMULATED_ENV] if simulated else None, log)
+    else:
+        from pytest_sharedkv.ordering.session import OrderingSession
+
+        backend = _simulated_backend() if simulated else _cuda_backend()
+        session = OrderingSession(backend, registry, settings)
+    if not simulated:
         from pytest_sharedkv.environment import dist_version
 
         if dist_version("lmcache") is not None:

@@ -60,6 +60,9 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     if spec.inject_delay_cycles:
+        # With synchronous launches the delay is over before the copy starts: a delayed
+        # cell would pass whatever the copy path does.
+        env.pop("CUDA_LAUNCH_BLOCKING", None)
         env[CYCLES_ENV] = str(spec.inject_delay_cycles)
         env[LOG_ENV] = str(inject_log(spec.log_dir))
         env[ROLE_ENV] = role
