@@ -29,6 +29,7 @@ from typing import Any
 
 from pytest_sharedkv import launch_registry
 from pytest_sharedkv.leases import DEVICE_ORDER
+from pytest_sharedkv.runtime_dir import RuntimeDirError
 from pytest_sharedkv.supervise import start_time
 
 SUPERVISE = Path(__file__).with_name("supervise.py")
@@ -83,8 +84,8 @@ def reap_once() -> None:
     _REAPED.add(os.getpid())
     try:
         lines = launch_registry.reap()
-    except OSError:
-        return
+    except (OSError, RuntimeDirError):
+        return  # no shared directory: nothing recorded there to reap
     for line in lines:
         warnings.warn(f"sharedkv: {line}", launch_registry.LeftoverProcessesWarning,
                       stacklevel=3)
@@ -104,6 +105,6 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, **popen: An
     proc = _spawner().submit(start).result()
     try:
         record: Path | None = launch_registry.record(launch_id, proc.pid, argv)
-    except OSError:
+    except (OSError, RuntimeDirError):
         record = None  # the supervisor still watches it; only the next run's reaping is lost
     return Launch(proc, launch_id, record)

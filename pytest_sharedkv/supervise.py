@@ -194,7 +194,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = parse(sys.argv[1:] if argv is None else argv)
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    with contextlib.suppress(OSError, AttributeError):  # no prctl: the watchdog still watches
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     owners = [Watched.open(args.owner)]
     if os.getppid() != args.owner:  # the owner died before the parent-death signal was set
         os._exit(OWNER_GONE)

@@ -207,3 +207,20 @@ def test_a_pinned_pool_child_dies_with_its_run(process_tag: str) -> None:
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_a_launch_works_without_a_usable_shared_directory(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is lost (the next run cannot reap it), the supervision is not."""
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "not-a-dir"))
+    from pytest_sharedkv import launch
+
+    monkeypatch.setattr(launch, "_REAPED", set())
+    proc = ManagedProcess("sleeper", [sys.executable, "-c", SLEEPER], tmp_path / "n.log")
+    proc.start()
+    try:
+        assert wait_until(lambda: len(watchdogs(proc.pid)) == 1)
+        assert proc.launch is not None and proc.launch.record is None
+    finally:
+        assert proc.stop(grace=2) == []

@@ -105,9 +105,15 @@ def send(proc: subprocess.Popen[bytes], sig: signal.Signals, target: str) -> Non
 
 def survivors_after(proc: subprocess.Popen[bytes], tag: str, sig: signal.Signals,
                     target: str) -> list[Proc]:
+    before = len(launched(tag))
+    sent = time.monotonic()
     send(proc, sig, target)
     wait_for(lambda: not launched(tag), DEADLINE_S)
-    return launched(tag)
+    left = launched(tag)
+    # for the survivors table (-s shows it): launched before, left, seconds to none left
+    print(f"\nsurvivors: {sig.name} to {target}: {before} launched, {len(left)} left after "
+          f"{time.monotonic() - sent:.1f}s")
+    return left
 
 
 def describe(procs: list[Proc], log: Path) -> str:
