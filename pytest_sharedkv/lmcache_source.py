@@ -13,13 +13,16 @@ already imported module's code objects are read instead (``co_names``).
 
 from __future__ import annotations
 
-import ast
 import importlib.machinery
 import sys
 import types
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ast is imported where a file is parsed, not when the plugin loads
+    import ast
 
 GPU_OPS = "lmcache.v1.gpu_connector.gpu_ops"
 MEMCPY = "lmcache_memcpy_async"
@@ -62,6 +65,8 @@ def importable(name: str) -> bool:
 
 
 def _tree(path: Path) -> ast.Module | None:
+    import ast
+
     if path.suffix != ".py":
         return None
     try:
@@ -72,6 +77,8 @@ def _tree(path: Path) -> ast.Module | None:
 
 def _bound(statements: list[ast.stmt], names: set[str]) -> bool:
     """Add the names these module-level statements bind; False on ``import *``."""
+    import ast
+
     for node in statements:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
@@ -108,6 +115,8 @@ def defines(module: str, attribute: str) -> bool | None:
 
 
 def _mentions(node: ast.AST, word: str) -> bool:
+    import ast
+
     return any((isinstance(n, ast.Name) and n.id == word)
                or (isinstance(n, ast.Attribute) and n.attr == word) for n in ast.walk(node))
 
@@ -126,6 +135,8 @@ def _helper(name: str) -> MemcpyHelper:
 def memcpy_helpers(module: str = GPU_OPS) -> tuple[MemcpyHelper, ...]:
     """The module's functions whose code reaches ``lmcache_memcpy_async`` (empty where
     lmcache is not installed)."""
+    import ast
+
     path = module_file(module)
     tree = _tree(path) if path is not None else None
     if tree is not None:

@@ -24,6 +24,7 @@ from pytest_sharedkv.markers import GPU_MARKER, TIER_MARKERS, MarkerError, is_ga
 from pytest_sharedkv.markers import register as register_markers
 from pytest_sharedkv.records import USER_PROPERTY, Bundle, ResultSink
 from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.runtime_dir import chosen_problem
 from pytest_sharedkv.state import STATE, RunState, state_of
 
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
@@ -54,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning")
     settings = options.load_settings(config)
+    problem = chosen_problem()
+    if problem is not None:
+        raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "
+                                "shares for GPU leases and launch records)")
     if settings.json is not None:
         problem = report_json.check_writable(settings.json)
         if problem is not None:

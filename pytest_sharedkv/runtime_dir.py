@@ -49,6 +49,27 @@ def runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
     return path
 
 
+def chosen_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why an explicitly set SHAREDKV_RUNTIME_DIR cannot be used, checked without creating
+    anything (the plugin asks at start, so a bad value is a usage error)."""
+    env = os.environ if environ is None else environ
+    chosen = env.get(RUNTIME_DIR_ENV)
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser()
+    where = f"{RUNTIME_DIR_ENV}={chosen}"
+    if path.exists():
+        if not path.is_dir():
+            return f"{where}: not a directory"
+        if path.stat().st_uid != os.getuid():
+            return f"{where}: belongs to uid {path.stat().st_uid}, not to this user"
+        return None
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"{where}: cannot be created (nothing writable above it)"
+    return None
+
+
 def subdir(name: str, environ: Mapping[str, str] | None = None) -> Path:
     """``<runtime dir>/NAME``, created 0700."""
     path = runtime_dir(environ) / name

@@ -220,3 +220,13 @@ def test_runtime_dir_is_per_user_and_private(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(RuntimeDirError, match=f"{RUNTIME_DIR_ENV}=.*not a plain directory"):
         runtime_dir({RUNTIME_DIR_ENV: str(tmp_path / "file")})
+
+
+def test_an_unusable_runtime_dir_is_a_usage_error(pytester: pytest.Pytester,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (pytester.path / "a-file").write_text("")
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(pytester.path / "a-file"))
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {RUNTIME_DIR_ENV}=*a-file: not a directory (it names*"])
