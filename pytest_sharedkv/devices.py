@@ -30,6 +30,15 @@ class Gpu:
     total_mib: int | None = None
     free_mib: int | None = None
     uuid: str | None = None
+    fake: bool = False
+
+    @property
+    def lock_key(self) -> str:
+        """What its lease locks: the UUID where known (one name for one device, whatever
+        index a run sees it under), else the index; fake devices never lock real ones."""
+        if self.fake:
+            return f"fake-{self.token}"
+        return self.uuid or f"index-{self.token}"
 
     @property
     def free_gib(self) -> float | None:
@@ -85,7 +94,7 @@ def _parse_fake(spec: str) -> tuple[Gpu, ...]:
                     f"{FAKE_GPUS_ENV}={spec!r}: {free!r} is not a number of free GiB "
                     "(0 or more); it takes " + FAKE_FORMAT)
             free_mib = int(gib * 1024)
-        gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib))
+        gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib, fake=True))
     return tuple(gpus)
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pytest_sharedkv.devices import Discovery, DiscoveryError, discover, free_gib
-from pytest_sharedkv.leases import Lease, LeaseManager, LeaseTimeout
+from pytest_sharedkv.leases import LEASE_DIR_NAME, Lease, LeaseManager, LeaseTimeout
 from pytest_sharedkv.markers import GpuNeed, gpu_need, required_distributions
 from pytest_sharedkv.options import Settings
+from pytest_sharedkv.runtime_dir import RuntimeDirError, subdir
 
 ITEM_LEASE = pytest.StashKey[Lease]()
 
@@ -40,10 +40,9 @@ def import_error(module: str) -> str | None:
 class Gate:
     """One per process: the device list (found once, lazily) and the lease manager."""
 
-    def __init__(self, settings: Settings, lock_root: Path | Callable[[], Path],
-                 owner: str) -> None:
+    def __init__(self, settings: Settings, owner: str, lock_root: Path | None = None) -> None:
         self.settings = settings
-        self._lock_root = lock_root  # a callable: found (and created) on the first lease
+        self.lock_root = lock_root  # None: the machine's shared directory, found on first use
         self.owner = owner
         self._discovery: Discovery | str | None = None
         self._leases: LeaseManager | None = None
@@ -60,8 +59,12 @@ class Gate:
 
     def leases(self, discovery: Discovery) -> LeaseManager:
         if self._leases is None:
-            root = self._lock_root() if callable(self._lock_root) else self._lock_root
-            self._leases = LeaseManager(root, discovery.gpus, self.owner)
+            if self.lock_root is None:
+                try:
+                    self.lock_root = subdir(LEASE_DIR_NAME)
+                except RuntimeDirError as exc:
+                    pytest.fail(f"GPU lease: {exc}", pytrace=False)
+            self._leases = LeaseManager(self.lock_root, discovery.gpus, self.owner)
         return self._leases
 
     def setup(self, item: pytest.Item) -> None:

@@ -1,9 +1,15 @@
 """GPU leases: exclusive device ownership per test, across xdist workers, through file locks.
 
-Each device has a lock file in the run's shared temp dir. A test takes all the devices it
-needs at once or none (no hold-and-wait, so two workers that each need two devices cannot
-deadlock). The locks are ``flock`` locks: the kernel drops them when a process dies, so a
-crashed worker's lock file never blocks the next test or the next run.
+Each device has a lock file in one directory per machine and user (``runtime_dir.py``), so
+xdist workers and concurrent runs alike never share a device; it is named by the device's
+UUID where nvidia-smi gave one. A test takes all the devices it needs at once or none (no
+hold-and-wait, so two workers that each need two devices cannot deadlock). The locks are
+``flock`` locks: the kernel drops them when a process dies, so a crashed worker's lock file
+never blocks the next test or the next run.
+
+Device indices are nvidia-smi's, which counts in PCI bus order; CUDA counts fastest first
+unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so a lease sets that beside
+``CUDA_VISIBLE_DEVICES`` (here and in what the suite launches).
 
 A process can only use the devices that were in ``CUDA_VISIBLE_DEVICES`` when it first
 touched CUDA, so the first lease in a process *binds* it: later leases in that process
@@ -24,7 +30,8 @@ from filelock import FileLock, Timeout
 
 from pytest_sharedkv.devices import Gpu
 
-LEASE_DIR_NAME = "sharedkv-gpu-leases"
+LEASE_DIR_NAME = "leases"  # under the runtime dir
+DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # indices mean what nvidia-smi says
 POLL_S = 0.05
 
 
@@ -47,7 +54,7 @@ class Lease:
         return ",".join(self.tokens)
 
     def env(self) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": self.visible_devices}
+        return {"CUDA_VISIBLE_DEVICES": self.visible_devices, **DEVICE_ORDER}
 
 
 def cuda_initialized() -> bool:
@@ -75,7 +82,7 @@ class LeaseManager:
         lock_dir.mkdir(parents=True, exist_ok=True)
 
     def _lock_path(self, gpu: Gpu) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu.token)
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu.lock_key)
         return self.lock_dir / f"gpu-{safe}.lock"
 
     def _holder_path(self, gpu: Gpu) -> Path:
@@ -130,7 +137,7 @@ class LeaseManager:
     def bind(self, lease: Lease) -> None:
         """Point this process at the leased devices, if CUDA has not started here yet."""
         if self.bound is None and not cuda_initialized():
-            os.environ["CUDA_VISIBLE_DEVICES"] = lease.visible_devices
+            os.environ.update(lease.env())
             self.bound = lease.tokens
 
     def release(self, lease: Lease) -> None:

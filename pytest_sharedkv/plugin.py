@@ -13,8 +13,6 @@ serialises, so ``-p no:xdist`` behaves the same.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -22,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv import options
+from pytest_sharedkv import interrupts, options
 from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.markers import register as register_markers
 from pytest_sharedkv.report_fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
+from pytest_sharedkv.runtime_dir import chosen_problem
 from pytest_sharedkv.state import STATE, RunState, state_of
 from pytest_sharedkv.tiers import is_sharedkv_item, tier_of
 
@@ -68,6 +67,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
     settings = options.load_settings(config)
+    problem = chosen_problem()
+    if problem is not None:
+        raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "
+                                "shares for GPU leases and launch records)")
     if settings.json is not None:
         from pytest_sharedkv import report_json
 
@@ -108,6 +111,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in sharedkv:
         item.add_marker(pytest.mark.filterwarnings(OTEL_FILTER))
+    # From here on SIGTERM (a CI time limit) tears the run down as Ctrl-C does.
+    interrupts.install(config)
     state = state_of(config)
     if state.active:
         return
@@ -130,14 +135,8 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         raise pytest.UsageError(problem)
 
 
-def _lock_root(config: pytest.Config) -> Path:
-    """The run's shared temp dir (the xdist controller's basetemp for workers)."""
-    factory = getattr(config, "_tmp_path_factory", None)
-    from pytest_sharedkv.leases import LEASE_DIR_NAME
-
-    if factory is not None:
-        return Path(factory.getbasetemp()).parent / LEASE_DIR_NAME
-    return Path(tempfile.gettempdir()) / f"pytest-sharedkv-{os.getuid()}" / LEASE_DIR_NAME
+def pytest_unconfigure(config: pytest.Config) -> None:
+    interrupts.restore(config)
 
 
 def gate_of(config: pytest.Config) -> Gate:
@@ -145,7 +144,7 @@ def gate_of(config: pytest.Config) -> Gate:
     if state.gate is None:
         from pytest_sharedkv.gating import Gate, worker_id
 
-        state.gate = Gate(state.settings, lambda: _lock_root(config), owner=worker_id())
+        state.gate = Gate(state.settings, owner=worker_id())
     return state.gate
 
 

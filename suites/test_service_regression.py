@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.options import Settings
     from pytest_sharedkv.records import ResultSink
     from pytest_sharedkv.replicas.pair import ReplicaPair
     from pytest_sharedkv.service.execute import Pass
@@ -172,3 +173,42 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
         detail={"message": result.message})
     if not result.ok:
         pytest.fail(f"{result.name}: {result.message}", pytrace=False)
+
+
+def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: str,
+                          sharedkv_replica_pair: ReplicaPair, sharedkv_settings: Settings,
+                          request: pytest.FixtureRequest) -> None:
+    """Replica A's cold answer (tokens, text, chosen-token logprobs) and every step's hits
+    equal the stored reference for this model and engine: a difference is engine drift,
+    not cache-induced divergence (the chain test judges that)."""
+    import json
+
+    from pytest_sharedkv.service import references
+
+    pytest.importorskip("syrupy", reason="stored references are syrupy snapshots")
+    pair, run = sharedkv_replica_pair, sharedkv_service_pass.run
+    case = run.cases.case(sharedkv_service_case)
+    if case is None:
+        pytest.skip(f"{sharedkv_service_case}: not in this corpus ({run.cases.source})")
+    run = sharedkv_service_pass.ensure(case.size)
+    found = references.record(run, case)
+    if found is None:
+        pytest.fail(f"{case.id}: replica A gave no cold answer to compare", pytrace=False)
+    snapshot = request.getfixturevalue("snapshot")
+    root = sharedkv_settings.snapshot_dir or references.default_root()
+    model = references.model_key(pair.model, run.cases.kind)
+    engine = references.engine_key(pair)
+    directory = root / model / engine
+    if not snapshot.session.update_snapshots and not (directory / f"{case.id}.json").exists():
+        other = references.baseline(root, model, engine)
+        if other is None or not (other / f"{case.id}.json").exists():
+            pytest.skip(f"no stored reference for {model}/{engine} under {root}: record them "
+                        "with --snapshot-update")
+        stored = json.loads((other / f"{case.id}.json").read_text())
+        if stored != found:
+            pytest.fail(f"ENGINE DRIFT (not cache-induced): replica A's cold answer to {case.id}"
+                        f" with {engine} differs from the reference recorded with {other.name}:"
+                        f" stored {stored['answer']['text']!r}, now {found['answer']['text']!r}",
+                        pytrace=False)
+        return
+    assert found == snapshot(extension_class=references.extension_for(directory), name=case.id)

@@ -6,19 +6,26 @@ Runs that could touch CUDA (or must prove torch was never imported) use
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
 
 from pytest_sharedkv.devices import FAKE_GPUS_ENV
+from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
+from tests.process_tags import TAG_ENV
 
 
 @pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inner pytest runs must not inherit this run's xdist identity or device binding."""
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch,
+                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Inner pytest runs must not inherit this run's xdist identity or device binding, and
+    each test gets its own machine-wide directory (leases, host budget, launch records):
+    self-tests running side by side must not queue on each other's fake devices."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
-                 "CUDA_VISIBLE_DEVICES", "PYTEST_ADDOPTS"):
+                 "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path_factory.mktemp("runtime")))
 
 
 @pytest.fixture
@@ -31,3 +38,11 @@ def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
 
     _set("")
     return _set
+
+
+@pytest.fixture
+def process_tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A tag every process this test starts inherits (see ``process_tags.tagged``)."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    return tag

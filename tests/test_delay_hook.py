@@ -89,3 +89,12 @@ def test_a_delay_that_never_reached_the_server_voids_the_result() -> None:
                     "per process: {'replica A': 2}), so this round cannot expose a "
                     "stream-ordering fault")
     assert "per process: none" in (delay_hook.void_problem({}, "check") or "")
+
+
+def test_delayed_launches_run_without_cuda_launch_blocking(tmp_path: Path) -> None:
+    from pytest_sharedkv.replicas.providers import LaunchSpec, process_env
+
+    base = {"CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin"}
+    assert process_env(LaunchSpec(tmp_path), base=base)["CUDA_LAUNCH_BLOCKING"] == "1"
+    delayed = process_env(LaunchSpec(tmp_path, inject_delay_cycles=100), base=base)
+    assert "CUDA_LAUNCH_BLOCKING" not in delayed

@@ -17,6 +17,7 @@ from pytest_sharedkv.replicas.process import (
     group_members,
     http_ok,
 )
+from pytest_sharedkv.supervise import is_watchdog
 
 
 def _stub(tmp_path: Path, *extra: str) -> tuple[ManagedProcess, str]:
@@ -32,7 +33,9 @@ def test_ready_then_stopped_with_no_orphans(tmp_path: Path) -> None:
     try:
         seconds = proc.wait_ready(lambda: http_ok(url + "/health"), 30, "serving /health")
         assert seconds < 30
-        assert group_members(proc.pid) == [proc.pid]
+        # the command and the supervisor's watchdog, nothing else
+        members = group_members(proc.pid)
+        assert [p for p in members if not is_watchdog(p)] == [proc.pid] and len(members) == 2
     finally:
         leftovers = proc.stop()
     assert leftovers == []
@@ -74,7 +77,7 @@ def test_whole_group_is_killed_even_if_the_leader_ignores_sigterm(tmp_path: Path
     proc.start()
     proc.wait_ready(lambda: "up" in proc.log_text(), 30, "up")
     time.sleep(0.3)
-    assert len(group_members(proc.pid)) == 2
+    assert len([p for p in group_members(proc.pid) if not is_watchdog(p)]) == 2
     started = time.monotonic()
     assert proc.stop(grace=1.0) == []
     assert time.monotonic() - started < 10

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.devices import Gpu
-from pytest_sharedkv.leases import LeaseManager, LeaseTimeout
+from pytest_sharedkv.leases import LEASE_DIR_NAME, LeaseManager, LeaseTimeout
+from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV, RuntimeDirError, runtime_dir
 
 LOGGING_TESTS = """
 import json, os, time
@@ -74,6 +75,31 @@ def test_leases_are_exclusive_under_xdist(
         result.assert_outcomes(passed=10)
         assert len(records) == 10
         assert {r["worker"] for r in records} == {"gw0", "gw1"}
+    _assert_exclusive(records)
+
+
+def test_concurrent_runs_on_one_machine_never_share_a_device(
+    pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
+) -> None:
+    """Two xdist runs and a plain run at the same time, each with its own basetemp: one
+    lock directory per machine and user, so no two tests of any run hold device 0 at once."""
+    fake_gpus("0")
+    runs = []
+    for name, extra in (("xdist-a", ["-n", "2"]), ("xdist-b", ["-n", "2"]), ("plain", [])):
+        log = pytester.mkdir(f"log-{name}")
+        test_file = pytester.makepyfile(**{f"test_{name.replace('-', '_')}":
+                                           LOGGING_TESTS.format(log=str(log))})
+        argv = [sys.executable, "-m", "pytest", str(test_file), "-p", "no:cacheprovider",
+                f"--basetemp={pytester.path / ('bt-' + name)}", *extra]
+        runs.append((log, subprocess.Popen(argv, cwd=pytester.path, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)))
+    records = []
+    for log, proc in runs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+        assert "8 passed, 2 skipped" in out, out
+        records += _intervals(log)
+    assert len(records) == 24
     _assert_exclusive(records)
 
 
@@ -148,12 +174,59 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path: Path) -> None:
 def test_leftover_lock_files_from_an_earlier_run(pytester: pytest.Pytester,
                                                  fake_gpus: Callable[[str], None]) -> None:
     fake_gpus("0")
-    basetemp = pytester.path / "basetemp"
-    stale = basetemp / "sharedkv-gpu-leases"
+    stale = Path(os.environ[RUNTIME_DIR_ENV]) / LEASE_DIR_NAME
     stale.mkdir(parents=True)
-    (stale / "gpu-0.lock").write_text("")
-    (stale / "gpu-0.holder").write_text("gw3 pid=999999 crashed::test\n")
+    (stale / "gpu-fake-0.lock").write_text("")
+    (stale / "gpu-fake-0.holder").write_text("gw3 pid=999999 crashed::test\n")
     pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
-    result = pytester.runpytest("--sharedkv-lease-timeout=2", "-n", "1",
-                                f"--basetemp={basetemp}", "-p", "no:cacheprovider")
+    result = pytester.runpytest("--sharedkv-lease-timeout=2", "-n", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_one_device_is_one_lock_whatever_index_a_run_sees_it_under(tmp_path: Path) -> None:
+    """Run A sees the device as index 0, run B (CUDA_VISIBLE_DEVICES=1,...) as index 1: the
+    UUID names the lock, so B waits for A's lease."""
+    a = LeaseManager(tmp_path, [Gpu("0", "H200", uuid="GPU-aaaa")], owner="run-a")
+    b = LeaseManager(tmp_path, [Gpu("1", "H200", uuid="GPU-aaaa")], owner="run-b")
+    held = a.acquire(1, timeout=1, what="t::a")
+    with pytest.raises(LeaseTimeout, match="run-a"):
+        b.acquire(1, timeout=0.2)
+    a.release(held)
+    b.release(b.acquire(1, timeout=1))
+    fake = LeaseManager(tmp_path, [Gpu("0", "fake-gpu-0", fake=True)], owner="fake")
+    real = LeaseManager(tmp_path, [Gpu("0", "H200")], owner="real")
+    fake_lease = fake.acquire(1, timeout=0.2)
+    real.release(real.acquire(1, timeout=0.2))  # a fake device never blocks a real one
+    fake.release(fake_lease)
+
+
+def test_a_lease_orders_devices_as_nvidia_smi_does(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    manager = LeaseManager(tmp_path, _gpus(2), owner="gw0")
+    lease = manager.acquire(1, timeout=0.2)
+    assert lease.env() == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    manager.bind(lease)
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    manager.release(lease)
+
+
+def test_runtime_dir_is_per_user_and_private(tmp_path: Path) -> None:
+    default = runtime_dir({})
+    assert default == Path("/tmp") / f"pytest-sharedkv-{os.getuid()}"
+    assert default.stat().st_mode & 0o777 == 0o700
+    chosen = runtime_dir({RUNTIME_DIR_ENV: str(tmp_path / "rt")})
+    assert chosen == tmp_path / "rt" and chosen.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RuntimeDirError, match=f"{RUNTIME_DIR_ENV}=.*not a plain directory"):
+        runtime_dir({RUNTIME_DIR_ENV: str(tmp_path / "file")})
+
+
+def test_an_unusable_runtime_dir_is_a_usage_error(pytester: pytest.Pytester,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    (pytester.path / "a-file").write_text("")
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(pytester.path / "a-file"))
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {RUNTIME_DIR_ENV}=*a-file: not a directory (it names*"])

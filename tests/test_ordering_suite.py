@@ -130,3 +130,84 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     cpu.assert_outcomes(skipped=12)
     cpu.stdout.fnmatch_lines(["*sees no CUDA device*"])
     assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
+
+
+def test_cuda_launch_blocking_gives_the_same_verdicts(pytester: pytest.Pytester,
+                                                      simulated: Callable[[str], None],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache's GPU unit lane sets CUDA_LAUNCH_BLOCKING=1: every launch is synchronous, the
+    delay ends before the copy starts and no ordering fault can show. The probes then run
+    in a child without it, and the verdicts are those of a run without it."""
+    simulated("1")
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
+    result.assert_outcomes(passed=12, failed=4)
+    result.stdout.fnmatch_lines([
+        "*CUDA_LAUNCH_BLOCKING=1 in the environment: probes ran in a child without it*",
+        "*probe sensitivity: sim-raw saw stale bytes in 12/12 delayed checks*",
+        "*VERDICT sim-ordered [[]control[]]: stream-ordered (12/12 delayed and 12/12 undelayed*",
+        "*VERDICT sim-unordered [[]under-test[]]: NOT stream-ordered: 12/12 delayed checks saw*",
+    ])
+    result.stdout.no_fnmatch_line("*VOID*")
+    result.stdout.no_fnmatch_line("*Raise --sharedkv-delay-cycles*")
+    data = json.loads((pytester.path / "report.json").read_text())
+    assert len(data["checks"]) == 4 * 2 * 2 * 2
+
+
+def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
+    """Where the probe itself runs with CUDA_LAUNCH_BLOCKING set, the VOID says why and what
+    to do, rather than "raise --sharedkv-delay-cycles"."""
+    from pytest_sharedkv.ordering.summary import sensitivity_line
+    from pytest_sharedkv.records import Check
+
+    blind = Check("ordering", {"target": "raw-cudamemcpy"}, 3, 3, role="negative-control",
+                  detail={"delay_cycles": 5, "launch_blocking": True})
+    sensitive, line = sensitivity_line([blind])
+    assert not sensitive
+    assert "CUDA_LAUNCH_BLOCKING" in line and "--sharedkv-delay-cycles" not in line
+
+
+def test_a_plugins_own_target_reaches_the_child(pytester: pytest.Pytester,
+                                                simulated: Callable[[str], None],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    simulated("1")
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    pytester.makeconftest("""
+        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+        from pytest_sharedkv.ordering.targets import CopyTarget
+
+        class MooncakeCopy(SimOrderedCopy):
+            description = "a third-party copy path, defined in a conftest"
+
+        def pytest_sharedkv_copy_targets(registry):
+            registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
+                                    MooncakeCopy, backend="simulated"))
+    """)
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*probes ran in a child without it*",
+                                 "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
+                                 "*a third-party copy path, defined in a conftest*"])
+
+
+def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.ordering.cells import Cell
+    from pytest_sharedkv.ordering.session import OrderingSession
+    from pytest_sharedkv.ordering.simulated import SimulatedBackend
+    from pytest_sharedkv.ordering.targets import builtin_registry
+    from pytest_sharedkv.records import Bundle, ResultSink
+
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")  # as if the probe ran in such a process
+    session = OrderingSession(SimulatedBackend(), builtin_registry(),
+                              Settings(trials=2, delay_cycles=2_000_000, sizes=(4096,)))
+    try:
+        judgement = session.judge(Cell("sim-ordered", "D2H", 4096), ResultSink("t", Bundle()))
+    finally:
+        session.close()
+    assert not judgement.ok
+    assert judgement.message.startswith("VOID: probe NOT sensitive")
+    assert "Unset CUDA_LAUNCH_BLOCKING for the ordering tier" in judgement.message
+    assert "--sharedkv-delay-cycles" not in judgement.message

@@ -63,6 +63,58 @@ def test_budget_ignores_entries_of_dead_processes(tmp_path: Path) -> None:
     assert isinstance(budget.reserve(8 * GIB, "pool"), Reservation)
 
 
+def test_budget_ignores_a_crashed_holder_whose_pid_was_reused(tmp_path: Path) -> None:
+    """A crashed worker's reservation, left in the ledger under a PID that another process
+    now has (here: our parent), holds nothing: a reservation lives exactly while its holder
+    holds its lock."""
+    budget = HostBudget(tmp_path, 10 * GIB)
+    leftover = {f"{os.getppid()}:crashed worker's pool": 9 * GIB}
+    (tmp_path / "sharedkv-host-budget.json").write_text(json.dumps(leftover))
+    held = budget.reserve(8 * GIB, "pool")
+    assert isinstance(held, Reservation)
+    held.release()
+    # the same leftover in today's ledger: a reservation file whose lock nobody holds
+    (tmp_path / f"{os.getppid()}-crashed.reservation").write_text(
+        json.dumps({"pid": os.getppid(), "nbytes": 9 * GIB, "what": "crashed worker's pool"}))
+    assert budget.held() == 0
+    held = budget.reserve(8 * GIB, "pool")
+    assert isinstance(held, Reservation)
+    held.release()
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pytest_sharedkv.pool.budget import HostBudget
+held = HostBudget(Path(sys.argv[1]), 10 << 30).reserve(6 << 30, "child pool")
+print("held" if not isinstance(held, str) else held, flush=True)
+time.sleep(60)
+"""
+
+
+def test_budget_counts_a_live_holder_until_it_is_killed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        budget = HostBudget(tmp_path, 10 * GIB)
+        assert budget.held() == 6 * GIB
+        assert budget.reserve(6 * GIB, "pool") == ("pool needs 6.00 GiB; other workers hold "
+                                                   "6.00 GiB of a 10.00 GiB host budget")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert budget.held() == 0
+        again = budget.reserve(6 * GIB, "pool")
+        assert isinstance(again, Reservation)
+        again.release()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _child(code: str, timeout: float = 30) -> ChildResult:
     return run_child([sys.executable, "-c", code], child_env(None), timeout, "test pool")
 

@@ -6,26 +6,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from pytest_sharedkv.replicas.process import group_members
+from tests.process_tags import tagged
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
 
 
-def _no_stub_left(where: Path) -> bool:
-    """No stub this run started (its pool lives under WHERE) is still running."""
-    import subprocess
-
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return not any("pytest_sharedkv.replicas.stub_openai" in line and str(where) in line
-                   for line in out.splitlines())
+def _no_stub_left(tag: str) -> bool:
+    """None of the stubs this test's run started is alive (other runs' may be)."""
+    return not [p for p in tagged(tag) if "stub_openai" in p.cmdline]
 
 
-def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester) -> None:
+def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester, process_tag: str) -> None:
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
@@ -36,11 +32,12 @@ def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester) -> None:
     check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
     assert check["detail"]["external_hit_tokens"] > 0
     assert all(p["b_local"] == 0 and p["b_external"] > 0 for p in check["detail"]["prompts"])
-    assert _no_stub_left(pytester.path)
+    assert _no_stub_left(process_tag)
 
 
 def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       process_tag: str) -> None:
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
     result = pytester.runpytest_subprocess(*BASE)
     result.assert_outcomes(failed=1)
@@ -48,11 +45,11 @@ def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester
         "stub x2 (test double): 0/3 exact cross-replica answers, * external hit tokens: "
         "prompt 0 (* tokens): B answered * from * external hit tokens, A answered *",
     ])
-    assert _no_stub_left(pytester.path)
+    assert _no_stub_left(process_tag)
 
 
 def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str
 ) -> None:
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=1")
     result = pytester.runpytest_subprocess(*BASE)
@@ -62,7 +59,7 @@ def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
         "--- last lines of *stub-B-*.log ---",
         "*crashing on purpose after 1 completions",
     ])
-    assert _no_stub_left(pytester.path)
+    assert _no_stub_left(process_tag)
 
 
 def test_endpoints_must_be_two_urls(pytester: pytest.Pytester) -> None:

@@ -21,6 +21,7 @@ from pytest_sharedkv.tiers import parametrizes
 if TYPE_CHECKING:
     from pytest_sharedkv.options import Settings
     from pytest_sharedkv.ordering.cells import Cell
+    from pytest_sharedkv.ordering.child_session import ChildSession
     from pytest_sharedkv.ordering.session import OrderingSession
     from pytest_sharedkv.ordering.targets import TargetRegistry
 
@@ -73,18 +74,23 @@ def selected_cells(registry: TargetRegistry, settings: Settings) -> list[tuple[C
         if settings.targets is not None and target.name not in settings.targets:
             continue
         marks = [pytest.mark.sharedkv_requires(*target.requires)] if target.requires else []
-        for direction in DIRECTIONS:
+        for direction in (d for d in DIRECTIONS if d in target.directions):
             for nbytes in settings.sizes:
                 cells.append((Cell(target.name, direction, nbytes), marks))
     return cells
 
 
 def list_targets(registry: TargetRegistry) -> list[str]:
+    from pytest_sharedkv.ordering.targets import DIRECTIONS
+
     lines = ["copy targets of the ordering tier (--sharedkv-targets NAME,...):"]
     for target in registry:
         needs = f" [needs {', '.join(target.requires)}]" if target.requires else ""
         backend = "" if target.backend == "cuda" else f" [backend {target.backend}]"
-        lines.append(f"  {target.name:32} {target.role:17} {target.summary}{needs}{backend}")
+        only = "" if set(target.directions) == set(DIRECTIONS) else \
+            f" [{'/'.join(target.directions)} only]"
+        lines.append(f"  {target.name:32} {target.role:17} {target.summary}{needs}{backend}"
+                     f"{only}")
     return lines
 
 
@@ -123,12 +129,16 @@ def sharedkv_ordering_cell(request: pytest.FixtureRequest) -> Cell:
     return cell
 
 
-def _cuda_backend() -> Any:
+def _require_cuda() -> None:
     from pytest_sharedkv.cuda_check import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
+
+
+def _cuda_backend() -> Any:
+    _require_cuda()
     from pytest_sharedkv.ordering.cuda_backend import CudaBackend
 
     return CudaBackend()
@@ -141,14 +151,31 @@ def _simulated_backend() -> Any:
 
 
 @pytest.fixture(scope="session")
-def sharedkv_ordering_session(pytestconfig: pytest.Config) -> Iterator[OrderingSession]:
-    """The process's probe: backend, buffers per size, copy paths, sensitivity gate."""
-    from pytest_sharedkv.ordering.session import OrderingSession
+def sharedkv_ordering_session(pytestconfig: pytest.Config,
+                              tmp_path_factory: pytest.TempPathFactory
+                              ) -> Iterator[OrderingSession | ChildSession]:
+    """The process's probe: backend, buffers per size, copy paths, sensitivity gate (in a
+    child process when CUDA_LAUNCH_BLOCKING would make every launch synchronous here)."""
+    from pytest_sharedkv.ordering.child_session import launch_blocking
 
-    backend = _simulated_backend() if active_backend() == "simulated" else _cuda_backend()
-    session = OrderingSession(backend, registry_of(pytestconfig),
-                              state_of(pytestconfig).settings)
-    if not backend.simulated:
+    settings = state_of(pytestconfig).settings
+    registry = registry_of(pytestconfig)
+    simulated = active_backend() == "simulated"
+    session: OrderingSession | ChildSession
+    if launch_blocking():
+        if not simulated:
+            _require_cuda()
+        from pytest_sharedkv.ordering.child_session import ChildSession
+
+        log = tmp_path_factory.mktemp("ordering-child") / "child.log"
+        session = ChildSession(registry, settings.trials, settings.delay_cycles, settings.sizes,
+                               os.environ[SIMULATED_ENV] if simulated else None, log)
+    else:
+        from pytest_sharedkv.ordering.session import OrderingSession
+
+        backend = _simulated_backend() if simulated else _cuda_backend()
+        session = OrderingSession(backend, registry, settings)
+    if not simulated:
         from pytest_sharedkv.environment import dist_version
 
         if dist_version("lmcache") is not None:

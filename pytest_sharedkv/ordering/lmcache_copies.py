@@ -8,10 +8,15 @@
 * ``LazyHelperCopy`` / ``MixedHelperCopy``: ``lmcache.v1.gpu_connector.gpu_ops``
   ``lmcache_memcpy_async_{d2h,h2d}`` on memory objects from a real ``LazyMemoryAllocator``
   (the server's default, ``--l1-use-lazy``) or ``MixedMemoryAllocator`` (``--no-l1-use-lazy``).
+* ``DiscoveredHelperCopy``: any other ``gpu_ops`` helper that reaches
+  ``lmcache_memcpy_async`` (``lmcache_source.memcpy_helpers``), on either allocator, called
+  with its arguments bound by name (a ranged helper gets the whole range).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -88,19 +93,38 @@ class DeviceOpsCopy(_PointerFunctionCopy):
         return lmcache.device_ops.lmcache_memcpy_async
 
 
+def _lazy(nbytes: int) -> tuple[Any, str]:
+    from lmcache.v1.memory_allocators.lazy_memory_allocator import LazyMemoryAllocator
+
+    # init == final: the whole pool is registered (pinned) inside __init__.
+    path = "compiled cuda_ops" if native_bound() else "torch fallback (cudaMemcpy, no stream)"
+    return (LazyMemoryAllocator(nbytes, nbytes),
+            f"on a LazyMemoryAllocator object -> device_ops.lmcache_memcpy_async -> {path}")
+
+
+def _mixed(nbytes: int) -> tuple[Any, str]:
+    from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
+
+    return (MixedMemoryAllocator(nbytes),
+            "on a MixedMemoryAllocator object -> tensor copy_(non_blocking=True) on the "
+            "current stream")
+
+
+ALLOCATORS: dict[str, Callable[[int], tuple[Any, str]]] = {"lazy": _lazy, "mixed": _mixed}
+
+
 class _HelperCopy:
     """Copies through gpu_ops helpers on memory objects of a real LMCache allocator."""
 
-    description = ""
+    kind = ""
+    what = "gpu_ops helpers"
 
     def __init__(self, backend: StreamBackend, sizes: tuple[int, ...]) -> None:
         need = sum(-(-n // 4096) * 4096 for n in sizes)
         self.pool_bytes = max(POOL_ALIGN, -(-need // POOL_ALIGN) * POOL_ALIGN)
-        self.allocator = self.make_allocator(self.pool_bytes)
+        self.allocator, how = ALLOCATORS[self.kind](self.pool_bytes)
+        self.description = f"{self.what} {how}"
         self.objects: dict[int, Any] = {}
-
-    def make_allocator(self, nbytes: int) -> Any:
-        raise NotImplementedError
 
     def host_buffer(self, nbytes: int) -> torch.Tensor | None:
         from lmcache.v1.memory_management import MemoryFormat
@@ -132,21 +156,60 @@ class _HelperCopy:
 
 
 class LazyHelperCopy(_HelperCopy):
-    def make_allocator(self, nbytes: int) -> Any:
-        from lmcache.v1.memory_allocators.lazy_memory_allocator import LazyMemoryAllocator
-
-        # init == final: the whole pool is registered (pinned) inside __init__.
-        path = "compiled cuda_ops" if native_bound() else "torch fallback (cudaMemcpy, no stream)"
-        self.description = (f"gpu_ops helpers on a LazyMemoryAllocator object -> "
-                            f"device_ops.lmcache_memcpy_async -> {path}")
-        return LazyMemoryAllocator(nbytes, nbytes)
+    kind = "lazy"
 
 
 class MixedHelperCopy(_HelperCopy):
-    description = ("gpu_ops helpers on a MixedMemoryAllocator object -> tensor "
-                   "copy_(non_blocking=True) on the current stream")
+    kind = "mixed"
 
-    def make_allocator(self, nbytes: int) -> Any:
-        from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
 
-        return MixedMemoryAllocator(nbytes)
+MEMORY_OBJECT_NAMES = ("memory_obj", "mem_obj", "memory_object", "obj")
+DEVICE_NAMES = ("gpu_buffer", "gpu_tensor", "device_buffer", "buffer", "tensor")
+START_NAMES = ("byte_offset", "offset", "start", "src_offset", "dst_offset")
+LENGTH_NAMES = ("nbytes", "num_bytes", "size", "length", "end")
+
+
+def bind_helper(fn: Callable[..., Any], name: str) -> Callable[[Any, torch.Tensor], None]:
+    """A call of FN with (memory object, device tensor), other parameters bound by name:
+    offsets 0, lengths the whole buffer; an unknown required parameter is an error."""
+    roles: list[tuple[str, str]] = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.name in MEMORY_OBJECT_NAMES:
+            roles.append((param.name, "obj"))
+        elif param.name in DEVICE_NAMES:
+            roles.append((param.name, "dev"))
+        elif param.name in START_NAMES:
+            roles.append((param.name, "zero"))
+        elif param.name in LENGTH_NAMES:
+            roles.append((param.name, "nbytes"))
+        elif param.default is inspect.Parameter.empty:
+            raise TypeError(f"gpu_ops.{name}{inspect.signature(fn)}: the ordering probe does "
+                            f"not know what to pass for {param.name!r}")
+    if {r for _, r in roles} < {"obj", "dev"}:
+        raise TypeError(f"gpu_ops.{name}{inspect.signature(fn)}: no memory object and device "
+                        "buffer parameters to probe it through")
+
+    def call(obj: Any, dev: torch.Tensor) -> None:
+        values = {"obj": obj, "dev": dev, "zero": 0, "nbytes": dev.nbytes}
+        fn(**{param: values[role] for param, role in roles})
+
+    return call
+
+
+class DiscoveredHelperCopy(_HelperCopy):
+    """A discovered ``gpu_ops`` helper on a Lazy or Mixed allocator's memory objects."""
+
+    def __init__(self, backend: StreamBackend, sizes: tuple[int, ...], helper: str,
+                 allocator: str) -> None:
+        from lmcache.v1.gpu_connector import gpu_ops
+
+        self.kind = allocator
+        self.what = f"gpu_ops.{helper}"
+        self.call = bind_helper(getattr(gpu_ops, helper), helper)
+        super().__init__(backend, sizes)
+
+    def d2h(self, dev: torch.Tensor, host: torch.Tensor) -> None:
+        self.call(self.objects[dev.nbytes], dev)
+
+    def h2d(self, host: torch.Tensor, dev: torch.Tensor) -> None:
+        self.call(self.objects[dev.nbytes], dev)

@@ -12,11 +12,22 @@ from dataclasses import dataclass
 
 from pytest_sharedkv.options import Settings, format_size
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
+from pytest_sharedkv.ordering.child_session import LAUNCH_BLOCKING_ENV, launch_blocking
 from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
 from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
 from pytest_sharedkv.records import ResultSink
 
 TIER = "ordering"
+
+
+def blind_remedy(blocking: bool) -> str:
+    """What to do about a blind probe: the variable that blinds it, or the delay."""
+    if blocking:
+        return (f"{LAUNCH_BLOCKING_ENV} is set where the probe ran: every launch is "
+                "synchronous, so the delay ends before the copy starts. Unset "
+                f"{LAUNCH_BLOCKING_ENV} for the ordering tier.")
+    return ("Raise --sharedkv-delay-cycles, and check that the probe stream is "
+            "non-blocking.")
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class OrderingSession:
             result.passed, result.trials, role=target.role, message=result.first_failure(),
             detail={**result.detail(), "backend": self.backend.name,
                     "simulated": self.backend.simulated, "sensitive": sensitive,
+                    "launch_blocking": launch_blocking(),
                     "description": self.impl(target).description or target.summary,
                     "remedy": target.remedy},
         )
@@ -94,8 +106,8 @@ class OrderingSession:
         if gate.passed:
             blind = (f"probe NOT sensitive for {where}: the negative control "
                      f"{self.negative.name} passed {gate.passed}/{n} delayed checks (it must "
-                     "see stale bytes in every one); results for this cell are VOID. Raise "
-                     "--sharedkv-delay-cycles, and check that the probe stream is non-blocking.")
+                     f"see stale bytes in every one); results for this cell are VOID. "
+                     f"{blind_remedy(launch_blocking())}")
             return Judgement(False, blind if target is self.negative else f"VOID: {blind}")
         if target.role == "negative-control":
             return Judgement(True, f"probe is sensitive for {where}: {self.negative.name} saw "

@@ -5,7 +5,10 @@ Each stream is a FIFO of work run asynchronously by its own thread, delays inclu
 ``cudaMemcpy`` against a non-blocking stream); an "ordered" copy is queued on the current
 stream. With ``blocking_default_stream=True`` the raw copy first waits for every stream
 (the legacy default-stream semantics), which makes the negative control blind: the
-sensitivity gate must then void the run.
+sensitivity gate must then void the run. ``CUDA_LAUNCH_BLOCKING=1`` in the environment
+makes every queued piece of work finish before the call returns, as it makes every CUDA
+launch synchronous: the delay ends before the copy starts, and the negative control is
+blind again.
 
 It is selected only through ``SHAREDKV_SIMULATED_STREAMS`` (the self-tests' seam); its
 records are labelled ``backend=simulated`` and are never GPU results.
@@ -21,6 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
+from pytest_sharedkv.ordering.child_session import launch_blocking
 from pytest_sharedkv.ordering.probe import StreamBackend, SymmetricCopy
 
 SIMULATED_ENV = "SHAREDKV_SIMULATED_STREAMS"
@@ -70,9 +74,11 @@ class SimulatedBackend:
         self.blocking_default_stream = blocking_default_stream
         self.stream = _Stream("sharedkv-simulated-stream")
         self.current: _Stream | None = None
+        self.launch_blocking = launch_blocking()
 
     def describe(self) -> str:
         mode = " with a blocking default stream" if self.blocking_default_stream else ""
+        mode += " and synchronous launches (CUDA_LAUNCH_BLOCKING)" if self.launch_blocking else ""
         return f"SIMULATED streams{mode} (test double, not a GPU)"
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
@@ -94,6 +100,8 @@ class SimulatedBackend:
             fn()
         else:
             self.current.submit(fn)
+            if self.launch_blocking:
+                self.current.wait()
 
     def delay(self, cycles: int) -> None:
         seconds = cycles / self.clock_hz

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_sharedkv.ordering.child_session import LAUNCH_BLOCKING_ENV
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.run_log import RunLog
 
@@ -38,9 +39,14 @@ def sensitivity_line(checks: Sequence[Check]) -> tuple[bool, str]:
     if passed == 0:
         return True, (f"probe sensitivity: {name} saw stale bytes in {total}/{total} delayed "
                       f"checks{hidden}: the probe can see ordering faults")
+    if any(c.detail.get("launch_blocking") for c in delayed):
+        why = (f"{LAUNCH_BLOCKING_ENV} was set where the probe ran, so every launch was "
+               f"synchronous: unset it for the ordering tier")
+    else:
+        why = "raise --sharedkv-delay-cycles; check the probe stream is non-blocking"
     return False, (f"WARNING: probe NOT sensitive: {name} saw stale bytes in only "
                    f"{total - passed}/{total} delayed checks; every result of this run is VOID "
-                   "(raise --sharedkv-delay-cycles; check the probe stream is non-blocking)")
+                   f"({why})")
 
 
 def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:

@@ -8,11 +8,13 @@ the ``pytest_sharedkv_copy_targets`` hook.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_sharedkv.lmcache_source import memcpy_helpers
 from pytest_sharedkv.records import ROLES
 from pytest_sharedkv.registry import Registry
 
@@ -34,17 +36,24 @@ class CopyTarget:
     backend: str = "cuda"
     requires: tuple[str, ...] = ()
     remedy: str = ""
+    directions: tuple[str, ...] = DIRECTIONS  # a one-way helper is probed one way
+    options: tuple[tuple[str, str], ...] = ()  # keyword arguments for the factory
 
     def __post_init__(self) -> None:
         if self.role not in ROLES or self.role == "check":
             raise ValueError(f"copy target {self.name!r}: role must be control, "
                              f"negative-control or under-test, not {self.role!r}")
+        if not self.directions or set(self.directions) - set(DIRECTIONS):
+            raise ValueError(f"copy target {self.name!r}: directions must be among "
+                             f"{DIRECTIONS}, not {self.directions!r}")
 
     def load_factory(self) -> Callable[..., Any]:
         if callable(self.factory):
-            return self.factory
-        module, _, attr = self.factory.partition(":")
-        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+            factory = self.factory
+        else:
+            module, _, attr = self.factory.partition(":")
+            factory = getattr(importlib.import_module(module), attr)
+        return functools.partial(factory, **dict(self.options)) if self.options else factory
 
 
 class TargetRegistry(Registry[CopyTarget]):
@@ -104,8 +113,32 @@ BUILTIN_TARGETS: tuple[CopyTarget, ...] = (
 )
 
 
+CLASSIC_HELPERS = ("lmcache_memcpy_async_d2h", "lmcache_memcpy_async_h2d")  # the *-helper pair
+ALLOCATOR_TARGETS = {"lazy": ("LazyMemoryAllocator", "the server's default --l1-use-lazy"),
+                     "mixed": ("MixedMemoryAllocator", "--no-l1-use-lazy")}
+
+
+def discovered_targets() -> list[CopyTarget]:
+    """One target per allocator for every other gpu_ops helper that reaches
+    lmcache_memcpy_async (newer LMCache routes more copies there), found by reading
+    LMCache's source; probed in the direction its name says."""
+    targets = []
+    for helper in memcpy_helpers():
+        if helper.name in CLASSIC_HELPERS:
+            continue
+        for allocator, (cls, flag) in ALLOCATOR_TARGETS.items():
+            targets.append(CopyTarget(
+                f"lmcache-{allocator}-{helper.short}", "under-test",
+                f"gpu_ops.{helper.name} on a {cls} object ({flag}); found by discovery",
+                f"{_LMC}:DiscoveredHelperCopy", requires=("lmcache",),
+                remedy=LMCACHE_LAZY_REMEDY if allocator == "lazy" else "",
+                directions=helper.directions or DIRECTIONS,
+                options=(("helper", helper.name), ("allocator", allocator))))
+    return targets
+
+
 def builtin_registry() -> TargetRegistry:
     registry = TargetRegistry()
-    for target in BUILTIN_TARGETS:
+    for target in (*BUILTIN_TARGETS, *discovered_targets()):
         registry.add(target)
     return registry

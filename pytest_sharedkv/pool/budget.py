@@ -1,21 +1,29 @@
-"""A host-memory budget shared by every xdist worker of a run, through a file lock.
+"""A host-memory budget shared by every xdist worker and every run on the machine.
 
 N workers must never try to pin N full pools at once: each pool reserves its predicted
-size in a ledger (a JSON file beside the GPU leases) before its child starts, and a pool
-that cannot fit waits briefly, then is skipped with the numbers.
+size before its child starts, and a pool that cannot fit waits briefly, then is skipped
+with the numbers. A reservation is a file its holder keeps ``flock``-ed (the pattern of the
+GPU leases): it is live exactly while the lock is held, so the kernel ends it when the
+holder dies, and a PID that a crashed holder left behind and another process now has
+means nothing. One ledger lock serialises reservations.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from filelock import FileLock
 
-LEDGER = "sharedkv-host-budget.json"
+LEDGER_LOCK = "sharedkv-host-budget.lock"
+SUFFIX = ".reservation"
 POLL_S = 0.5
 
 
@@ -39,67 +47,73 @@ def default_budget() -> int | None:
 @dataclass
 class Reservation:
     ledger: HostBudget
-    key: str
+    path: Path
     nbytes: int
+    handle: IO[str]
 
     def release(self) -> None:
-        self.ledger.release(self.key)
+        self.ledger.release(self)
+
+
+def _held_by_someone(path: Path) -> int | None:
+    """The bytes of a reservation whose holder still holds its lock, else None (and the
+    stale file is removed)."""
+    try:
+        with path.open() as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return int(json.loads(handle.read() or "{}").get("nbytes", 0))
+            path.unlink(missing_ok=True)  # nobody holds it: its holder is gone
+            return None
+    except (OSError, ValueError):
+        return None
 
 
 class HostBudget:
     def __init__(self, directory: Path, budget: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / LEDGER
-        self.lock = FileLock(str(self.path) + ".lock")
+        self.directory = directory
+        self.lock = FileLock(str(directory / LEDGER_LOCK))
         self.budget = budget
 
-    def _read(self) -> dict[str, int]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        # entries of processes that are gone no longer hold memory
-        return {k: v for k, v in data.items() if _alive(k)}
+    def _held(self) -> int:
+        return sum(n for p in sorted(self.directory.glob("*" + SUFFIX))
+                   if (n := _held_by_someone(p)) is not None)
 
     def held(self) -> int:
         with self.lock:
-            return sum(self._read().values())
+            return self._held()
 
     def reserve(self, nbytes: int, what: str, wait_s: float = 0.0) -> Reservation | str:
         """A reservation, or the reason it cannot fit (with the numbers)."""
-        key = f"{os.getpid()}:{what}"
         deadline = time.monotonic() + wait_s
         while True:
             with self.lock:
-                entries = self._read()
-                held = sum(entries.values())
+                held = self._held()
                 if nbytes > self.budget:
                     return (f"{what} needs {_gib(nbytes)} of pinned host memory; the host budget "
                             f"is {_gib(self.budget)}")
                 if held + nbytes <= self.budget:
-                    entries[key] = nbytes
-                    self.path.write_text(json.dumps(entries))
-                    return Reservation(self, key, nbytes)
+                    return self._take(nbytes, what)
             if time.monotonic() >= deadline:
                 return (f"{what} needs {_gib(nbytes)}; other workers hold {_gib(held)} of a "
                         f"{_gib(self.budget)} host budget")
             time.sleep(POLL_S)
 
-    def release(self, key: str) -> None:
+    def _take(self, nbytes: int, what: str) -> Reservation:
+        path = self.directory / f"{os.getpid()}-{uuid.uuid4().hex[:12]}{SUFFIX}"
+        handle = path.open("x")
+        fcntl.flock(handle, fcntl.LOCK_EX)  # before anyone can look: we hold the ledger lock
+        handle.write(json.dumps({"pid": os.getpid(), "nbytes": nbytes, "what": what}))
+        handle.flush()
+        return Reservation(self, path, nbytes, handle)
+
+    def release(self, reservation: Reservation) -> None:
         with self.lock:
-            entries = self._read()
-            entries.pop(key, None)
-            self.path.write_text(json.dumps(entries))
-
-
-def _alive(key: str) -> bool:
-    try:
-        os.kill(int(key.split(":", 1)[0]), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
+            reservation.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                reservation.handle.close()
 
 
 def _gib(nbytes: int) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.records import ResultSink
 
 TIER = "pinned_pool"
+BUDGET_DIR = "host-budget"  # under the runtime dir
 WASTE_LIMIT = 1.01
 ROUND_KEY = "pinned_max_round_threshold_mb"
 CACHE_KEY = "pinned_max_cached_size_mb"
@@ -152,11 +153,11 @@ def record(sink: ResultSink, report: RouteReport) -> None:
 
 
 @pytest.fixture(scope="session")
-def sharedkv_pinned_pool(pytestconfig: pytest.Config,
-                         tmp_path_factory: pytest.TempPathFactory) -> PinnedPool:
+def sharedkv_pinned_pool(pytestconfig: pytest.Config) -> PinnedPool:
     """Pools of --sharedkv-pool-gib through each allocation route, judged page by page."""
     from pytest_sharedkv.cuda_check import cuda_unavailable_reason
     from pytest_sharedkv.pool.budget import HostBudget, default_budget
+    from pytest_sharedkv.runtime_dir import RuntimeDirError, subdir
 
     reason = cuda_unavailable_reason()
     if reason is not None:
@@ -167,6 +168,9 @@ def sharedkv_pinned_pool(pytestconfig: pytest.Config,
     if budget is None:
         pytest.skip("cannot tell how much host memory is free (no /proc/meminfo); "
                     "set --sharedkv-host-budget-gib")
-    root = tmp_path_factory.getbasetemp().parent
-    return PinnedPool(int(settings.pool_gib * (1 << 30)), HostBudget(root, budget),
+    try:  # one ledger per machine: concurrent runs pin from the same host memory
+        ledger = subdir(BUDGET_DIR)
+    except RuntimeDirError as exc:
+        pytest.fail(f"host budget: {exc}", pytrace=False)
+    return PinnedPool(int(settings.pool_gib * (1 << 30)), HostBudget(ledger, budget),
                       settings.pool_timeout)

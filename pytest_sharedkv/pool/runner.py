@@ -1,8 +1,10 @@
 """Parent side: run the allocator child with its allocator settings, a timeout, and a clear
-message when it dies (a pool larger than the host is killed by the OOM killer)."""
+message when it dies (a pool larger than the host is killed by the OOM killer). The child is
+supervised (``launch.py``): a pinned pool dies with the run, however the run dies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +13,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_sharedkv.launch import spawn
+from pytest_sharedkv.supervise import group_members
 
 TAG = "SHAREDKV-POOL "
 FALLBACK_PATTERNS = (
@@ -45,15 +50,21 @@ def worker_argv(*args: str) -> list[str]:
 
 def run_child(argv: Sequence[str], env: Mapping[str, str], timeout: float, what: str
               ) -> ChildResult:
-    proc = subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launch = spawn(list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True)
+    proc = launch.proc
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return ChildResult(None, f"{what}: the allocator process did not finish within "
-                                 f"{timeout:g}s and was killed", _tail(err))
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return ChildResult(None, f"{what}: the allocator process did not finish within "
+                                     f"{timeout:g}s and was killed", _tail(err))
+    finally:
+        _stop_group(proc.pid)
+        if not group_members(proc.pid):
+            launch.forget()
     tail = _tail(err)
     warnings = [line for line in (err or "").splitlines()
                 if any(p.lower() in line.lower() for p in FALLBACK_PATTERNS)]
@@ -68,6 +79,13 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], timeout: float, what:
     else:
         why = f"{what}: the allocator process exited with status {proc.returncode}"
     return ChildResult(None, why, tail, warnings)
+
+
+def _stop_group(pgid: int) -> None:
+    """Whatever the child left in its group (its own children) goes with it."""
+    if [p for p in group_members(pgid) if p != pgid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def _tail(text: str | None, lines: int = 8) -> list[str]:

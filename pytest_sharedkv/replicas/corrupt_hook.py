@@ -99,7 +99,8 @@ def install() -> post_import.PostImportFinder | None:
     path = os.environ.get(CONTROL_ENV)
     if not path:
         return None
-    finder = post_import.install(TARGETS, wrapper(Path(path), os.environ.get(LOG_ENV)), TAG)
+    finder = post_import.install(TARGETS, wrapper(Path(path), os.environ.get(LOG_ENV)), TAG,
+                                 verb="zeroing named chunks in")
     print(f"sharedkv-{TAG}: sensitivity gate armed (control file {path})", file=sys.stderr,
           flush=True)
     return finder

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.machinery
 import os
+import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from pytest_sharedkv.lmcache_source import GPU_OPS, defines, importable, memcpy_helpers
+from pytest_sharedkv.replicas import post_import
+
+TAG = "inject"  # post-import wraps and log lines: sharedkv-inject: ...
 CYCLES_ENV = "SHAREDKV_INJECT_DELAY_CYCLES"
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"
 LOG_ENV = "SHAREDKV_INJECT_LOG"
@@ -40,18 +42,34 @@ ROLE_ENV = "SHAREDKV_INJECT_ROLE"  # names the process in the log (server, repli
 SERVER_ROLE = "server"  # the process whose copies the delay must reach
 VOID = "VOID"  # how a delayed result that proves nothing begins
 _FALLBACK_KERNELS = "lmcache.v1.platform.torch_ops.mp_mem_kernels"
-# LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the GPU
-# connector helpers, the engine-driven worker path).
-DEFAULT_TARGETS = (
+# LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the
+# engine-driven worker path, the torch fallback's kernels); the GPU connector helpers that
+# reach lmcache_memcpy_async are discovered in LMCache's source (lmcache_source.py), so a
+# newer LMCache's helpers (e.g. lmcache_memcpy_async_h2d_range) are delayed too.
+FIXED_TARGETS = (
     "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
-    "lmcache.v1.gpu_connector.gpu_ops:lmcache_memcpy_async_d2h",
-    "lmcache.v1.gpu_connector.gpu_ops:lmcache_memcpy_async_h2d",
     "lmcache.v1.multiprocess.transfer_context.base:gather_paged_kv_to_cpu",
     "lmcache.v1.multiprocess.transfer_context.base:scatter_cpu_to_paged_kv",
     *(f"{_FALLBACK_KERNELS}:_transfer_{kind}" for kind in (
         "per_layer_fused", "per_layer_nhd", "per_layer_hnd", "per_layer_mla",
         "per_layer_mla_tuple", "per_layer_kv_tuple", "cross_layer", "sglang_mha")),
 )
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def default_targets() -> tuple[str, ...]:
+    """The fixed entry points, then every discovered gpu_ops helper (read from source: this
+    runs first thing in launched processes and imports nothing)."""
+    helpers = tuple(f"{GPU_OPS}:{h.name}" for h in memcpy_helpers())
+    return (FIXED_TARGETS[0], *helpers, *FIXED_TARGETS[1:])
+
+
+def __getattr__(name: str) -> object:
+    if name == "DEFAULT_TARGETS":  # the former constant, now discovered on use
+        return default_targets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 CALLS: Counter[str] = Counter()
 
 
@@ -105,66 +123,44 @@ def wrap(name: str, fn: Callable[..., Any], delay: Callable[[], None]) -> Callab
         delay()
         return fn(*args, **kwargs)
 
-    delayed.__sharedkv_delayed__ = True  # type: ignore[attr-defined]
     return delayed
 
 
-def patch_module(module: ModuleType, attributes: Sequence[str],
-                 delay: Callable[[], None]) -> list[str]:
-    patched = []
-    for attribute in attributes:
-        fn = getattr(module, attribute, None)
-        if callable(fn) and not getattr(fn, "__sharedkv_delayed__", False):
-            name = f"{module.__name__}:{attribute}"
-            setattr(module, attribute, wrap(name, fn, delay))
-            patched.append(name)
-    return patched
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, attributes: Sequence[str],
-                 delay: Callable[[], None]) -> None:
-        self.inner = inner
-        self.attributes = attributes
-        self.delay = delay
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        for name in patch_module(module, self.attributes, self.delay):
-            print(f"sharedkv-inject: delaying {name}", file=sys.stderr, flush=True)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    def __init__(self, targets: dict[str, list[str]], delay: Callable[[], None]) -> None:
-        self.targets = targets
-        self.delay = delay
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self.targets:
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec: importlib.machinery.ModuleSpec | None = (
-                find(fullname, path, target) if find is not None else None)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.targets[fullname], self.delay)
-                return spec
-        return None
+class TargetError(ValueError):
+    """A SHAREDKV_INJECT_TARGETS value that cannot be honoured; the message says why."""
 
 
 def parse_targets(text: str | None) -> dict[str, list[str]]:
+    """``module:function,...`` (or the defaults for None/empty) -> {module: [functions]}."""
     targets: dict[str, list[str]] = {}
-    for item in (text.split(",") if text else DEFAULT_TARGETS):
-        module, _, attribute = item.strip().partition(":")
-        if module and attribute:
-            targets.setdefault(module, []).append(attribute)
+    for raw in (text.split(",") if text else default_targets()):
+        item = raw.strip()
+        if not item:
+            continue  # a stray comma
+        module, _, attribute = item.partition(":")
+        if not (_IDENTIFIER.match(module) and attribute.isidentifier()):
+            raise TargetError(f"{item!r} is not module:function")
+        targets.setdefault(module, []).append(attribute)
     return targets
+
+
+def check_targets(text: str) -> list[str]:
+    """Why TEXT cannot be used as SHAREDKV_INJECT_TARGETS (empty: it can). Syntax always;
+    where lmcache is importable, that every module exists and defines its function (read
+    from source, nothing imported)."""
+    try:
+        targets = parse_targets(text)
+    except TargetError as exc:
+        return [str(exc)]
+    if not importable("lmcache"):
+        return []
+    problems = []
+    for module, attributes in targets.items():
+        if not importable(module):
+            problems.append(f"no module {module}")
+            continue
+        problems += [f"{module} has no {a}" for a in attributes if defines(module, a) is False]
+    return problems
 
 
 def report() -> None:
@@ -174,7 +170,7 @@ def report() -> None:
 
 def install(cycles: int | None = None, delay: Callable[[], None] | None = None,
             targets: dict[str, list[str]] | None = None,
-            report_at_exit: bool = True) -> _PostImportFinder | None:
+            report_at_exit: bool = True) -> post_import.PostImportFinder | None:
     """Wrap the targets (already imported ones now, the rest as they load)."""
     if cycles is None:
         raw = os.environ.get(CYCLES_ENV, "")
@@ -183,12 +179,8 @@ def install(cycles: int | None = None, delay: Callable[[], None] | None = None,
         return None
     chosen = delay or functools.partial(cuda_delay, cycles)
     wanted = targets if targets is not None else parse_targets(os.environ.get(TARGETS_ENV))
-    for module_name, attributes in wanted.items():
-        loaded = sys.modules.get(module_name)
-        if loaded is not None:
-            patch_module(loaded, attributes, chosen)
-    finder = _PostImportFinder(wanted, chosen)
-    sys.meta_path.insert(0, finder)
+    finder = post_import.install(wanted, lambda name, fn: wrap(name, fn, chosen), TAG,
+                                 verb="delaying")
     if report_at_exit:
         atexit.register(report)
     print(f"sharedkv-inject: fault-sensitivity mode, {cycles} cycles before each KV transfer",

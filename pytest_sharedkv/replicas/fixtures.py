@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_sharedkv.options import Settings
-from pytest_sharedkv.replicas.delay_hook import cycles_label
+from pytest_sharedkv.replicas.delay_hook import TARGETS_ENV, check_targets, cycles_label
 from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
 from pytest_sharedkv.state import state_of
 from pytest_sharedkv.tiers import parametrizes
@@ -25,6 +25,17 @@ if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer
     from pytest_sharedkv.replicas.pair import ReplicaPair
     from pytest_sharedkv.service.cases import CaseSet
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad SHAREDKV_INJECT_TARGETS stops the run now, not as a VOID result at the end."""
+    text = os.environ.get(TARGETS_ENV)
+    if text:
+        problems = check_targets(text)
+        if problems:
+            raise pytest.UsageError(
+                f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
+                "naming the functions the fault-sensitivity delay wraps)")
 
 
 def resolve_provider(settings: Settings) -> str:

@@ -35,11 +35,12 @@ def patch_module(module: ModuleType, attributes: Sequence[str], wrapper: Wrapper
 
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, attributes: Sequence[str],
-                 wrapper: Wrapper, tag: str) -> None:
+                 wrapper: Wrapper, tag: str, verb: str) -> None:
         self.inner = inner
         self.attributes = attributes
         self.wrapper = wrapper
         self.tag = tag
+        self.verb = verb
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.inner.create_module(spec)
@@ -47,15 +48,16 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
         for name in patch_module(module, self.attributes, self.wrapper, self.tag):
-            print(f"sharedkv-{self.tag}: wrapping {name}", file=sys.stderr, flush=True)
+            print(f"sharedkv-{self.tag}: {self.verb} {name}", file=sys.stderr, flush=True)
 
 
 class PostImportFinder(importlib.abc.MetaPathFinder):
     def __init__(self, targets: Mapping[str, Sequence[str]], wrapper: Wrapper,
-                 tag: str) -> None:
+                 tag: str, verb: str = "wrapping") -> None:
         self.targets = targets
         self.wrapper = wrapper
         self.tag = tag
+        self.verb = verb
         self._resolving: set[str] = set()  # other post-import finders call back into us
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
@@ -72,20 +74,21 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
                     find(fullname, path, target) if find is not None else None)
                 if spec is not None and spec.loader is not None:
                     spec.loader = _PatchingLoader(spec.loader, self.targets[fullname],
-                                                  self.wrapper, self.tag)
+                                                  self.wrapper, self.tag, self.verb)
                     return spec
             return None
         finally:
             self._resolving.discard(fullname)
 
 
-def install(targets: Mapping[str, Sequence[str]], wrapper: Wrapper, tag: str
-            ) -> PostImportFinder:
-    """Wrap the targets: modules already imported now, the rest as they load."""
+def install(targets: Mapping[str, Sequence[str]], wrapper: Wrapper, tag: str,
+            verb: str = "wrapping") -> PostImportFinder:
+    """Wrap the targets: modules already imported now, the rest as they load (each logged
+    as ``sharedkv-TAG: VERB module:function``)."""
     for module_name, attributes in targets.items():
         loaded = sys.modules.get(module_name)
         if loaded is not None:
             patch_module(loaded, attributes, wrapper, tag)
-    finder = PostImportFinder(targets, wrapper, tag)
+    finder = PostImportFinder(targets, wrapper, tag, verb)
     sys.meta_path.insert(0, finder)
     return finder

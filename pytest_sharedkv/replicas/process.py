@@ -2,7 +2,9 @@
 always kills the whole process group and proves nothing of it is left.
 
 A server started in its own session outlives the command that started it and keeps its
-ports, so every launch goes through here and every fixture stops what it started.
+ports, so every launch goes through here and every fixture stops what it started; and
+every launch is supervised (``launch.py``): if the run dies before its teardown (SIGKILL,
+a CI time limit), the group dies with it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_sharedkv.launch import Launch, spawn
+from pytest_sharedkv.supervise import group_members
+
+__all__ = ["ManagedProcess", "ProcessFailed", "free_port", "group_members", "http_ok",
+           "tcp_open"]
 LOG_TAIL_LINES = 40
 
 
@@ -47,22 +54,6 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes whose process group is PGID (zombies excluded)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
 class ManagedProcess:
     def __init__(self, name: str, argv: Sequence[str], log_path: Path,
                  env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
@@ -72,6 +63,7 @@ class ManagedProcess:
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self.launch: Launch | None = None
 
     @property
     def pid(self) -> int:
@@ -84,9 +76,9 @@ class ManagedProcess:
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
-                                         start_new_session=True)
+            self.launch = spawn(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=self.cwd)
+            self.proc = self.launch.proc
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -152,4 +144,7 @@ class ManagedProcess:
                 break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        return group_members(pgid)
+        survivors = group_members(pgid)
+        if not survivors and self.launch is not None:
+            self.launch.forget()
+        return survivors

@@ -70,6 +70,9 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     hooked = False
     if spec.inject_delay_cycles:
+        # With synchronous launches the delay is over before the copy starts: a delayed
+        # cell would pass whatever the copy path does.
+        env.pop("CUDA_LAUNCH_BLOCKING", None)
         env[CYCLES_ENV] = str(spec.inject_delay_cycles)
         env[LOG_ENV] = str(inject_log(spec.log_dir))
         env[ROLE_ENV] = role
@@ -134,7 +137,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.inject_log = inject_log(spec.log_dir)
     if spec.gate:
         pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
-    start_all(pair)
+    start_all(pair, together=len(spec.devices) > 1)  # one GPU each: no shared profiling
     return pair
 
 
@@ -171,7 +174,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                        labels={"provider": "stub (test double)", "allocator": "n/a",
                                "delay": fault or "0"})
     pair.gate_control, pair.gate_log = control, log
-    start_all(pair)
+    start_all(pair, together=True)
     return pair
 
 

@@ -1,0 +1,94 @@
+"""Stored reference answers (syrupy): one JSON file per request, in a directory keyed by
+the served model and the engine versions, so a pre-upgrade run tells engine drift (replica
+A's cold answer is not what this model gave before) from cache-induced divergence (B is
+not A, which the request chain tests judge within the run).
+
+``--snapshot-update`` writes the references for this run's key. A run whose key has no
+references yet compares against the newest other engine key of the same model, and a
+difference there is reported as ENGINE DRIFT, naming both keys. A snapshot file is named by
+its request id and written by the test that owns it, so xdist workers never share a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv.replicas.pair import ReplicaPair
+from pytest_sharedkv.service.cases import Case
+from pytest_sharedkv.service.runner import STEPS, ServiceRun
+
+REFERENCES = "snapshots"  # under pytest_sharedkv.fixtures (the repository's fixtures/)
+
+
+def default_root() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("pytest_sharedkv.fixtures"))) / REFERENCES
+
+
+def model_key(model: Path | None, kind: str) -> str:
+    """copy-<digest> for the copy model; <dir>-<config hash> for a user's checkpoint."""
+    if model is None:
+        return "copy-rule" if kind == "copy" else "unknown-model"
+    from pytest_sharedkv.replicas.copy_model import digest_of, is_copy_model
+
+    if is_copy_model(model):
+        return f"copy-{digest_of(model)}"
+    config = hashlib.sha256((model / "config.json").read_bytes()).hexdigest()[:12]
+    return f"{model.name}-{config}"
+
+
+def engine_key(pair: ReplicaPair) -> str:
+    from pytest_sharedkv.environment import dist_version
+
+    provider = pair.labels.get("provider", "")
+    if provider == "vllm":
+        return f"vllm-{dist_version('vllm')}+lmcache-{dist_version('lmcache')}"
+    return "stub" if provider.startswith("stub") else provider or "unknown"
+
+
+def record(run: ServiceRun, case: Case) -> dict[str, Any] | None:
+    """What replica A answered cold, and the hits of every step (sorted, rounded)."""
+    cold = run.answer(case.id, "cold")
+    if cold is None or cold.error:
+        return None
+    return {
+        "payload_sha256": case.sha256,
+        "prompt_tokens": cold.prompt_tokens,
+        "answer": {"text": cold.text, "ids": list(cold.ids) if cold.ids is not None else None,
+                   # -0.0 and 0.0 are one value: + 0.0 makes them one string
+                   "logprobs": [round(x, 3) + 0.0 for x in cold.logprobs or ()]},
+        "cached_tokens": {s.name: a.cached_tokens for s in STEPS
+                          if (a := run.answer(case.id, s.name)) is not None},
+    }
+
+
+def baseline(root: Path, model: str, engine: str) -> Path | None:
+    """Another engine key's references for this model (the newest), if any."""
+    found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine]
+    return max(found, key=lambda d: d.stat().st_mtime) if found else None
+
+
+def extension_for(directory: Path) -> type:
+    """A syrupy JSON extension that stores every snapshot as DIRECTORY/<name>.json and
+    discovers nothing (unused-snapshot cleanup must never delete another size's file)."""
+    from syrupy.extensions.json import JSONSnapshotExtension
+
+    class References(JSONSnapshotExtension):
+        @classmethod
+        def dirname(cls, *, test_location: Any) -> str:
+            return str(directory)
+
+        @classmethod
+        def get_snapshot_name(cls, *, test_location: Any, index: Any = 0) -> str:
+            return str(index)
+
+        def discover_snapshots(self, *, test_location: Any,
+                               ignore_extensions: list[str] | None = None) -> Any:
+            from syrupy.data import SnapshotCollections
+
+            return SnapshotCollections()
+
+    return References

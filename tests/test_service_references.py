@@ -1,0 +1,51 @@
+"""Stored references (syrupy) on the stub provider: --snapshot-update writes one file per
+request under model/engine, a later run compares against them (also under -n 2), a changed
+reference fails, and references recorded with another engine report ENGINE DRIFT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
+        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
+        "--sharedkv-service-sizes=3k", "--sharedkv-snapshot-dir=refs", "-k",
+        "reference and 3k-00"]
+
+
+def test_write_then_compare_then_drift(pytester: pytest.Pytester) -> None:
+    written = pytester.runpytest_subprocess(*BASE, "--snapshot-update", "-n", "2",
+                                            "--dist", "loadgroup")
+    written.assert_outcomes(passed=10)
+    stored = pytester.path / "refs" / "copy-rule" / "stub"
+    files = sorted(p.name for p in stored.glob("*.json"))
+    assert files == [f"3k-00{i}.json" for i in range(10)]
+    data = json.loads((stored / "3k-000.json").read_text())
+    assert data["cached_tokens"] == {"cold": 0, "local": 3008, "cross": 3008,
+                                     "receiver-local": 3008}
+    assert len(data["answer"]["ids"]) == 16 and data["prompt_tokens"] == 3009
+
+    pytester.runpytest_subprocess(*BASE, "-n", "2", "--dist", "loadgroup").assert_outcomes(
+        passed=10)
+
+    data["answer"]["text"] = " w00 w00"
+    (stored / "3k-001.json").write_text(json.dumps(data))
+    changed = pytester.runpytest_subprocess(*BASE)
+    changed.assert_outcomes(passed=9, failed=1)
+
+    stored.rename(stored.parent / "vllm-0.25.0+lmcache-0.5.5")
+    drift = pytester.runpytest_subprocess(*BASE)
+    drift.assert_outcomes(passed=9, failed=1)
+    drift.stdout.fnmatch_lines(["*ENGINE DRIFT (not cache-induced): replica A's cold answer to "
+                                "3k-001 with stub differs from the reference recorded with "
+                                "vllm-0.25.0+lmcache-0.5.5*"])
+
+
+def test_no_reference_is_a_skip_that_says_how_to_record(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*BASE, "-rs")
+    result.assert_outcomes(skipped=10)
+    result.stdout.fnmatch_lines(["*no stored reference for copy-rule/stub under refs: record "
+                                 "them with --snapshot-update*"])
+    assert not Path(pytester.path / "refs").exists()

@@ -1,0 +1,156 @@
+"""Nothing the suite launches outlives the run: SIGINT, SIGTERM or SIGKILL, sent to the pytest
+process or to its process group, with and without xdist, for the stub pair (a test double)
+and the transfer provider (the real LMCache server and two replica processes, on CPU).
+
+Each case runs an inner pytest in its own session, waits until its processes are up, sends
+the signal, and counts the launched processes still alive after 10 s: the target is 0. The
+processes are found by a tag in their environment (every launched process inherits the
+inner run's environment), so the count does not depend on how the plugin tracks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.process_tags import TAG_ENV, Proc, tagged
+
+DEADLINE_S = 10.0
+LAUNCHED = ("stub_openai", "lmcache", "replicas.transfer", "supervise")
+
+HOLD_STUB = """
+import os, time
+import pytest
+
+@pytest.mark.replica_pair
+@pytest.mark.parametrize("i", range(2))
+def test_hold(sharedkv_replica_pair, i):
+    open(os.path.join(os.environ["READY_DIR"], f"{os.getpid()}-{i}"), "w").close()
+    time.sleep(600)
+"""
+
+HOLD_TRANSFER = """
+import os
+import pytest
+
+@pytest.mark.replica_pair
+def test_transfer(tmp_path):
+    from pytest_sharedkv.replicas.transfer import run_pair
+
+    open(os.path.join(os.environ["READY_DIR"], str(os.getpid())), "w").close()
+    run_pair(tmp_path, "signal-test")
+"""
+
+
+def is_launched(proc: Proc) -> bool:
+    return any(word in proc.cmdline for word in LAUNCHED)
+
+
+def launched(tag: str) -> list[Proc]:
+    return [p for p in tagged(tag) if is_launched(p)]
+
+
+def wait_for(predicate: object, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(interval)
+    return bool(predicate())  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def inner_run(pytester: pytest.Pytester, code: str, xdist: bool, *args: str
+              ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """An inner pytest in its own session (so its group can be signalled), tagged."""
+    tag = uuid.uuid4().hex
+    ready = pytester.mkdir(f"ready-{tag[:8]}")
+    pytester.makepyfile(**{f"test_hold_{tag[:8]}": code})
+    env = {**os.environ, TAG_ENV: tag, "READY_DIR": str(ready)}
+    argv = [sys.executable, "-m", "pytest", f"test_hold_{tag[:8]}.py", "-p", "no:cacheprovider",
+            f"--basetemp={pytester.path / ('bt-' + tag[:8])}", *args]
+    if xdist:
+        argv += ["-n", "2"]
+    log = (pytester.path / f"inner-{tag[:8]}.log").open("wb")
+    proc = subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc, tag, ready
+    finally:
+        for p in tagged(tag):  # leave nothing behind, whatever the outcome
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def send(proc: subprocess.Popen[bytes], sig: signal.Signals, target: str) -> None:
+    if target == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+
+
+def survivors_after(proc: subprocess.Popen[bytes], tag: str, sig: signal.Signals,
+                    target: str) -> list[Proc]:
+    before = len(launched(tag))
+    sent = time.monotonic()
+    send(proc, sig, target)
+    wait_for(lambda: not launched(tag), DEADLINE_S)
+    left = launched(tag)
+    # for the survivors table (-s shows it): launched before, left, seconds to none left
+    print(f"\nsurvivors: {sig.name} to {target}: {before} launched, {len(left)} left after "
+          f"{time.monotonic() - sent:.1f}s")
+    return left
+
+
+def describe(procs: list[Proc], log: Path) -> str:
+    lines = [f"{len(procs)} launched process(es) survived {DEADLINE_S:g}s:"]
+    lines += [f"  {p.pid}: {p.cmdline[:200]}" for p in procs]
+    lines.append("--- inner run ---")
+    lines += log.read_text(errors="replace").splitlines()[-30:]
+    return "\n".join(lines)
+
+
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
+CASES = [pytest.param(sig, target, xdist,
+                      id=f"{sig.name}-{target}-{'xdist' if xdist else 'no-xdist'}")
+         for sig in SIGNALS for target in ("pid", "group") for xdist in (False, True)]
+
+
+@pytest.mark.parametrize(("sig", "target", "xdist"), CASES)
+def test_stub_pair_leaves_nothing(pytester: pytest.Pytester, sig: signal.Signals, target: str,
+                                  xdist: bool) -> None:
+    holders = 2 if xdist else 1
+    with inner_run(pytester, HOLD_STUB, xdist, "--sharedkv-provider=stub") as (proc, tag, ready):
+        assert wait_for(lambda: len(list(ready.iterdir())) >= holders, 120), "never ready"
+        assert len([p for p in launched(tag) if "stub_openai" in p.cmdline]) >= 2 * holders
+        survivors = survivors_after(proc, tag, sig, target)
+        assert survivors == [], describe(survivors, pytester.path / f"inner-{tag[:8]}.log")
+
+
+@pytest.mark.parametrize(("sig", "target", "xdist"), CASES)
+def test_transfer_provider_leaves_nothing(pytester: pytest.Pytester, sig: signal.Signals,
+                                          target: str, xdist: bool) -> None:
+    if importlib.util.find_spec("lmcache") is None:  # not imported here: only the runs need it
+        pytest.skip("lmcache not installed")
+
+    def replica_up() -> bool:  # the server is ready once a replica has been started
+        return any("replicas.transfer" in p.cmdline for p in launched(tag))
+
+    with inner_run(pytester, HOLD_TRANSFER, xdist) as (proc, tag, _ready):
+        assert wait_for(replica_up, 180), "the transfer replica never started"
+        survivors = survivors_after(proc, tag, sig, target)
+        assert survivors == [], describe(survivors, pytester.path / f"inner-{tag[:8]}.log")
