@@ -98,3 +98,9 @@ def test_delayed_launches_run_without_cuda_launch_blocking(tmp_path: Path) -> No
     assert process_env(LaunchSpec(tmp_path), base=base)["CUDA_LAUNCH_BLOCKING"] == "1"
     delayed = process_env(LaunchSpec(tmp_path, inject_delay_cycles=100), base=base)
     assert "CUDA_LAUNCH_BLOCKING" not in delayed
+
+
+def test_the_fixtures_module_names_the_same_targets_variable() -> None:
+    from pytest_sharedkv.replicas import fixtures
+
+    assert fixtures.TARGETS_ENV == delay_hook.TARGETS_ENV

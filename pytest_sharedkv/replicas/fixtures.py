@@ -16,21 +16,25 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_sharedkv.options import Settings
-from pytest_sharedkv.replicas.delay_hook import TARGETS_ENV, check_targets, cycles_label
-from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
 from pytest_sharedkv.state import state_of
 from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.replicas.lmcache_server import LMCacheServer
+    from pytest_sharedkv.replicas.namespaces import Namespaces
     from pytest_sharedkv.replicas.pair import ReplicaPair
     from pytest_sharedkv.service.cases import CaseSet
+
+
+TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A bad SHAREDKV_INJECT_TARGETS stops the run now, not as a VOID result at the end."""
     text = os.environ.get(TARGETS_ENV)
     if text:
+        from pytest_sharedkv.replicas.delay_hook import check_targets
+
         problems = check_targets(text)
         if problems:
             raise pytest.UsageError(
@@ -77,6 +81,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(TRANSFER, transfer_cases(state_of(metafunc.config).settings))
     if not any(parametrizes(metafunc, PAIR, tier) for tier in PAIR_TIERS):
         return
+    from pytest_sharedkv.replicas.delay_hook import cycles_label
+
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
     launched = provider in ("vllm", "vllm-missing")
@@ -203,6 +209,8 @@ def max_model_len(model: Path, cases: CaseSet) -> int:
 
 @pytest.fixture
 def sharedkv_kv_namespace(request: pytest.FixtureRequest) -> Namespaces:
-    """``kv_namespace(label)`` -> a fresh cache_salt for this case (and label)."""
+    """``sharedkv_kv_namespace(label)`` -> a fresh cache_salt for this case (and label)."""
+    from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
+
     return Namespaces(run_id(request.config), request.node.nodeid)
 

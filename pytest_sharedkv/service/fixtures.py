@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
 from pytest_sharedkv.state import state_of
 from pytest_sharedkv.tiers import parametrizes
 
@@ -79,6 +78,7 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
                           ) -> Pass:
     """The corpus through this pair, once, in stages the tests ask for (``ensure``):
     warm-ups and the sensitivity gate, each size by step, sessions, protocol checks."""
+    from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
     from pytest_sharedkv.service.execute import Pass
     from pytest_sharedkv.service.runner import STORE_S_PER_TOKEN
 
