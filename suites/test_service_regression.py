@@ -12,6 +12,7 @@ depend on. Stored references (syrupy) separate engine drift from cache-induced d
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -212,3 +213,38 @@ def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: st
                         pytrace=False)
         return
     assert found == snapshot(extension_class=references.extension_for(directory), name=case.id)
+
+
+@pytest.mark.sharedkv_requires("transformers", "safetensors")
+def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
+                                            sharedkv_model_dir: Path,
+                                            sharedkv_results: ResultSink) -> None:
+    """The copy model's corruption matrix on CPU (transformers): a lost or foreign source
+    chunk and zeroed or stale Gated DeltaNet state change its answers; 1-ulp noise,
+    another chunk lost and chunks permuted within the prompt do not. Runs without a GPU,
+    so any machine shows that the tier's model can see what it is meant to catch."""
+    from pytest_sharedkv.replicas.copy_matrix import EXPECTED_CHANGE, run_matrix
+    from pytest_sharedkv.replicas.copy_model import is_copy_model
+    from pytest_sharedkv.service import corpus
+
+    if not is_copy_model(sharedkv_model_dir):
+        pytest.skip("the corruption matrix is the copy model's; a user's model is judged by "
+                    "the sensitivity gate of a launched run")
+    made = corpus.build(32, plan=(("3k", 3000, 3, 0),), sessions=0)
+    requests = [(r.id, [0, *made.words(r)], r.source_chunk, r.source) for r in made.measured()]
+    rows = run_matrix(sharedkv_model_dir, requests, chunk=32)
+    wrong = []
+    for name, must_change in EXPECTED_CHANGE.items():
+        group = [r for r in rows if r.corruption == name]
+        held = sum(r.as_expected for r in group)
+        wrong += [f"{name} on {r.request}" for r in group if not r.as_expected]
+        sharedkv_results.check(
+            TIER, {"provider": "copy model (transformers, cpu)", "allocator": "-",
+                   "delay": "-", "size": "model", "step": name}, held, len(group),
+            message="" if held == len(group) else "answers did not change as they must",
+            detail={"changed": sum(r.changed for r in group),
+                    "must": "change" if must_change else "stay",
+                    "min_margin_nats": round(min(r.margin for r in group), 1)})
+    if wrong:
+        pytest.fail("the copy model did not react as constructed: " + ", ".join(wrong),
+                    pytrace=False)

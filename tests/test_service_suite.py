@@ -22,7 +22,7 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "--sharedkv-service-sizes=3k"]
 CHAINS = 200
 PROTOCOL_CHECKS = 15
-ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS
+ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS + 1  # + the copy model's corruption matrix
 
 
 def _stubs_left(tag: str) -> bool:

@@ -15,7 +15,7 @@ from pytest_sharedkv.run_log import RunLog
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
-NOT_STEPS = ("gate", "session", "protocol")  # sizes whose records are not step totals
+NOT_STEPS = ("gate", "session", "protocol", "model")  # sizes of records not step totals
 
 
 def _pair(check: Check) -> tuple[str, ...]:
@@ -54,7 +54,7 @@ def _tally(checks: list[Check], size: str) -> str:
 
 def verdicts(checks: list[Check]) -> list[str]:
     lines = []
-    for pair in dict.fromkeys(_pair(c) for c in checks):
+    for pair in dict.fromkeys(_pair(c) for c in checks if c.key.get("size") != "model"):
         mine = [c for c in checks if _pair(c) == pair]
         name = pair[1] if pair[1] not in ("", "n/a", "unknown") else pair[0]
         gate = next((c for c in mine if c.key.get("size") == "gate"), None)
@@ -95,9 +95,23 @@ def verdicts(checks: list[Check]) -> list[str]:
     return lines
 
 
+def model_table(checks: list[Check]) -> list[str]:
+    """The copy model's corruption matrix (CPU): answers changed, as they must or not."""
+    rows = [[c.key.get("step", ""), f"{c.detail.get('changed')}/{c.trials}",
+             str(c.detail.get("must", "")), "yes" if c.ok else "NO",
+             str(c.detail.get("min_margin_nats", ""))]
+            for c in checks if c.key.get("size") == "model"]
+    if not rows:
+        return []
+    return ["the served model's corruption matrix (copy model, transformers on CPU):",
+            *markdown_table(["corruption", "answers changed", "must", "as constructed",
+                             "min margin (nats)"], rows)]
+
+
 def summary_lines(log: RunLog) -> list[str]:
     checks = [c for c in log.bundle.checks if c.tier == TIER]
-    lines = table(checks)
-    if lines:
-        lines.append("")
-    return lines + verdicts(checks)
+    lines: list[str] = []
+    for block in (model_table(checks), table(checks), verdicts(checks)):
+        if block:
+            lines += ([""] if lines else []) + block
+    return lines
