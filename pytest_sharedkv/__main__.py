@@ -82,13 +82,27 @@ def _wants_xdist(args: Sequence[str]) -> bool:
                for a in args if not a.startswith("--no"))
 
 
+def suite_location() -> list[str]:
+    """The installed suite (``--pyargs pytest_sharedkv.suites``), or, run from a source
+    checkout that is not installed (the package imports from the working directory, where
+    the suite is plain ``suites/``), that folder."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("pytest_sharedkv.suites") is None:
+        checkout = Path(__file__).resolve().parent.parent / "suites"
+        if checkout.is_dir():  # no entry point either: load the plugin by name
+            return ["-p", "pytest_sharedkv", str(checkout)]
+    return ["--pyargs", "pytest_sharedkv.suites"]
+
+
 def suite_args(extra: Sequence[str]) -> list[str]:
     """pytest's arguments for the shipped suite: what the user gave, plus only what that run
     needs (the plugin and xdist where auto-loading is off, a JSON report where the plugin
     is on and the user named none)."""
     plugins = _plugin_choices(extra)
     enabled = not DISABLED.intersection(plugins)
-    args = ["--pyargs", "pytest_sharedkv.suites", *QUIET, *extra]
+    args = [*suite_location(), *QUIET, *extra]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         load = []
         if enabled:

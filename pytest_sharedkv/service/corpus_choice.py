@@ -50,9 +50,16 @@ def copy_chunk(settings: Settings) -> int:
     return chunk_size_for_config(config)
 
 
+def fixtures_dir() -> Path:
+    """``pytest_sharedkv.fixtures`` as installed, or a not-installed checkout's fixtures/."""
+    try:
+        return Path(str(resources.files("pytest_sharedkv.fixtures")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "fixtures"
+
+
 def bundled_manifest(chunk: int) -> Path:
-    return Path(str(resources.files("pytest_sharedkv.fixtures"))) / "service" / \
-        MANIFEST.format(chunk=chunk)
+    return fixtures_dir() / "service" / MANIFEST.format(chunk=chunk)
 
 
 def case_set(settings: Settings) -> CaseSet:

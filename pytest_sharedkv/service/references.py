@@ -23,9 +23,9 @@ REFERENCES = "snapshots"  # under pytest_sharedkv.fixtures (the repository's fix
 
 
 def default_root() -> Path:
-    from importlib import resources
+    from pytest_sharedkv.service.corpus_choice import fixtures_dir
 
-    return Path(str(resources.files("pytest_sharedkv.fixtures"))) / REFERENCES
+    return fixtures_dir() / REFERENCES
 
 
 def model_key(model: Path | None, kind: str) -> str:
