@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.options import Settings
     from pytest_sharedkv.records import ResultSink
     from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.service.cases import Case
     from pytest_sharedkv.service.execute import Pass
     from pytest_sharedkv.service.runner import ServiceRun
 
@@ -34,6 +35,14 @@ def _usable(run: ServiceRun) -> None:
         pytest.fail(run.gate.message, pytrace=False)
     if run.error:
         pytest.fail(run.error, pytrace=False)
+
+
+def _case(service_pass: Pass, case_id: str) -> Case:
+    """The corpus case a test is parametrized with (a size the corpus lacks: skipped)."""
+    case = service_pass.run.cases.case(case_id)
+    if case is None:
+        pytest.skip(f"{case_id}: not in this corpus ({service_pass.run.cases.source})")
+    return case
 
 
 def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
@@ -61,10 +70,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import GATE
 
-    case = sharedkv_service_pass.run.cases.case(sharedkv_service_case)
-    if case is None:
-        pytest.skip(f"{sharedkv_service_case}: not in this corpus "
-                    f"({sharedkv_service_pass.run.cases.source})")
+    case = _case(sharedkv_service_pass, sharedkv_service_case)
     _usable(sharedkv_service_pass.ensure(GATE))
     run = sharedkv_service_pass.ensure(case.size)
     failures = chain_failures(run, case)
@@ -187,10 +193,8 @@ def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: st
     from pytest_sharedkv.service import references
 
     pytest.importorskip("syrupy", reason="stored references are syrupy snapshots")
-    pair, run = sharedkv_replica_pair, sharedkv_service_pass.run
-    case = run.cases.case(sharedkv_service_case)
-    if case is None:
-        pytest.skip(f"{sharedkv_service_case}: not in this corpus ({run.cases.source})")
+    pair = sharedkv_replica_pair
+    case = _case(sharedkv_service_pass, sharedkv_service_case)
     run = sharedkv_service_pass.ensure(case.size)
     found = references.record(run, case)
     if found is None:

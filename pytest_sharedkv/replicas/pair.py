@@ -69,6 +69,14 @@ def _one_line(exc: BaseException) -> str:
     return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
+def counter_delta(before: dict[str, float], after: dict[str, float], name: str
+                  ) -> int | None:
+    """How much counter NAME grew between two reads (None: the engine has no such counter)."""
+    if name not in after:
+        return None
+    return int(after[name] - before.get(name, 0.0))
+
+
 @dataclass
 class Replica:
     name: str
@@ -152,26 +160,25 @@ class Replica:
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
 
-        def delta(name: str) -> int | None:
-            if name not in after:
-                return None
-            return int(after[name] - before.get(name, 0.0))
-
         cached = int(details.get("cached_tokens") or 0)
-        local, external = delta(LOCAL_HITS), delta(EXTERNAL_HITS)
+        local = counter_delta(before, after, LOCAL_HITS)
+        external = counter_delta(before, after, EXTERNAL_HITS)
         if external is None and local is not None and self.reports_external:
             external = cached - local  # the engine's cached tokens count both kinds
         return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
                      prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
                      local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
 
+    def _completion_request(self, body: dict[str, object]) -> urllib.request.Request:
+        payload = {"model": self.served_model(), **body}
+        return urllib.request.Request(self.base_url + "/v1/completions",
+                                      data=json.dumps(payload).encode(),
+                                      headers={"Content-Type": "application/json"})
+
     def post(self, body: dict[str, object], timeout: float = 600.0) -> dict[str, Any]:
         """POST /v1/completions (the served model filled in); the JSON answer, or a
         ReplicaError naming the replica. Safe to call from many threads at once."""
-        payload = {"model": self.served_model(), **body}
-        request = urllib.request.Request(self.base_url + "/v1/completions",
-                                         data=json.dumps(payload).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = self._completion_request(body)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 data: dict[str, Any] = json.loads(response.read())
@@ -185,10 +192,7 @@ class Replica:
     def stream(self, body: dict[str, object], timeout: float = 600.0
                ) -> list[dict[str, Any]]:
         """POST /v1/completions with stream=true; the server-sent events, in order."""
-        payload = {"model": self.served_model(), **body, "stream": True}
-        request = urllib.request.Request(self.base_url + "/v1/completions",
-                                         data=json.dumps(payload).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = self._completion_request({**body, "stream": True})
         events = []
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -205,6 +205,14 @@ def make_request(rid: str, size: str, seed: str, prompt_tokens: int, chunk: int,
                    sha256(text_of(words, recipe)), role), words
 
 
+def control_chunks(chunks: int) -> list[int]:
+    """Source chunks of the sensitivity gate's controls in a CHUNKS-chunk document: the
+    even ones copy from the chunk the gate zeroes (the middle one), the odd ones from
+    others, which must stay exact."""
+    zeroed = chunks // 2
+    return [zeroed if i % 2 == 0 else (zeroed + 1 + i) % (chunks - 1) for i in range(CONTROLS)]
+
+
 def spread(count: int, chunks: int, offset: int = 0) -> list[int]:
     """Source chunks for COUNT requests over CHUNKS chunk positions: every position when
     there are enough requests, else evenly from the first chunk to the last."""
@@ -276,9 +284,7 @@ def build(chunk: int, recipe: CopyModelRecipe | None = None, seed: str = SEED,
         for i, c in enumerate(spread(count, m)):
             add(f"{size}-{i:03d}", size, tokens, c, "measured")
     m = chunks_for(PLAN[0][1], chunk)
-    zeroed = m // 2
-    for i in range(CONTROLS):
-        c = zeroed if i % 2 == 0 else (zeroed + 1 + i) % (m - 1)
+    for i, c in enumerate(control_chunks(m)):
         add(f"control-{i:02d}", PLAN[0][0], m * chunk + 1, c, "control")
     for i, c in enumerate(spread(PROTOCOL, m)):
         add(f"protocol-{i:02d}", PLAN[0][0], m * chunk + 1, c, "protocol")

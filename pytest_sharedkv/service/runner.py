@@ -18,7 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_sharedkv.replicas.pair import EXTERNAL_HITS, LOCAL_HITS, ReplicaError, ReplicaPair
+from pytest_sharedkv.replicas.pair import (
+    EXTERNAL_HITS,
+    LOCAL_HITS,
+    ReplicaError,
+    ReplicaPair,
+    counter_delta,
+)
 from pytest_sharedkv.service.cases import Case, CaseSet
 
 
@@ -86,12 +92,25 @@ class ServiceRun:
     gate: Any = None  # sensitivity.GateResult
     protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
     wall_s: float = 0.0
-    request_seconds: float = 0.0  # sum of every request's latency
-    requests: int = 0
     error: str | None = None  # a replica died: every result says so
 
     def answer(self, case: str, step: str) -> Answer | None:
         return self.answers.get((case, step))
+
+    def _answered(self) -> list[Answer]:
+        everything = [*self.answers.values(), *self.controls.values(),
+                      *(a for turns in self.sessions.values() for a in turns)]
+        return [a for a in everything if not a.error]
+
+    @property
+    def requests(self) -> int:
+        """Requests answered (steps, gate, controls, sessions; protocol checks aside)."""
+        return len(self._answered())
+
+    @property
+    def request_seconds(self) -> float:
+        """The sum of those requests' latencies."""
+        return sum(a.seconds for a in self._answered())
 
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
@@ -150,8 +169,6 @@ class Runner:
             return Answer(case_id, step, replica, seconds=time.perf_counter() - started,
                           error=str(exc).splitlines()[0])
         seconds = time.perf_counter() - started
-        self.run.request_seconds += seconds
-        self.run.requests += 1
         return read_answer(data, case_id, step, replica, self.cases.decode, seconds)
 
     def counters(self) -> dict[str, dict[str, float]]:
@@ -170,9 +187,7 @@ class Runner:
             self.run.answers[(answer.case, step.name)] = answer
 
         def delta(replica: str, name: str) -> int | None:
-            if name not in after[replica]:
-                return None
-            return int(after[replica][name] - before[replica].get(name, 0.0))
+            return counter_delta(before[replica], after[replica], name)
 
         other = OTHER[step.replica]
         totals = StepTotals(group, step.name, step.replica, len(cases),

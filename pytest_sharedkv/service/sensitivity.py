@@ -41,6 +41,7 @@ class GateResult:
 
 def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResult:
     from pytest_sharedkv.replicas.corrupt_hook import read_log
+    from pytest_sharedkv.service.checks import diverged
 
     cases = runner.cases
     controls = cases.by_role("control")
@@ -72,10 +73,9 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
                                    "cold": cold.to_data() if cold else None,
                                    "cross": cross.to_data() if cross else None})
             continue
-        if case.expected is not None:  # copy corpus: against the answer by construction
-            right_cold, changed = cold.ids == case.expected, cross.ids != case.expected
-        else:  # text corpus: against A's cold answer
-            right_cold, changed = True, cross.text != cold.text
+        # against the answer by construction (copy corpus) or A's cold answer (text corpus)
+        right_cold = diverged(runner.run, case, cold) is None
+        changed = diverged(runner.run, case, cross) is not None
         if not right_cold:
             broken.append(case.id)
         if case.source_chunk == zeroed:

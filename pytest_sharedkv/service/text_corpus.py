@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pytest_sharedkv.replicas.tiny_model import synthetic_corpus
 from pytest_sharedkv.service.cases import Case, CaseSet
-from pytest_sharedkv.service.corpus import CONTROLS, PLAN, PROTOCOL, spread
+from pytest_sharedkv.service.corpus import PLAN, PROTOCOL, control_chunks, spread
 
 ANSWER_TOKENS = 16
 TOKENS_PER_WORD = 1.4  # estimate when no tokenizer is at hand
@@ -89,9 +89,8 @@ def build_text(model: Path | None, chunk: int, max_tokens: int, seed: str = "sha
                                    chunk, f"{seed}/{size}/{i}", count, exact))
     first = PLAN[0]
     m = max(2, first[1] // chunk)
-    zeroed = m // 2
-    for i in range(CONTROLS):
-        c = zeroed if i % 2 == 0 else (zeroed + 1 + i) % (m - 1)
+    chunks = control_chunks(m)
+    for i, c in enumerate(chunks):
         cases.append(text_case(f"control-text-{i:02d}", "control", first[0], first[1], c,
                                chunk, f"{seed}/control/{i}", count, exact))
     for i, c in enumerate(spread(PROTOCOL, m)):
@@ -102,7 +101,7 @@ def build_text(model: Path | None, chunk: int, max_tokens: int, seed: str = "sha
               "(no tokenizer.json)")
     if skipped:
         source += f"; sizes {', '.join(skipped)} skipped (longer than the model's context)"
-    return CaseSet("text", chunk, cases, [], decode=None, zeroed_chunk=zeroed,
+    return CaseSet("text", chunk, cases, [], decode=None, zeroed_chunk=chunks[0],
                    answer_tokens=ANSWER_TOKENS, source=source)
 
 
