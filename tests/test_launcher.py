@@ -147,3 +147,63 @@ def test_restart_gives_a_fresh_process_that_still_reaches_the_pool(tmp_path: Pat
         assert pair.close() == []
     with pytest.raises(ReplicaError, match="external: the suite cannot restart it"):
         external_pair(("http://127.0.0.1:9", "http://127.0.0.1:10")).restart("A")
+
+
+REGISTER_FAILURE_LOG = """\
+[2026-11-30 14:49:25,386] LMCache ERROR: Error handling operation register_kv_cache (mq.py:798)
+Traceback (most recent call last):
+  File "/tmp/site/lmcache/v1/platform/base/ipc_wrapper.py", line 105, in _get_device_index_from_uuid
+    raise RuntimeError(
+RuntimeError: Device UUID 149562a8 not found in the discovered devices. Please make sure \
+the process can see all the accelerator devices
+[2026-11-30 14:49:26,700] LMCache INFO: Engine KV Format: ...
+"""
+
+
+def test_a_failed_engine_registration_stops_the_replicas_wait(tmp_path: Path) -> None:
+    """On an H200 pair one replica per GPU, the server (which saw one GPU) logged a failed
+    register_kv_cache and replica B waited for it until the run's limit; now the wait ends
+    at once with LMCache's own reason."""
+    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+
+    server = LMCacheServer(ServerConfig(), tmp_path)
+    server.process.alive = lambda: True  # type: ignore[method-assign]
+    server.process.log_path.write_text("[..] LMCache INFO: starting\n" * 1000)
+    assert server.fatal_error() is None
+    with server.process.log_path.open("a") as log:
+        log.write(REGISTER_FAILURE_LOG)
+    reason = server.fatal_error()
+    assert reason is not None and "Device UUID 149562a8 not found" in reason
+
+    proc = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                          tmp_path / "sleeper.log")
+    proc.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProcessFailed, match=r"cannot become serving.*Device UUID"):
+            proc.wait_ready(lambda: False, 60, "serving /health", abort=server.fatal_error)
+        assert time.monotonic() - started < 5
+    finally:
+        proc.stop()
+
+
+def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path) -> None:
+    from pytest_sharedkv.replicas import providers
+
+    seen: dict[str, str] = {}
+
+    class Server:
+        port = 1
+
+        def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
+            seen["server"] = env["CUDA_VISIBLE_DEVICES"]
+
+        def start(self) -> None:
+            raise RuntimeError("stop here")
+
+    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(providers, "LMCacheServer", Server)
+        with pytest.raises(RuntimeError, match="stop here"):
+            providers.launch_vllm_pair(spec)
+    assert seen["server"] == "GPU-a,GPU-b"

@@ -46,6 +46,9 @@ class ServerConfig:
             raise ValueError(f"allocator must be one of {ALLOCATORS}, not {self.allocator!r}")
 
 
+REGISTER_FAILED = "Error handling operation register_kv_cache"  # LMCache 0.5.6 mq.py
+
+
 class LMCacheServer:
     def __init__(self, config: ServerConfig, log_dir: Path,
                  env: dict[str, str] | None = None) -> None:
@@ -66,6 +69,8 @@ class LMCacheServer:
         self.process = ManagedProcess(f"lmcache server ({config.allocator})", argv,
                                       log_dir / f"lmcache-server-{self.port}.log", env=full_env)
         self.startup_s: float | None = None
+        self._scanned = 0  # bytes of the log fatal_error has already read
+        self._failure_seen = False
 
     @property
     def url(self) -> str:
@@ -85,6 +90,33 @@ class LMCacheServer:
         self.startup_s = self.process.wait_ready(self._ready, self.config.ready_timeout,
                                                  "ready (HTTP / and the zmq server)")
         return self
+
+    def fatal_error(self) -> str | None:
+        """Why an engine cannot register with this server, or None: LMCache logs a failed
+        ``register_kv_cache`` and goes on serving, while the engine waits for an answer
+        forever (seen on an H200 pair: the server could not see the second replica's GPU).
+        Reads only what the log gained since the last call (server logs reach 30 MB)."""
+        if not self.process.alive():
+            return f"the LMCache server exited (log: {self.process.log_path})"
+        try:
+            with self.process.log_path.open("rb") as log:
+                log.seek(self._scanned)
+                new = log.read()
+        except OSError:
+            return None
+        at = new.find(REGISTER_FAILED.encode())
+        if at < 0:
+            # keep a pattern's length so one split across two reads is still found
+            self._scanned += max(0, len(new) - len(REGISTER_FAILED))
+            return None
+        after = new[at:].decode(errors="replace").splitlines()[1:]
+        cause = next((line.strip() for line in after
+                      if line[:1].isalpha() and ("Error" in line or "Exception" in line)), None)
+        if cause is None and not self._failure_seen:
+            self._failure_seen = True  # its traceback may be half written: look once more
+            return None
+        return (f"the LMCache server failed register_kv_cache: {cause or 'see its log'} "
+                f"(log: {self.process.log_path})")
 
     def effective_allocator(self) -> str:
         if self.config.allocator == "lazy" and LAZY_DISABLED in self.process.log_text():

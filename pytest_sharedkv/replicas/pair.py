@@ -87,6 +87,8 @@ class Replica:
     model: str | None = None
     reports_external: bool = False  # usage.cached_tokens includes connector (LMCache) hits
     start_seconds: list[float] = field(default_factory=list)
+    # why this replica can never become ready although its process lives (a peer failed)
+    abort: Callable[[], str | None] | None = None
 
     def _ready(self) -> bool:
         return http_ok(self.base_url + self.ready_path)
@@ -96,7 +98,8 @@ class Replica:
             raise ReplicaError(f"replica {self.name} is external: the suite does not start it")
         self.process.start()
         self.start_seconds.append(
-            self.process.wait_ready(self._ready, self.ready_timeout, f"serving {self.ready_path}"))
+            self.process.wait_ready(self._ready, self.ready_timeout, f"serving {self.ready_path}",
+                                    abort=self.abort))
 
     def restart(self) -> None:
         if self.process is None:

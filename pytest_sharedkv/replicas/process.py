@@ -101,13 +101,18 @@ class ManagedProcess:
                              f"{self.tail()}")
 
     def wait_ready(self, ready: Callable[[], bool], timeout: float, what: str,
-                   interval: float = 0.25) -> float:
-        """Seconds until READY() held; fails with the log tail if the process exits first."""
+                   interval: float = 0.25,
+                   abort: Callable[[], str | None] | None = None) -> float:
+        """Seconds until READY() held; fails with the log tail if the process exits first,
+        or as soon as ABORT() names a reason it never will (a peer's fatal error)."""
         started = time.monotonic()
         while True:
             if not self.alive():
                 code = self.proc.returncode if self.proc is not None else None
                 raise self.failure(f"exited with status {code} before {what}")
+            reason = abort() if abort is not None else None
+            if reason:
+                raise self.failure(f"cannot become {what}: {reason}")
             if ready():
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:

@@ -110,7 +110,9 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -
 def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
         raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
-    server_env = process_env(spec, spec.devices[:1], role=SERVER_ROLE)
+    # The server maps every engine's KV cache through CUDA IPC: it must see every leased
+    # device (on one GPU only, it failed register_kv_cache for the replica on the other).
+    server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
     server = LMCacheServer(ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
                                         chunk_size=spec.chunk_size,
                                         ready_timeout=spec.ready_timeout),
@@ -126,7 +128,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                                  spec.log_dir / f"vllm-{name}-{port}.log", env=env)
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
                                  ready_timeout=spec.ready_timeout, model=SERVED_NAME,
-                                 reports_external=True)
+                                 reports_external=True, abort=server.fatal_error)
     pair = ReplicaPair(replicas["A"], replicas["B"], stop_server=server.stop,
                        description=f"vllm x2 + lmcache server ({server.effective_allocator()})",
                        model=spec.model,
