@@ -462,6 +462,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
     ),
     Option(
+        "kv-audit",
+        "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
+        "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
+        "when the hook finds nothing to audit)",
+        parse_bool,
+        default=False,
+        flag=True,
+    ),
+    Option(
         "list-targets",
         "list the ordering tier's copy targets and exit",
         parse_bool,
@@ -499,6 +508,7 @@ class Settings:
     service_sizes: tuple[str, ...] | None = None
     concurrency: int = 8
     snapshot_dir: Path | None = None
+    kv_audit: bool = False
     list_targets: bool = False
     # Where each value came from, for error messages and the JSON report.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)

@@ -255,3 +255,58 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
     if wrong:
         pytest.fail("the copy model did not react as constructed: " + ", ".join(wrong),
                     pytrace=False)
+
+
+def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
+                  sharedkv_settings: Settings, sharedkv_results: ResultSink) -> None:
+    """--sharedkv-kv-audit: every chunk, KV group and layer B loaded from the pool equals,
+    byte for byte, what A stored (digests taken inside both engines). The sensitivity gate
+    is the audit's own positive control: the chunk it zeroes must show as a mismatch in
+    every control request, or the audit is VOID. Requests whose answers diverged are
+    matched against the chunks the audit caught."""
+    from pytest_sharedkv.service import kv_audit
+    from pytest_sharedkv.service.checks import chain_failures
+    from pytest_sharedkv.service.execute import SESSIONS
+
+    pair = sharedkv_replica_pair
+    if not sharedkv_settings.kv_audit:
+        pytest.skip("the in-engine KV audit is off (--sharedkv-kv-audit turns it on)")
+    if pair.kv_audit_dir is None:
+        pytest.skip("the KV audit runs inside launched vLLM replicas; this pair has none")
+    run = sharedkv_service_pass.ensure(SESSIONS)
+    report = kv_audit.audit(pair.kv_audit_dir)
+    assert report is not None
+    label = str(pair.labels.get("allocator", ""))
+    cases = {c.id: c for c in run.cases.cases}
+    zeroed = run.cases.zeroed_chunk
+    gate_ok, faults = kv_audit.split_gate(report, cases, zeroed)
+    controls = [c for c in run.cases.cases if c.role == "control" and c.source_chunk == zeroed]
+    diverged = sorted(c.id for c in run.cases.cases if c.role == "measured"
+                      and any("step cross" in f for f in chain_failures(run, c)))
+    lines = [report.summary(label), *kv_audit.correlation(faults, diverged, cases)]
+    void = report.void
+    if void is None and controls and run.gate is not None and run.gate.zeroed_chunks_logged:
+        caught = len(gate_ok)
+        lines.append(f"KV AUDIT {label} positive control: the gate's zeroed chunk {zeroed} "
+                     f"showed as a mismatch in {caught} of {len(run.cases.by_role('control'))}"
+                     " control requests")
+        if caught == 0:
+            void = (f"{kv_audit.VOID}: the gate zeroed chunk {zeroed} in B's retrieves and "
+                    "the audit saw no mismatch there: it cannot see corrupted KV")
+    for line in lines:
+        sharedkv_results.note(TIER, line)
+    sharedkv_results.check(
+        TIER, {**pair.labels, "size": "audit", "step": "kv digests"},
+        report.compared - len(faults), report.compared, role="audit",
+        message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
+        detail={"compared": report.compared, "unmatched": report.unmatched,
+                "mismatches": [m.line() for m in faults[:200]],
+                "chunks_per_request": report.chunks_per_request,
+                "cost_us_per_token": report.cost_us_per_token(),
+                "errors": report.errors[:20], "diverged": diverged})
+    if void:
+        pytest.fail(void, pytrace=False)
+    if faults:
+        shown = [m.line() for m in faults[:20]]
+        more = f"\n... and {len(faults) - 20} more" if len(faults) > 20 else ""
+        pytest.fail("\n".join(shown) + more, pytrace=False)

@@ -184,7 +184,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         pair = launch_vllm_pair(LaunchSpec(
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
             inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
-            chunk_size=settings.chunk_size or derive_chunk_size(model)))
+            chunk_size=settings.chunk_size or derive_chunk_size(model),
+            kv_audit=settings.kv_audit))
     elif provider == "vllm-missing":
         pytest.skip("vllm not importable: the launched provider needs it "
                     "(or pass --sharedkv-endpoints for an existing deployment)")

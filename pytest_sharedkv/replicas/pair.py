@@ -172,16 +172,21 @@ class Replica:
                      prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
                      local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
 
-    def _completion_request(self, body: dict[str, object]) -> urllib.request.Request:
+    def _completion_request(self, body: dict[str, object], request_id: str | None = None
+                            ) -> urllib.request.Request:
         payload = {"model": self.served_model(), **body}
+        headers = {"Content-Type": "application/json"}
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id  # vLLM names the engine request after it
         return urllib.request.Request(self.base_url + "/v1/completions",
-                                      data=json.dumps(payload).encode(),
-                                      headers={"Content-Type": "application/json"})
+                                      data=json.dumps(payload).encode(), headers=headers)
 
-    def post(self, body: dict[str, object], timeout: float = 600.0) -> dict[str, Any]:
+    def post(self, body: dict[str, object], timeout: float = 600.0,
+             request_id: str | None = None) -> dict[str, Any]:
         """POST /v1/completions (the served model filled in); the JSON answer, or a
-        ReplicaError naming the replica. Safe to call from many threads at once."""
-        request = self._completion_request(body)
+        ReplicaError naming the replica. Safe to call from many threads at once.
+        REQUEST_ID (X-Request-Id) lets the in-engine KV audit name the request."""
+        request = self._completion_request(body, request_id)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 data: dict[str, Any] = json.loads(response.read())
@@ -232,6 +237,7 @@ class ReplicaPair:
         # reads and the log it writes (None where nothing can be injected: external)
         self.gate_control: Path | None = None
         self.gate_log: Path | None = None
+        self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
         self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Replica:

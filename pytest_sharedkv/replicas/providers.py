@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.replicas import corrupt_hook
+from pytest_sharedkv.replicas import corrupt_hook, kv_audit_hook
 from pytest_sharedkv.replicas.delay_hook import (
     CYCLES_ENV,
     LOG_ENV,
@@ -51,11 +51,17 @@ class LaunchSpec:
     gpu_memory_utilization: float = 0.35
     ready_timeout: float = 900.0
     gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
+    kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
 
 
 def gate_paths(log_dir: Path) -> tuple[Path, Path]:
     """(control file, log) of the sensitivity gate's hook in the LMCache server."""
     return log_dir / "gate-control.json", log_dir / "gate-zeroed.log"
+
+
+def audit_dir(log_dir: Path) -> Path:
+    """Where the replicas' in-engine KV audit writes its digest logs."""
+    return log_dir / "kv-audit"
 
 
 def inject_log(log_dir: Path) -> Path:
@@ -81,6 +87,10 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
         control, log = gate_paths(spec.log_dir)
         env[corrupt_hook.CONTROL_ENV] = str(control)
         env[corrupt_hook.LOG_ENV] = str(log)
+        hooked = True
+    if spec.kv_audit and role.startswith("replica "):
+        env[kv_audit_hook.DIR_ENV] = str(audit_dir(spec.log_dir))
+        env[kv_audit_hook.ROLE_ENV] = role.removeprefix("replica ")
         hooked = True
     if hooked:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -139,6 +149,8 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.inject_log = inject_log(spec.log_dir)
     if spec.gate:
         pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
+    if spec.kv_audit:
+        pair.kv_audit_dir = audit_dir(spec.log_dir)
     start_all(pair, together=len(spec.devices) > 1)  # one GPU each: no shared profiling
     return pair
 

@@ -116,6 +116,26 @@ class ServiceRun:
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
 
 
+REQUEST_TAG = "sharedkv"  # X-Request-Id: sharedkv.<case>.<step>.<replica>
+
+
+def request_tag(case_id: str, step: str, replica: str) -> str:
+    """The X-Request-Id the runner sends: vLLM names its engine request after it
+    (cmpl-<tag>-<n>-<suffix>), so the in-engine KV audit can name the request."""
+    return f"{REQUEST_TAG}.{case_id}.{step}.{replica}"
+
+
+def parse_request_tag(engine_request_id: str) -> tuple[str, str, str] | None:
+    """(case, step, replica) from an engine request id, or None for untagged requests."""
+    at = engine_request_id.find(REQUEST_TAG + ".")
+    if at < 0:
+        return None
+    parts = engine_request_id[at:].split(".")
+    if len(parts) < 4:
+        return None
+    return parts[1], parts[2], parts[3].split("-")[0]
+
+
 def body(case_text: str, tokens: int, salt: str | None, logprobs: bool = True
          ) -> dict[str, object]:
     out: dict[str, object] = {"prompt": case_text, "max_tokens": tokens, "temperature": 0.0}
@@ -164,7 +184,8 @@ class Runner:
              ) -> Answer:
         started = time.perf_counter()
         try:
-            data = self.pair[replica].post(body(text, self.cases.answer_tokens, salt))
+            data = self.pair[replica].post(body(text, self.cases.answer_tokens, salt),
+                                           request_id=request_tag(case_id, step, replica))
         except ReplicaError as exc:
             return Answer(case_id, step, replica, seconds=time.perf_counter() - started,
                           error=str(exc).splitlines()[0])

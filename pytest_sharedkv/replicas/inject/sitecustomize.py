@@ -1,6 +1,7 @@
 """Loaded by launched processes whose PYTHONPATH starts with this directory: turns on
 pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
-service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set."""
+service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set, and the in-engine KV
+audit when SHAREDKV_KV_AUDIT_DIR is set."""
 
 import os
 
@@ -13,3 +14,8 @@ if os.environ.get("SHAREDKV_CORRUPT_CONTROL"):
     from pytest_sharedkv.replicas.corrupt_hook import install as arm_gate
 
     arm_gate()
+
+if os.environ.get("SHAREDKV_KV_AUDIT_DIR"):
+    from pytest_sharedkv.replicas.kv_audit_hook import install as audit_kv
+
+    audit_kv()

@@ -1,0 +1,231 @@
+"""The in-engine KV audit on CPU: the hook on a stand-in for LMCache's connector (CPU
+tensors, the same entry points and adapter attributes as LMCache 0.5.6), and the
+comparison on recorded digest logs: a planted stale chunk is named with whose bytes B
+got, a clean audit passes, an audit that compared nothing is VOID."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.service import kv_audit
+
+torch = pytest.importorskip("torch")
+
+CHUNK, TPB = 32, 16  # LMCache chunk tokens, engine tokens per block
+BPC = CHUNK // TPB
+
+
+@dataclass(frozen=True)
+class Group:  # LMCache's EngineGroupInfo, the fields the hook reads
+    layer_indices: tuple[int, ...]
+    tokens_per_block: int
+    recurrent_state: bool = False
+
+
+@dataclass
+class Op:  # LMCache's LoadStoreOp
+    token_ids: list[int]
+    block_ids: list[list[int]]
+    start: int
+    end: int
+    skip_first_n_tokens: int = 0
+
+
+@dataclass
+class Meta:
+    request_id: str
+    direction: str
+    op: Op
+    cache_salt: str = "salt-1"
+
+
+@dataclass
+class Metadata:
+    requests: list[Meta] = field(default_factory=list)
+
+
+class Adapter:
+    lmcache_tokens_per_chunk = CHUNK
+
+    def __init__(self, kv: dict[str, Any]) -> None:
+        self.kv_caches = kv
+        # group 0: attention (layers 0, 1); group 1: recurrent state (layer 2)
+        self.engine_group_infos = [Group((0, 1), TPB), Group((2,), TPB, True)]
+
+    def _block_ids_per_group(self, op: Op) -> list[list[int]]:
+        return [list(b) for b in op.block_ids]
+
+
+def connector_class() -> type:
+    class Connector:  # LMCache's LMCacheMPConnector, reduced to what the hook wraps
+        def __init__(self, kv: dict[str, Any]) -> None:
+            self.worker_adapter = Adapter(kv)
+            self.metadata = Metadata()
+            self.finished: set[str] = set()
+
+        def _get_connector_metadata(self) -> Metadata:
+            return self.metadata
+
+        def register_kv_caches(self, kv_caches: Any) -> None:
+            return None
+
+        def wait_for_save(self) -> None:
+            return None
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            return None
+
+        def get_finished(self, finished: set[str]) -> tuple[set[str], set[str]]:
+            done, self.finished = self.finished, set()
+            return set(), done
+
+    return Connector
+
+
+def kv_tensors(seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"layers.{i}": torch.randn(64, 2, TPB, 1, 8, generator=g).to(torch.bfloat16)
+            for i in range(3)}
+
+
+TOKENS = list(range(1000, 1000 + 4 * CHUNK + 1))  # 4 chunks and one token to recompute
+
+
+def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0) -> list[dict[str, Any]]:
+    """A stores 4 chunks; B's pages get A's bytes (then CORRUPT(b_kv, a_blocks, b_blocks))
+    and B loads them."""
+    from pytest_sharedkv.replicas.kv_audit_hook import AuditLog, patch_connector
+
+    a_blocks = list(range(1, 9))
+    b_blocks = list(range(20, 28))
+    # recurrent state lives in the last block of the last chunk only (align mode)
+    a_state = [0] * 7 + [9]
+    b_state = [0] * 7 + [29]
+    classes = {}
+    for role in ("A", "B"):
+        classes[role] = patch_connector(connector_class(), AuditLog(tmp_path, role))
+    a = classes["A"](kv_tensors(1))
+    b = classes["B"](kv_tensors(2))
+    a.register_kv_caches(a.worker_adapter.kv_caches)
+    b.register_kv_caches(b.worker_adapter.kv_caches)
+    a.metadata = Metadata([Meta("cmpl-sharedkv.3k-001.cold.A-0-ab12", "STORE",
+                                Op(TOKENS, [a_blocks, a_state], 0, 4 * CHUNK))])
+    a.wait_for_save()
+    for name, tensor in b.worker_adapter.kv_caches.items():  # the transfer
+        src = a.worker_adapter.kv_caches[name]
+        tensor[b_blocks] = src[a_blocks]
+        tensor[29] = src[9]
+    if corrupt is not None:
+        corrupt(b.worker_adapter.kv_caches, b_blocks)
+    rid = "cmpl-sharedkv.3k-001.cross.B-0-cd34"
+    b.metadata = Metadata([Meta(rid, "RETRIEVE", Op(TOKENS, [b_blocks, b_state], 0,
+                                                    4 * CHUNK, skip))])
+    b.start_load_kv(None)
+    b.finished = {rid}
+    b.get_finished(set())
+    return kv_audit.read_records(tmp_path)
+
+
+def test_a_clean_transfer_is_audited_chunk_by_chunk(tmp_path: Path) -> None:
+    report = kv_audit.compare(run_pair(tmp_path))
+    assert report.void is None and report.mismatches == []
+    # 4 chunks x 2 attention layers, plus the recurrent state of the last chunk
+    assert report.compared == 4 * 2 + 1
+    assert report.chunks_per_request == {"3k-001": 4}
+    assert report.audited_tokens == 2 * 4 * CHUNK and report.cost_us_per_token() is not None
+    assert "every loaded chunk equals the stored one" in report.summary("mixed")
+
+
+def test_a_stale_chunk_is_named_with_whose_bytes_b_got(tmp_path: Path) -> None:
+    def stale(kv: dict[str, Any], b_blocks: list[int]) -> None:
+        # chunk 2 of B holds chunk 1's bytes: the stale-staging-buffer signature
+        for tensor in kv.values():
+            tensor[b_blocks[2 * BPC:3 * BPC]] = tensor[b_blocks[BPC:2 * BPC]].clone()
+
+    report = kv_audit.compare(run_pair(tmp_path, stale))
+    assert {(m.request, m.step, m.chunk, m.group) for m in report.mismatches} == {
+        ("3k-001", "cross", 2, 0)}
+    assert sorted(m.layer for m in report.mismatches) == ["layers.0", "layers.1"]
+    line = report.mismatches[0].line()
+    assert "request 3k-001 (cross on B): chunk 2, group 0 (KV)" in line
+    assert "equal replica A's chunk 1 of request 3k-001" in line
+    assert "2 mismatching digests in 1 requests" in report.summary("lazy")
+
+
+def test_zeroed_recurrent_state_is_caught(tmp_path: Path) -> None:
+    def zero_state(kv: dict[str, Any], b_blocks: list[int]) -> None:
+        kv["layers.2"][29] = 0
+
+    report = kv_audit.compare(run_pair(tmp_path, zero_state))
+    assert [(m.chunk, m.group, m.recurrent, m.equals) for m in report.mismatches] == [
+        (3, 1, True, None)]
+    assert "equal no chunk any replica stored" in report.mismatches[0].line()
+
+
+def test_chunks_the_server_skips_are_not_judged(tmp_path: Path) -> None:
+    def stale_first(kv: dict[str, Any], b_blocks: list[int]) -> None:
+        for tensor in kv.values():
+            tensor[b_blocks[:BPC]] = 0
+
+    report = kv_audit.compare(run_pair(tmp_path, stale_first, skip=CHUNK))
+    assert report.mismatches == [] and report.chunks_per_request == {"3k-001": 3}
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_an_audit_that_compared_nothing_is_void(tmp_path: Path) -> None:
+    assert "never saw replica A or B register" in str(kv_audit.compare([]).void)
+    registered = [{"role": r, "kind": "registered"} for r in ("A", "B")]
+    load = {"role": "B", "kind": "load", "request": "x", "key": "k", "group": 0,
+            "layer": "l", "chunk": 0, "digest": "d"}
+    void = kv_audit.compare([*registered, load]).void
+    assert void is not None and void.startswith("VOID: no chunk B loaded could be compared")
+    unsupported = kv_audit.compare([*registered, {"role": "A", "kind": "unsupported",
+                                                  "missing": ["kv_caches"]}]).void
+    assert unsupported is not None and "entry points are missing" in unsupported
+    # a torn last line (a killed engine) is skipped, not an error
+    _write(tmp_path / "kv-audit-A-1.jsonl", registered)
+    with (tmp_path / "kv-audit-A-1.jsonl").open("a") as fh:
+        fh.write('{"role": "A", "kind": "sto')
+    assert len(kv_audit.read_records(tmp_path)) == 2
+    assert kv_audit.audit(None) is None
+
+
+def test_the_hook_never_breaks_the_engine(tmp_path: Path) -> None:
+    from pytest_sharedkv.replicas.kv_audit_hook import AuditLog, patch_connector
+
+    cls = patch_connector(connector_class(), AuditLog(tmp_path, "A"))
+    conn = cls(kv_tensors(1))
+    conn.metadata = Metadata([Meta("r", "STORE", Op(TOKENS, [[1]], 0, CHUNK))])
+    del conn.worker_adapter.kv_caches  # the adapter changed shape: an error record
+    conn.wait_for_save()
+    kinds = [r["kind"] for r in kv_audit.read_records(tmp_path)]
+    assert kinds == ["error"]
+
+
+def test_gate_mismatches_are_the_audits_positive_control() -> None:
+    @dataclass
+    class Case:
+        role: str
+        source_chunk: int | None = None
+
+    cases = {"control-0": Case("control", 47), "3k-001": Case("measured", 3),
+             "3k-002": Case("measured", 5)}
+    mismatches = [kv_audit.Mismatch("control-0", "cross", 47, 0, "l", False, None),
+                  kv_audit.Mismatch("3k-001", "cross", 3, 0, "l", False, None)]
+    report = kv_audit.AuditReport(compared=10, mismatches=mismatches)
+    gate, faults = kv_audit.split_gate(report, cases, 47)
+    assert [m.request for m in gate] == ["control-0"] and [m.request for m in faults] == [
+        "3k-001"]
+    lines = kv_audit.correlation(faults, ["3k-001", "3k-002"], cases)
+    assert lines[0].endswith("2 requests diverged after cross-replica hits; 1 have a "
+                             "mismatch in the chunk they copy from, 0 only in other chunks, "
+                             "1 none")
+    assert "3k-002" in lines[1]
