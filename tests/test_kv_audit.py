@@ -229,3 +229,52 @@ def test_gate_mismatches_are_the_audits_positive_control() -> None:
                              "mismatch in the chunk they copy from, 0 only in other chunks, "
                              "1 none")
     assert "3k-002" in lines[1]
+
+
+def test_the_replica_tier_round_fails_on_an_audited_mismatch(tmp_path: Path) -> None:
+    """The replica tier's round reads the same audit: exact answers (this tiny stand-in
+    answers alike) do not pass a round whose bytes differed, and an empty audit is VOID."""
+    from pytest_sharedkv.records import Bundle, ResultSink
+    from pytest_sharedkv.replicas.namespaces import Namespaces
+    from pytest_sharedkv.replicas.pair import Reply
+    from pytest_sharedkv.replicas.pair_check import cross_replica_round
+    from pytest_sharedkv.service.cases import Case, CaseSet
+
+    class Pair:
+        labels = {"provider": "vllm", "allocator": "lazy", "delay": "0"}
+        description = "stand-in pair"
+        inject_log = None
+
+        def __init__(self, audit: Path) -> None:
+            self.kv_audit_dir = audit
+            self.sent: list[str | None] = []
+
+        def send(self, name: str, prompt: str, max_tokens: int, salt: str | None,
+                 request_id: str | None = None) -> Reply:
+            self.sent.append(request_id)
+            hit = 96 if name == "B" else 0
+            return Reply(name, " same", 97, hit, 0, hit, 0.01)
+
+    cases = CaseSet("text", 96, [Case("text-3k-000", "measured", "3k", "x", "ab")])
+    bundle = Bundle()
+    registered = [{"role": r, "kind": "registered"} for r in ("A", "B")]
+    row = {"key": "k", "group": 0, "layer": "l", "chunk": 0}
+    _write(tmp_path / "kv-audit-A-1.jsonl", [*registered, {
+        **row, "role": "A", "kind": "store", "digest": "aa",
+        "request": "cmpl-sharedkv.text-3k-000.cold.A-0-x1"}])
+    _write(tmp_path / "kv-audit-B-2.jsonl", [{
+        **row, "role": "B", "kind": "load", "digest": "bb",
+        "request": "cmpl-sharedkv.text-3k-000.cross.B-0-x2"}])
+    pair = Pair(tmp_path)
+    verdict = cross_replica_round(pair, Namespaces("run", "node"),  # type: ignore[arg-type]
+                                  ResultSink("node", bundle), cases, 1, 0.0)
+    assert pair.sent == ["sharedkv.text-3k-000.cold.A", "sharedkv.text-3k-000.cross.B"]
+    assert not verdict.ok
+    assert "request text-3k-000 (cross on B): chunk 0, group 0 (KV), layer l" in verdict.message
+    assert any("1 mismatching digests in 1 requests" in n.text for n in bundle.notes)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    verdict = cross_replica_round(Pair(empty), Namespaces("run", "node"),  # type: ignore[arg-type]
+                                  ResultSink("node", Bundle()), cases, 1, 0.0)
+    assert not verdict.ok and "VOID: the audit hook never saw replica A or B" in verdict.message

@@ -143,15 +143,14 @@ class Replica:
                                     f"({_one_line(exc)}): {text[:200]!r}") from None
         return self.model
 
-    def complete(self, prompt: str, max_tokens: int, cache_salt: str | None) -> Reply:
+    def complete(self, prompt: str, max_tokens: int, cache_salt: str | None,
+                 request_id: str | None = None) -> Reply:
         before = self.counters()
-        body: dict[str, object] = {"model": self.served_model(), "prompt": prompt,
-                                   "max_tokens": max_tokens, "temperature": 0.0}
+        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens,
+                                   "temperature": 0.0}
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
-        request = urllib.request.Request(self.base_url + "/v1/completions",
-                                         data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = self._completion_request(body, request_id)
         started = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
@@ -246,9 +245,9 @@ class ReplicaPair:
         return self.replicas[name]
 
     def send(self, name: str, prompt: str, max_tokens: int = 16,
-             cache_salt: str | None = None) -> Reply:
+             cache_salt: str | None = None, request_id: str | None = None) -> Reply:
         with self._lock:  # one request at a time: counter deltas belong to it
-            return self[name].complete(prompt, max_tokens, cache_salt)
+            return self[name].complete(prompt, max_tokens, cache_salt, request_id)
 
     def restart(self, name: str) -> None:
         self[name].restart()

@@ -16,7 +16,9 @@ from pytest_sharedkv.records import ResultSink
 from pytest_sharedkv.replicas.delay_hook import read_log, void_problem
 from pytest_sharedkv.replicas.namespaces import Namespaces
 from pytest_sharedkv.replicas.pair import ReplicaPair
+from pytest_sharedkv.service import kv_audit
 from pytest_sharedkv.service.cases import CaseSet
+from pytest_sharedkv.service.runner import request_tag
 
 TIER = "replica_pair"
 
@@ -48,10 +50,12 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     chosen = cases.by_role("measured")[:prompts]
     for index, case in enumerate(chosen):
         namespace = namespaces(f"prompt-{index}")
-        a = pair.send("A", case.text, cases.answer_tokens, namespace.salt)
+        a = pair.send("A", case.text, cases.answer_tokens, namespace.salt,
+                      request_tag(case.id, "cold", "A"))
         namespace.expect_cold(a)
         time.sleep(settle_s)
-        b = pair.send("B", case.text, cases.answer_tokens, namespace.salt)
+        b = pair.send("B", case.text, cases.answer_tokens, namespace.salt,
+                      request_tag(case.id, "cross", "B"))
         hit = b.external_hit_tokens or 0
         external += hit
         same = a.text == b.text
@@ -77,12 +81,22 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     void = void_problem(delayed, "round") if delayed is not None else None
     if void:
         problems.insert(0, void)
+    audit = kv_audit.audit(pair.kv_audit_dir)
+    if audit is not None:
+        sink.note(TIER, audit.summary(str(pair.labels.get("allocator", ""))))
+        if audit.void:
+            problems.insert(0, audit.void)
+        problems += [m.line() for m in audit.mismatches[:10]]
     wall = time.perf_counter() - started
     sink.check(TIER, dict(pair.labels), exact, len(chosen),
                message="; ".join(problems[:3]),
                detail={"requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
+                       "kv_audit": None if audit is None else {
+                           "compared": audit.compared, "unmatched": audit.unmatched,
+                           "void": audit.void,
+                           "mismatches": [m.line() for m in audit.mismatches[:200]]},
                        "prompts": details})
     head = (f"{pair.description}: {exact}/{len(chosen)} exact cross-replica answers, "
             f"{external} external hit tokens")
