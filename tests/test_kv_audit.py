@@ -278,3 +278,43 @@ def test_the_replica_tier_round_fails_on_an_audited_mismatch(tmp_path: Path) -> 
     verdict = cross_replica_round(Pair(empty), Namespaces("run", "node"),  # type: ignore[arg-type]
                                   ResultSink("node", Bundle()), cases, 1, 0.0)
     assert not verdict.ok and "VOID: the audit hook never saw replica A or B" in verdict.message
+
+
+def test_a_connector_without_the_entry_points_is_recorded_unsupported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version drift: a future LMCache whose connector lacks a wrapped method leaves an
+    'unsupported' record (the audit is then VOID, naming it), and an adapter without the
+    attributes the digests need does the same at registration."""
+    import sys
+    import types
+
+    from pytest_sharedkv.replicas import kv_audit_hook
+
+    class Renamed:  # no wait_for_save / get_finished
+        def register_kv_caches(self, kv: Any) -> None:
+            return None
+
+    class NoAdapterAttrs:
+        worker_adapter = object()
+
+        def register_kv_caches(self, kv: Any) -> None:
+            return None
+
+        wait_for_save = start_load_kv = get_finished = register_kv_caches
+
+    module = types.ModuleType("lmcache.integration.vllm.lmcache_mp_connector")
+    module.LMCacheMPConnector = Renamed  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setenv(kv_audit_hook.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(kv_audit_hook.ROLE_ENV, "A")
+    finder = kv_audit_hook.install()
+    assert finder is not None
+    sys.meta_path.remove(finder)
+    report = kv_audit.compare(kv_audit.read_records(tmp_path))
+    assert report.void is not None and "LMCacheMPConnector.wait_for_save" in report.void
+
+    patched = kv_audit_hook.patch_connector(NoAdapterAttrs, kv_audit_hook.AuditLog(
+        tmp_path / "b", "B"))
+    patched().register_kv_caches({})
+    records = kv_audit.read_records(tmp_path / "b")
+    assert records[0]["kind"] == "unsupported" and "kv_caches" in records[0]["missing"]
