@@ -3,7 +3,8 @@
 ``python -m pytest_sharedkv [run] [PYTEST ARGS...]`` runs the shipped suite
 (``pytest --pyargs pytest_sharedkv.suites``) and writes ``sharedkv-report.json`` unless
 ``--sharedkv-json`` is given. Tiers that need hardware this machine lacks skip with the
-reason; the rest run for real.
+reason; the rest run for real. ``python -m pytest_sharedkv compare BEFORE.json AFTER.json``
+compares two such reports (before and after an upgrade): correctness first, then speed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 DEFAULT_JSON = "sharedkv-report.json"
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny] DIR [--seed N]
+       python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
+                                         [--markdown OUT.md]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
@@ -22,6 +25,10 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
   make-model      write a model to DIR, offline, deterministic from the seed; prints its
                   digest. --kind copy (default): the KV-sensitive copy model the service
                   tier serves; --kind tiny: the random-weight tiny hybrid model
+  compare         compare two JSON reports (before and after an upgrade): correctness
+                  first (failed tests, VOID, leaks, divergence), then median TTFT and
+                  session wall time per cell; exit 0 same, 1 regression or correctness
+                  difference, 2 usage error or reports that do not compare
 """
 
 
@@ -133,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return help_command()
     if args and args[0] == "make-model":
         return make_model_command(args[1:])
+    if args and args[0] == "compare":
+        from pytest_sharedkv.perf.compare import main as compare_main
+
+        return compare_main(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     import pytest

@@ -1,0 +1,264 @@
+"""``python -m pytest_sharedkv compare BEFORE AFTER``: exit 0 for the same report, 1 for a
+cell slower than --max-regression or any correctness difference (new ones first, by test
+id), 2 for reports that do not compare or bad input, with one line and no traceback.
+
+The exit codes are checked through the real command line; the finer cases in-process."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.perf import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENING = ROOT / "fixtures" / "perf" / "screening.json"
+GATE = "suites/test_service_regression.py::test_sensitivity_gate[mixed]"
+CHAIN = "suites/test_service_regression.py::test_request_chain[mixed-8k-0]"
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SCREENING.read_text())
+    return data
+
+
+def write(directory: Path, name: str, data: dict[str, Any]) -> Path:
+    path = directory / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "pytest_sharedkv", "compare",
+                           *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def slower(data: dict[str, Any], factor: float, size: str = "8k", arm: str = "ON",
+           step: str = "cross") -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    for o in out["perf"]["observations"]:
+        if (o["size"], o["arm"], o["step"]) == (size, arm, step):
+            o["ttft_s"] *= factor
+    return out
+
+
+def failing(data: dict[str, Any], nodeid: str, message: str = "boom") -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    for test in out["tests"]:
+        if test["nodeid"] == nodeid:
+            test["outcome"], test["message"] = "failed", message
+    return out
+
+
+def test_identical_reports_exit_0(tmp_path: Path, baseline: dict[str, Any]) -> None:
+    out = cli(SCREENING, write(tmp_path, "after.json", baseline))
+    assert out.returncode == 0, out.stderr
+    assert "RESULT: OK" in out.stdout and "| 128k | ON  | cross" in out.stdout
+    assert out.stderr == ""
+
+
+def test_a_cell_20_percent_slower_is_a_regression(tmp_path: Path,
+                                                  baseline: dict[str, Any]) -> None:
+    after = write(tmp_path, "after.json", slower(baseline, 1.2))
+    out = cli(SCREENING, after, "--max-regression", "10%")
+    assert out.returncode == 1, out.stderr
+    (row,) = [line for line in out.stdout.splitlines() if "REGRESSION" in line]
+    assert row.startswith("| 8k   | ON  | cross") and "+20.0%" in row
+    assert "(n=6, 3 pairs)" in row
+    assert "RESULT: FAIL: 1 cell(s) slower than 10% or missing" in out.stdout
+    assert compare.main([str(SCREENING), str(after), "--max-regression", "0.25"]) == 0
+
+
+def test_a_new_failed_test_fails_and_is_listed_first(tmp_path: Path,
+                                                     baseline: dict[str, Any]) -> None:
+    before = write(tmp_path, "before.json", failing(baseline, GATE, "old failure"))
+    after = write(tmp_path, "after.json",
+                  failing(failing(baseline, GATE, "old failure"), CHAIN, "new failure"))
+    out = cli(before, after)
+    assert out.returncode == 1, out.stderr
+    rows = [line for line in out.stdout.splitlines() if "| failed" in line]
+    assert len(rows) == 2
+    assert rows[0].startswith("| NEW") and CHAIN in rows[0] and "new failure" in rows[0]
+    assert rows[1].startswith("| also in BEFORE") and GATE in rows[1]
+    correctness = out.stdout.index("## Correctness")
+    assert correctness < out.stdout.index("## Performance")
+
+
+def test_a_different_model_digest_does_not_compare(tmp_path: Path,
+                                                   baseline: dict[str, Any]) -> None:
+    other = copy.deepcopy(baseline)
+    other["perf"]["model_digest"] = "ffff0000ffff0000"
+    out = cli(SCREENING, write(tmp_path, "after.json", other))
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert ("incomparable reports: model digest differs: BEFORE "
+            "'27b-geometry-0000000000000000', AFTER 'ffff0000ffff0000'") in out.stderr
+
+
+def test_a_bad_max_regression_is_a_usage_error(tmp_path: Path) -> None:
+    out = cli(SCREENING, SCREENING, "--max-regression", "ten")
+    assert out.returncode == 2
+    assert "argument --max-regression: 'ten' is not a percentage" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    out = cli(SCREENING, missing)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"python -m pytest_sharedkv compare: {missing}: no such file"
+
+
+# --- in-process ---------------------------------------------------------------------------
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    status = compare.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize(("text", "value"), [("10%", 0.10), ("0.1", 0.1), ("2.5%", 0.025),
+                                             ("150%", 1.5), ("0", 0.0)])
+def test_max_regression_values(text: str, value: float) -> None:
+    assert compare.max_regression(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["ten", "-5%", "10", "nan", "%"])
+def test_bad_max_regression_values(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    status, out, err = run(capsys, SCREENING, SCREENING, f"--max-regression={text}")
+    assert status == 2 and out == ""
+    assert "argument --max-regression:" in err
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "not valid JSON (line 1, column 2"),
+    ("[1, 2]", "not a sharedkv JSON report (the top level is a list"),
+    ('{"schema": "pytest-sharedkv/1", "perf": {"schema": "x"}}',
+     "perf.schema: 'x' is not 'pytest-sharedkv-perf/1'"),
+])
+def test_bad_files_are_named(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                             content: str, message: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    status, out, err = run(capsys, SCREENING, bad)
+    assert status == 2 and out == ""
+    assert err.startswith(f"python -m pytest_sharedkv compare: {bad}: {message}")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, SCREENING)
+    assert status == 2 and "the following arguments are required: AFTER.json" in err
+    assert "usage: python -m pytest_sharedkv compare" in err
+
+
+@pytest.mark.parametrize(("where", "value", "what"), [
+    ("schema", "pytest-sharedkv/2", "schema differs: BEFORE 'pytest-sharedkv/1', AFTER "
+                                    "'pytest-sharedkv/2'"),
+    ("corpus_digest", "other", "corpus digest differs"),
+    ("perf", None, "BEFORE holds a perf screening and AFTER none"),
+])
+def test_reports_that_do_not_compare(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                     baseline: dict[str, Any], where: str, value: Any,
+                                     what: str) -> None:
+    other = copy.deepcopy(baseline)
+    if where == "corpus_digest":
+        other["perf"][where] = value
+    else:
+        other[where] = value
+    status, _, err = run(capsys, SCREENING, write(tmp_path, "after.json", other))
+    assert status == 2
+    assert f"incomparable reports: {what}" in err
+
+
+@pytest.mark.parametrize(("record", "kind"), [
+    ({"key": {"size": "gate", "step": "zeroed chunk"}, "message": "VOID: the hook never ran",
+      "detail": {"status": "VOID"}}, "VOID"),
+    ({"key": {"size": "8k", "step": "cold"},
+      "message": "8k cold on A: 3 local and 0 pool hit tokens in cold requests (a namespace "
+                 "leak)"}, "namespace leak"),
+    ({"key": {"size": "8k", "step": "chain"}, "passed": 0,
+      "message": "request 8k-0, step cross on replica B: first divergent token 3"},
+     "divergence"),
+    ({"key": {"size": "8k", "step": "local"},
+      "message": "8k local on A: 12 tokens came from the pool where the engine's own prefix "
+                 "cache should have served"}, "hit accounting"),
+])
+def test_a_bad_record_in_after_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                     baseline: dict[str, Any], record: dict[str, Any],
+                                     kind: str) -> None:
+    after = copy.deepcopy(baseline)
+    check = {"tier": "service_regression", "passed": 1, "trials": 1, "role": "check",
+             "detail": {}, "nodeid": CHAIN, **record}
+    check["key"] = {"provider": "vllm", "allocator": "mixed", "delay": "0", **record["key"]}
+    after["checks"].append(check)
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", after))
+    assert status == 1
+    (row,) = [line for line in out.splitlines() if line.startswith("| NEW")]
+    assert f"| {kind} " in row and "service_regression [provider=vllm" in row
+    warmup = copy.deepcopy(after)
+    warmup["checks"][-1]["key"]["size"] = "warm-up"  # warm-ups judge nothing
+    assert compare.main([str(SCREENING), str(write(tmp_path, "w.json", warmup))]) == 0
+
+
+def test_a_test_that_passed_before_and_skips_after_is_lost(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    after = copy.deepcopy(baseline)
+    after["tests"][1].update(outcome="skipped", message="vllm not installed")
+    del after["tests"][0]
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", after))
+    assert status == 1
+    lost = [line for line in out.splitlines() if "| lost" in line]
+    assert len(lost) == 2
+    assert GATE in lost[0] and "passed in BEFORE, not in AFTER" in lost[0]
+    assert CHAIN in lost[1] and "passed in BEFORE, skipped in AFTER: vllm not installed" \
+        in lost[1]
+
+
+def test_an_interrupted_after_or_a_refused_pairing_fails(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    interrupted = copy.deepcopy(baseline)
+    interrupted.update(complete=False, interrupted="KeyboardInterrupt")
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "a.json", interrupted))
+    assert status == 1 and "| interrupted" in out and "INCOMPLETE" in out
+    refused = copy.deepcopy(baseline)
+    refused["perf"]["observations"][1]["output_tokens"] = 3
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "b.json", refused))
+    assert status == 1 and "perf pairing refused" in out and "output_tokens" in out
+
+
+def test_a_missing_cell_fails_and_the_markdown_file_is_written(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    after = copy.deepcopy(baseline)
+    after["perf"]["observations"] = [o for o in after["perf"]["observations"]
+                                     if o["size"] != "128k"]
+    after["perf"]["sessions"] = []
+    markdown = tmp_path / "out.md"
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", after),
+                         "--markdown", markdown)
+    assert status == 1
+    assert markdown.read_text() == out
+    assert out.count("MISSING in AFTER") == 8 + 4  # 2 arms x 4 steps, 2 arms x 2 placements
+    status, _, err = run(capsys, SCREENING, SCREENING, "--markdown", tmp_path)
+    assert status == 2 and f"--markdown: cannot write {tmp_path}" in err
+
+
+def test_reports_without_perf_compare_correctness_only(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    plain = {k: v for k, v in baseline.items() if k != "perf"}
+    path = write(tmp_path, "plain.json", plain)
+    status, out, _ = run(capsys, path, path)
+    assert status == 0
+    assert "Neither report holds a perf screening: speed not compared." in out
