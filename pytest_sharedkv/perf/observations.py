@@ -1,0 +1,236 @@
+"""What a perf screening records, as plain data: every measured (and warm-up) request, every
+session, the physical floor and the run around them. The perf tier writes one ``PerfRun``
+into the sharedkv JSON report under the key ``"perf"``; the analysis and ``compare`` read
+it back through ``from_json``, which refuses a foreign or broken record by name."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PERF_SCHEMA = "pytest-sharedkv-perf/1"
+# OFF: GPU prefix caching, no shared pool; ON: the shared LMCache pool (validated
+# allocator); NATIVE: vLLM's native CPU offloading.
+ARMS = ("OFF", "ON", "NATIVE")
+STEPS = ("cold", "local", "cross", "receiver-local")
+PLACEMENTS = ("fixed", "alternating")
+
+
+class PerfReportError(ValueError):
+    """A perf record that cannot be read: the message names what is wrong and where."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured (or warm-up) request.
+
+    ``block`` counts blocks in run order from 0; ``pair`` is the block pair (blocks
+    OFF-ON-ON-OFF: blocks 0 and 1 are pair 0, blocks 2 and 3 pair 1); ``request`` is
+    stable across blocks; ``ttft_s`` is client-side, to the first content token
+    (streaming); ``decode_tok_s`` is (N_out - 1) / (t_last - t_first), None when N_out < 2.
+    """
+
+    arm: str
+    block: int
+    pair: int
+    size: str
+    step: str
+    request: str
+    payload_sha256: str
+    replica: str
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_tok_s: float | None
+    e2e_s: float
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class SessionObservation:
+    """One six-turn session, its turns on one replica (fixed) or alternating."""
+
+    arm: str
+    block: int
+    pair: int
+    session: str
+    placement: str
+    turns: int
+    wall_s: float
+    payload_sha256: str
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The physical floor of a cross-replica hit, measured in the same run: the bytes a
+    prompt's KV (and one sequence's recurrent state) take, moved host-to-device at the
+    measured rate. A cross-replica TTFT below it cannot have come through the pool."""
+
+    h2d_gb_s: float
+    kv_bytes_per_token: int
+    recurrent_bytes_per_sequence: int
+    source: str
+
+    def seconds(self, tokens: int) -> float:
+        return ((tokens * self.kv_bytes_per_token + self.recurrent_bytes_per_sequence)
+                / (self.h2d_gb_s * 1e9))
+
+
+@dataclass
+class PerfRun:
+    """What the perf tier writes under the report's top-level key ``"perf"``."""
+
+    schema: str
+    model_digest: str
+    corpus_digest: str
+    engine: dict[str, str]  # {"vllm": version, "lmcache": version, "torch": ..., "gpu": name}
+    blocks: list[str]  # the arm of each block in run order, e.g. ["OFF", "ON", "ON", "OFF"]
+    floor: Floor | None
+    observations: list[Observation] = field(default_factory=list)
+    sessions: list[SessionObservation] = field(default_factory=list)
+    restarts_s: list[float] = field(default_factory=list)  # each block's replica restart
+    wall_s: float = 0.0  # the screening's total wall time
+    notes: list[str] = field(default_factory=list)
+
+
+def size_tokens(size: str) -> int | None:
+    """Nominal tokens of a size label: "8k" -> 8192, "128k" -> 131072, "3000" -> 3000."""
+    text = size.strip().lower()
+    scale = 1024 if text.endswith("k") else 1
+    try:
+        return int(float(text.rstrip("k")) * scale)
+    except ValueError:
+        return None
+
+
+def size_order(size: str) -> tuple[float, str]:
+    """Sort key: sizes by their nominal tokens, unknown labels last."""
+    tokens = size_tokens(size)
+    return (math.inf if tokens is None else float(tokens), size)
+
+
+# --- JSON -------------------------------------------------------------------------------
+
+
+def to_json(run: PerfRun) -> dict[str, Any]:
+    return asdict(run)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+_KIND: dict[str, tuple[Callable[[object], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "float": (_is_number, "a finite number"),
+    "float?": (lambda v: v is None or _is_number(v), "a finite number or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+_OBSERVATION = {"arm": "str", "block": "int", "pair": "int", "size": "str", "step": "str",
+                "request": "str", "payload_sha256": "str", "replica": "str",
+                "prompt_tokens": "int", "output_tokens": "int", "ttft_s": "float",
+                "decode_tok_s": "float?", "e2e_s": "float", "warmup": "bool"}
+_SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "placement": "str",
+            "turns": "int", "wall_s": "float", "payload_sha256": "str"}
+_FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
+          "recurrent_bytes_per_sequence": "int", "source": "str"}
+_OPTIONAL = {"warmup"}
+
+
+def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise PerfReportError(f"{where}: expected an object, found {type(data).__name__}")
+    out: dict[str, Any] = {}  # fields this version does not know are left out
+    for name, kind in spec.items():
+        if name not in data:
+            if name in _OPTIONAL:
+                continue
+            raise PerfReportError(f"{where}: missing field {name!r}")
+        check, words = _KIND[kind]
+        value = data[name]
+        if not check(value):
+            raise PerfReportError(f"{where}.{name}: expected {words}, found {value!r}")
+        out[name] = float(value) if kind == "float" or (kind == "float?" and value is not None) \
+            else value
+    return out
+
+
+def _one_of(value: str, allowed: tuple[str, ...], where: str) -> None:
+    if value not in allowed:
+        raise PerfReportError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _observation(data: object, where: str) -> Observation:
+    values = _fields(data, _OBSERVATION, where)
+    _one_of(values["arm"], ARMS, f"{where}.arm")
+    _one_of(values["step"], STEPS, f"{where}.step")
+    return Observation(**values)
+
+
+def _session(data: object, where: str) -> SessionObservation:
+    values = _fields(data, _SESSION, where)
+    _one_of(values["arm"], ARMS, f"{where}.arm")
+    _one_of(values["placement"], PLACEMENTS, f"{where}.placement")
+    return SessionObservation(**values)
+
+
+def _list(data: dict[str, Any], name: str) -> list[Any]:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise PerfReportError(f"perf.{name}: expected a list, found {type(value).__name__}")
+    return value
+
+
+def _strings(values: list[Any], where: str) -> list[str]:
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise PerfReportError(f"{where}[{i}]: expected a string, found {value!r}")
+    return list(values)
+
+
+def from_json(data: object) -> PerfRun:
+    """The run a report's ``"perf"`` value holds; ``PerfReportError`` names what is wrong."""
+    if not isinstance(data, dict):
+        raise PerfReportError(f"perf: expected an object, found {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != PERF_SCHEMA:
+        raise PerfReportError(f"perf.schema: {schema!r} is not {PERF_SCHEMA!r} (a foreign or "
+                              "newer perf record)")
+    for name in ("model_digest", "corpus_digest"):
+        if not isinstance(data.get(name), str):
+            raise PerfReportError(f"perf.{name}: expected a string, found "
+                                  f"{data.get(name)!r}")
+    engine = data.get("engine", {})
+    if not isinstance(engine, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in engine.items()):
+        raise PerfReportError(f"perf.engine: expected an object of strings, found {engine!r}")
+    blocks = _strings(_list(data, "blocks"), "perf.blocks")
+    for i, arm in enumerate(blocks):
+        _one_of(arm, ARMS, f"perf.blocks[{i}]")
+    floor_data = data.get("floor")
+    floor = None if floor_data is None else Floor(**_fields(floor_data, _FLOOR, "perf.floor"))
+    if floor is not None and floor.h2d_gb_s <= 0:
+        raise PerfReportError(f"perf.floor.h2d_gb_s: must be positive, found {floor.h2d_gb_s}")
+    restarts = _list(data, "restarts_s")
+    for i, value in enumerate(restarts):
+        if not _is_number(value):
+            raise PerfReportError(f"perf.restarts_s[{i}]: expected a number, found {value!r}")
+    wall = data.get("wall_s", 0.0)
+    if not _is_number(wall):
+        raise PerfReportError(f"perf.wall_s: expected a number, found {wall!r}")
+    return PerfRun(
+        schema=schema, model_digest=data["model_digest"], corpus_digest=data["corpus_digest"],
+        engine=dict(engine), blocks=blocks, floor=floor,
+        observations=[_observation(o, f"perf.observations[{i}]")
+                      for i, o in enumerate(_list(data, "observations"))],
+        sessions=[_session(s, f"perf.sessions[{i}]")
+                  for i, s in enumerate(_list(data, "sessions"))],
+        restarts_s=[float(r) for r in restarts], wall_s=float(wall),
+        notes=_strings(_list(data, "notes"), "perf.notes"))
