@@ -1,0 +1,285 @@
+"""Numbers from a screening: per cell (size x arm x step) the median TTFT over every
+observation, and per block pair the paired ratio (the median over the pair's requests of
+ON/OFF). The block pair is the independent unit: an interval resamples block pairs, never
+requests, and with fewer than three pairs there is none (the text says so).
+
+Plain ``statistics`` and ``random.Random(seed)``: the same data and seed give the same
+interval on every machine, and nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pytest_sharedkv.perf.observations import (
+    ARMS,
+    PLACEMENTS,
+    STEPS,
+    Observation,
+    PerfRun,
+    SessionObservation,
+    size_order,
+)
+from pytest_sharedkv.perf.pairing import CONTROL, PairedRequest, Pairing, pair_observations
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+MIN_PAIRS = 3  # an interval over fewer block pairs says nothing
+
+
+def no_interval(pairs: int) -> str:
+    return f"no interval: {pairs} block pairs (an interval needs >= {MIN_PAIRS})"
+
+
+def _arm_order(arm: str) -> int:
+    return ARMS.index(arm) if arm in ARMS else len(ARMS)
+
+
+def _step_order(step: str) -> int:
+    return STEPS.index(step) if step in STEPS else len(STEPS)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A percentile bootstrap interval over block pairs."""
+
+    low: float
+    high: float
+    confidence: float
+    resamples: int
+    seed: int
+
+    def __str__(self) -> str:
+        return f"{self.confidence:.0%} interval {self.low:.3f}-{self.high:.3f}"
+
+
+def bootstrap_interval(values: Sequence[float], *, confidence: float = CONFIDENCE,
+                       resamples: int = RESAMPLES, seed: int = SEED,
+                       statistic: Callable[[Sequence[float]], float] = statistics.median,
+                       ) -> Interval | None:
+    """The percentile bootstrap interval of STATISTIC over VALUES (one per block pair),
+    or None with fewer than ``MIN_PAIRS`` values."""
+    if len(values) < MIN_PAIRS:
+        return None
+    if not 0 < confidence < 1 or resamples < 1:
+        raise ValueError(f"confidence must lie in (0, 1) and resamples be >= 1, not "
+                         f"{confidence}, {resamples}")
+    rng = random.Random(seed)
+    n = len(values)
+    stats = sorted(statistic([values[rng.randrange(n)] for _ in range(n)])
+                   for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = stats[min(resamples - 1, int(tail * resamples))]
+    high = stats[max(0, min(resamples - 1, int((1 - tail) * resamples + 0.5) - 1))]
+    return Interval(low, high, confidence, resamples, seed)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Every measured observation of one size x arm x step."""
+
+    size: str
+    arm: str
+    step: str
+    observations: tuple[Observation, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.observations)
+
+    @property
+    def block_pairs(self) -> int:
+        return len({o.pair for o in self.observations})
+
+    @property
+    def median_ttft_s(self) -> float:
+        return statistics.median(o.ttft_s for o in self.observations)
+
+    @property
+    def median_decode_tok_s(self) -> float | None:
+        rates = [o.decode_tok_s for o in self.observations if o.decode_tok_s is not None]
+        return statistics.median(rates) if rates else None
+
+    @property
+    def median_prompt_tokens(self) -> float:
+        return statistics.median(o.prompt_tokens for o in self.observations)
+
+
+def measured(observations: Iterable[Observation]) -> list[Observation]:
+    """Warm-ups stay in the data and out of every number."""
+    return [o for o in observations if not o.warmup]
+
+
+def cells(observations: Iterable[Observation]) -> list[Cell]:
+    groups: dict[tuple[str, str, str], list[Observation]] = defaultdict(list)
+    for o in measured(observations):
+        groups[(o.size, o.arm, o.step)].append(o)
+    order = sorted(groups, key=lambda k: (size_order(k[0]), _arm_order(k[1]),
+                                          _step_order(k[2])))
+    return [Cell(*key, tuple(groups[key])) for key in order]
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """treatment/control TTFT of one size x step: one ratio per block pair (the median over
+    that pair's requests), their median, and an interval where there are enough pairs."""
+
+    size: str
+    step: str
+    arms: str  # "ON/OFF"
+    per_pair: tuple[tuple[int, float], ...]
+    requests: int
+    interval: Interval | None
+
+    @property
+    def block_pairs(self) -> int:
+        return len(self.per_pair)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(r for _, r in self.per_pair)
+
+    @property
+    def spread(self) -> str:
+        """The interval, or why there is none."""
+        return str(self.interval) if self.interval else no_interval(self.block_pairs)
+
+
+def _per_pair(values: dict[int, list[float]]) -> tuple[tuple[int, float], ...]:
+    return tuple((pair, statistics.median(v)) for pair, v in sorted(values.items()))
+
+
+def paired_ratios(pairs: Sequence[PairedRequest], *, confidence: float = CONFIDENCE,
+                  resamples: int = RESAMPLES, seed: int = SEED) -> list[PairedRatio]:
+    groups: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    for p in pairs:
+        groups[(p.size, p.step, p.arms)][p.pair].append(p.ratio)
+    out = []
+    for key in sorted(groups, key=lambda k: (size_order(k[0]), _step_order(k[1]), k[2])):
+        per_pair = _per_pair(groups[key])
+        interval = bootstrap_interval([r for _, r in per_pair], confidence=confidence,
+                                      resamples=resamples, seed=seed)
+        out.append(PairedRatio(*key, per_pair, sum(len(v) for v in groups[key].values()),
+                               interval))
+    return out
+
+
+@dataclass(frozen=True)
+class SessionCell:
+    arm: str
+    placement: str
+    sessions: tuple[SessionObservation, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.sessions)
+
+    @property
+    def block_pairs(self) -> int:
+        return len({s.pair for s in self.sessions})
+
+    @property
+    def median_wall_s(self) -> float:
+        return statistics.median(s.wall_s for s in self.sessions)
+
+
+def session_cells(sessions: Iterable[SessionObservation]) -> list[SessionCell]:
+    groups: dict[tuple[str, str], list[SessionObservation]] = defaultdict(list)
+    for s in sessions:
+        groups[(s.arm, s.placement)].append(s)
+    order = sorted(groups, key=lambda k: (_arm_order(k[0]), PLACEMENTS.index(k[1])
+                                          if k[1] in PLACEMENTS else len(PLACEMENTS)))
+    return [SessionCell(*key, tuple(groups[key])) for key in order]
+
+
+@dataclass(frozen=True)
+class SessionRatio:
+    """Session wall time NUMERATOR/DENOMINATOR within SUBJECT, paired per block pair (the
+    ratio of the two medians in each pair): "alternating/fixed" within an arm, or
+    "ON/OFF" within a placement."""
+
+    subject: str
+    ratio: str
+    per_pair: tuple[tuple[int, float], ...]
+    interval: Interval | None
+
+    @property
+    def block_pairs(self) -> int:
+        return len(self.per_pair)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(r for _, r in self.per_pair)
+
+    @property
+    def spread(self) -> str:
+        return str(self.interval) if self.interval else no_interval(self.block_pairs)
+
+
+def _pair_medians(sessions: Iterable[SessionObservation], arm: str, placement: str
+                  ) -> dict[int, float]:
+    walls: dict[int, list[float]] = defaultdict(list)
+    for s in sessions:
+        if s.arm == arm and s.placement == placement:
+            walls[s.pair].append(s.wall_s)
+    return {pair: statistics.median(v) for pair, v in walls.items()}
+
+
+def _ratio(subject: str, ratio: str, top: dict[int, float], bottom: dict[int, float],
+           confidence: float, resamples: int, seed: int) -> SessionRatio | None:
+    pairs = sorted(set(top) & set(bottom))
+    if not pairs:
+        return None
+    per_pair = tuple((p, top[p] / bottom[p]) for p in pairs)
+    interval = bootstrap_interval([r for _, r in per_pair], confidence=confidence,
+                                  resamples=resamples, seed=seed)
+    return SessionRatio(subject, ratio, per_pair, interval)
+
+
+def session_ratios(sessions: Sequence[SessionObservation], *, confidence: float = CONFIDENCE,
+                   resamples: int = RESAMPLES, seed: int = SEED) -> list[SessionRatio]:
+    """Per arm: alternating/fixed; per placement: each other arm / OFF."""
+    arms = sorted({s.arm for s in sessions}, key=_arm_order)
+    found = [_ratio(arm, "alternating/fixed", _pair_medians(sessions, arm, "alternating"),
+                    _pair_medians(sessions, arm, "fixed"), confidence, resamples, seed)
+             for arm in arms]
+    found += [_ratio(placement, f"{arm}/{CONTROL}", _pair_medians(sessions, arm, placement),
+                     _pair_medians(sessions, CONTROL, placement), confidence, resamples, seed)
+              for placement in PLACEMENTS for arm in arms if arm != CONTROL]
+    return [r for r in found if r is not None]
+
+
+@dataclass
+class Analysis:
+    """Everything the tables, the plots and ``compare`` read from one screening."""
+
+    run: PerfRun
+    cells: list[Cell] = field(default_factory=list)
+    pairing: Pairing = field(default_factory=Pairing)
+    ratios: list[PairedRatio] = field(default_factory=list)
+    session_cells: list[SessionCell] = field(default_factory=list)
+    session_ratios: list[SessionRatio] = field(default_factory=list)
+
+    def cell(self, size: str, arm: str, step: str) -> Cell | None:
+        return next((c for c in self.cells
+                     if (c.size, c.arm, c.step) == (size, arm, step)), None)
+
+
+def analyse(run: PerfRun, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+            seed: int = SEED) -> Analysis:
+    """Cells, pairing (refusals kept, not raised: the caller decides) and paired ratios
+    over the pairs that matched."""
+    pairing = pair_observations(run.observations, run.blocks or None)
+    return Analysis(
+        run=run, cells=cells(run.observations), pairing=pairing,
+        ratios=paired_ratios(pairing.pairs, confidence=confidence, resamples=resamples,
+                             seed=seed),
+        session_cells=session_cells(run.sessions),
+        session_ratios=session_ratios(run.sessions, confidence=confidence,
+                                      resamples=resamples, seed=seed))

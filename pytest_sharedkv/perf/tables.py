@@ -1,0 +1,181 @@
+"""Markdown tables of a screening, each with its verdict line: the medians (every number
+with the observations and block pairs behind it), the paired ON/OFF ratios, the floor
+ratios and the sessions."""
+
+from __future__ import annotations
+
+from pytest_sharedkv.markdown import markdown_table
+from pytest_sharedkv.perf.floor import floor_ratio, invalid
+from pytest_sharedkv.perf.observations import STEPS
+from pytest_sharedkv.perf.statistics import Analysis, Cell, PairedRatio, SessionRatio
+
+SHOWN_REFUSALS = 3
+
+
+def seconds(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def behind(n: int, pairs: int) -> str:
+    return f"n={n}, {pairs} pair{'s' if pairs != 1 else ''}"
+
+
+def cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return "-"
+    return f"{seconds(cell.median_ttft_s)} ({behind(cell.n, cell.block_pairs)})"
+
+
+def median_table(analysis: Analysis) -> list[str]:
+    keys = list(dict.fromkeys((c.size, c.arm) for c in analysis.cells))
+    if not keys:
+        return []
+    rows = [[size, arm, *(cell_text(analysis.cell(size, arm, step)) for step in STEPS)]
+            for size, arm in keys]
+    return ["TTFT median s per size x arm x step (every measured observation; n "
+            "observations, block pairs):",
+            *markdown_table(["size", "arm", *STEPS], rows)]
+
+
+def decode_table(analysis: Analysis) -> list[str]:
+    keys = list(dict.fromkeys((c.size, c.arm) for c in analysis.cells
+                              if c.median_decode_tok_s is not None))
+    if not keys:
+        return []
+
+    def rate(cell: Cell | None) -> str:
+        if cell is None or cell.median_decode_tok_s is None:
+            return "-"
+        return f"{cell.median_decode_tok_s:.1f} (n={cell.n})"
+
+    rows = [[size, arm, *(rate(analysis.cell(size, arm, step)) for step in STEPS)]
+            for size, arm in keys]
+    return ["decode rate median tokens/s (N_out - 1 over first to last token):",
+            *markdown_table(["size", "arm", *STEPS], rows)]
+
+
+def _judged(ratio: PairedRatio | SessionRatio) -> str:
+    if ratio.interval is None:
+        return "not judged"
+    if ratio.interval.high < 1:
+        return "faster"
+    if ratio.interval.low > 1:
+        return "slower"
+    return "no difference shown"
+
+
+def ratio_table(analysis: Analysis) -> list[str]:
+    rows = [[r.size, r.step, r.arms, f"{r.median:.3f}x", str(r.block_pairs), str(r.requests),
+             r.spread, _judged(r)] for r in analysis.ratios]
+    if not rows:
+        return []
+    return ["paired TTFT ratio: one per block pair (the median over its requests), their "
+            "median, and a percentile bootstrap interval over block pairs (with few pairs it "
+            "cannot be wider than their range):",
+            *markdown_table(["size", "step", "ratio", "median", "block pairs", "requests",
+                             "interval", "judged"], rows)]
+
+
+def refusal_line(analysis: Analysis) -> str:
+    refusals = analysis.pairing.refusals
+    shown = "; ".join(str(r) for r in refusals[:SHOWN_REFUSALS])
+    more = f"; and {len(refusals) - SHOWN_REFUSALS} more" if len(refusals) > SHOWN_REFUSALS \
+        else ""
+    return f"{len(refusals)} observations refused pairing: {shown}{more}"
+
+
+def ttft_verdict(analysis: Analysis) -> str:
+    if analysis.pairing.refusals:
+        return f"VERDICT perf: NOT JUDGED: {refusal_line(analysis)}"
+    cross = [r for r in analysis.ratios if r.step == "cross"]
+    if not cross:
+        return "VERDICT perf: NOT JUDGED: no paired cross-replica requests"
+    parts = [f"{r.size} {r.arms} {r.median:.2f}x, {r.spread}: {_judged(r)}" for r in cross]
+    return "VERDICT perf: cross-replica TTFT " + "; ".join(parts)
+
+
+def floor_table(analysis: Analysis) -> list[str]:
+    floor = analysis.run.floor
+    if floor is None:
+        return []
+    rows = []
+    for c in analysis.cells:
+        if c.step != "cross":
+            continue
+        tokens = int(c.median_prompt_tokens)
+        below = len(invalid(c.observations, floor))
+        rows.append([c.size, c.arm, f"{tokens:,}", seconds(floor.seconds(tokens)),
+                     seconds(c.median_ttft_s),
+                     f"{floor_ratio(c.median_ttft_s, tokens, floor):.1f}x",
+                     f"INVALID ({below} of {c.n} below the floor)" if below else "ok"])
+    if not rows:
+        return []
+    return [f"cross-replica TTFT / physical floor ({floor.kv_bytes_per_token:,} KV bytes a "
+            f"token + {floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence at "
+            f"{floor.h2d_gb_s:.1f} GB/s host-to-device; {floor.source}):",
+            *markdown_table(["size", "arm", "prompt tokens", "floor s", "cross median s",
+                             "x floor", "mark"], rows)]
+
+
+def floor_verdict(analysis: Analysis) -> str:
+    floor = analysis.run.floor
+    if floor is None:
+        return ("NOTE floor: not measured in this run, so no cross-replica TTFT was checked "
+                "against the physical floor")
+    cross = [o for c in analysis.cells if c.step == "cross" for o in c.observations]
+    if not cross:
+        return "NOTE floor: no cross-replica observations to check"
+    bad = invalid(cross, floor)
+    if bad:
+        first = bad[0]
+        return (f"VERDICT floor: INVALID: {len(bad)} of {len(cross)} cross-replica TTFTs are "
+                f"below the physical floor, so the receiver's own prefix cache answered, not "
+                f"the pool (first: request {first.request}, block {first.block}, arm "
+                f"{first.arm}: {seconds(first.ttft_s)} s < floor "
+                f"{seconds(floor.seconds(first.prompt_tokens))} s)")
+    low = min(cross, key=lambda o: floor_ratio(o.ttft_s, o.prompt_tokens, floor))
+    return (f"VERDICT floor: all {len(cross)} cross-replica TTFTs lie above the physical "
+            f"floor (lowest {floor_ratio(low.ttft_s, low.prompt_tokens, floor):.1f}x, "
+            f"{low.size} {low.arm})")
+
+
+def session_table(analysis: Analysis) -> list[str]:
+    if not analysis.session_cells:
+        return []
+    rows = [[c.arm, c.placement, seconds(c.median_wall_s), str(c.n), str(c.block_pairs)]
+            for c in analysis.session_cells]
+    lines = ["session wall time (six turns), median s:",
+             *markdown_table(["arm", "placement", "median wall s", "sessions", "block pairs"],
+                             rows)]
+    ratios = [[r.subject, r.ratio, f"{r.median:.3f}x", str(r.block_pairs), r.spread,
+               _judged(r)] for r in analysis.session_ratios]
+    if ratios:
+        lines += ["", "session wall time paired per block pair:",
+                  *markdown_table(["within", "ratio", "median", "block pairs", "interval",
+                                   "judged"], ratios)]
+    return lines
+
+
+def session_verdict(analysis: Analysis) -> str:
+    if not analysis.session_ratios:
+        return "NOTE sessions: no paired session wall times"
+    parts = [f"{r.ratio} {r.subject} {r.median:.2f}x, {r.spread}: {_judged(r)}"
+             for r in analysis.session_ratios]
+    return "VERDICT sessions: " + "; ".join(parts)
+
+
+def report_lines(analysis: Analysis) -> list[str]:
+    """Every table with its verdict, separated by blank lines."""
+    blocks = [
+        [*median_table(analysis), *([""] if analysis.ratios else []), *ratio_table(analysis),
+         ttft_verdict(analysis)],
+        [*floor_table(analysis), floor_verdict(analysis)],
+        [*session_table(analysis), session_verdict(analysis)],
+        decode_table(analysis),
+    ]
+    lines: list[str] = []
+    for block in blocks:
+        if block:
+            lines += ([""] if lines else []) + block
+    return lines
+
