@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 DEFAULT_JSON = "sharedkv-report.json"
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
-       python -m pytest_sharedkv make-model [--kind copy|tiny] DIR [--seed N]
+       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry] DIR [--seed N]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md]
 
@@ -24,7 +24,10 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   writes sharedkv-report.json unless --sharedkv-json PATH is given
   make-model      write a model to DIR, offline, deterministic from the seed; prints its
                   digest. --kind copy (default): the KV-sensitive copy model the service
-                  tier serves; --kind tiny: the random-weight tiny hybrid model
+                  tier serves; --kind tiny: the random-weight tiny hybrid model;
+                  --kind geometry: random weights with the KV geometry of the field
+                  study's 27B hybrid model (65,536 KV bytes a token, ~0.76 GB), which the
+                  perf tier serves
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell; exit 0 same, 1 regression or correctness
@@ -39,13 +42,21 @@ def make_model_command(args: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_sharedkv make-model")
     parser.add_argument("dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kind", choices=("copy", "tiny"), default="copy")
+    parser.add_argument("--kind", choices=("copy", "tiny", "geometry"), default="copy")
     parsed = parser.parse_args(list(args))
     try:
         if parsed.kind == "copy":
             from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, make_copy_model
 
             digest = make_copy_model(parsed.dir, CopyModelRecipe(seed=parsed.seed)).digest
+        elif parsed.kind == "geometry":
+            from pytest_sharedkv.replicas.geometry_model import (
+                GeometryModelRecipe,
+                make_geometry_model,
+            )
+
+            digest = make_geometry_model(parsed.dir, GeometryModelRecipe(seed=parsed.seed)
+                                         ).digest
         else:
             from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
 

@@ -266,6 +266,7 @@ MAX_HOST_GIB = 65536.0
 MAX_WAIT_S = 7 * 24 * 3600.0
 MAX_STEP_S = 24 * 3600.0
 MAX_SETTLE_S = 3600.0
+MAX_BLOCK_PAIRS = 20
 
 
 @dataclass(frozen=True)
@@ -455,6 +456,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "blocks",
+        "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default 2: "
+        f"OFF-ON-ON-OFF; 1 to {MAX_BLOCK_PAIRS})",
+        whole_number(1, MAX_BLOCK_PAIRS),
+        default=2,
+        metavar="N",
+    ),
+    Option(
         "snapshot-dir",
         "service tier: where stored reference answers live (default: the references "
         "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
@@ -507,6 +516,7 @@ class Settings:
     pair_gpus: str = "1"
     service_sizes: tuple[str, ...] | None = None
     concurrency: int = 8
+    blocks: int = 2
     snapshot_dir: Path | None = None
     kv_audit: bool = False
     list_targets: bool = False

@@ -40,6 +40,7 @@ pytest_plugins = [
     "pytest_sharedkv.pool.fixtures",
     "pytest_sharedkv.replicas.fixtures",
     "pytest_sharedkv.service.fixtures",
+    "pytest_sharedkv.perf.fixtures",
 ]
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()

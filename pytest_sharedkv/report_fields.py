@@ -7,6 +7,7 @@ extra attributes, so the controller reads them exactly as a run without xdist do
 from __future__ import annotations
 
 USER_PROPERTY = "sharedkv"  # user_properties entry: the test's check records, notes, facts
+PERF_PROPERTY = "sharedkv_perf"  # user_properties entry: the perf tier's PerfRun, as JSON
 REPORT_TIER = "sharedkv_tier"  # attribute: the item's tier, from its markers
 # attribute: the skip reason of a gated test that --sharedkv-require-gpu turned into a failure
 REQUIRE_GPU_FLAG = "sharedkv_require_gpu"

@@ -42,6 +42,7 @@ def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
           complete: bool = False) -> dict[str, Any]:
     """The report; ``complete`` only for a run that ended without being interrupted."""
     tiers = _ordered_unique(r.tier for r in log.tests.values() if r.tier is not None)
+    perf = {"perf": log.perf} if log.perf is not None else {}
     return {
         "schema": SCHEMA,
         "plugin_version": __version__,
@@ -58,6 +59,7 @@ def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
         "checks": [asdict(c) for c in log.bundle.checks],
         "notes": [asdict(n) for n in log.bundle.notes],
         "facts": [asdict(f) for f in log.bundle.facts],
+        **perf,  # the perf tier's screening (pytest_sharedkv.perf.observations.PerfRun)
     }
 
 

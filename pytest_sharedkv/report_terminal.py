@@ -14,6 +14,7 @@ from typing import TypeVar
 from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.markers import TIER_MARKERS
 from pytest_sharedkv.ordering import summary as ordering_summary
+from pytest_sharedkv.perf import summary as perf_summary
 from pytest_sharedkv.pool import summary as pool_summary
 from pytest_sharedkv.records import Check
 from pytest_sharedkv.replicas import summary as replica_summary
@@ -37,6 +38,7 @@ TIER_SUMMARIES: dict[str, Callable[[RunLog], list[str]]] = {
     "pinned_pool": pool_summary.summary_lines,
     "replica_pair": replica_summary.summary_lines,
     "service_regression": service_summary.summary_lines,
+    "perf": perf_summary.summary_lines,
 }
 # Tiers whose own summary replaces the generic passed/trials table.
 OWN_TABLE = {"pinned_pool", "service_regression"}

@@ -11,11 +11,17 @@ passed and whose call never reported (an interrupted run, a killed worker) has n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pytest_sharedkv.records import Bundle
-from pytest_sharedkv.report_fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
+from pytest_sharedkv.report_fields import (
+    PERF_PROPERTY,
+    REPORT_TIER,
+    REQUIRE_GPU_FLAG,
+    USER_PROPERTY,
+)
 
 # pytest's summary words (``RunResult.parseoutcomes``): its "error" category is "errors".
 COUNT_KEYS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
@@ -55,6 +61,7 @@ class RunLog:
     collection: list[tuple[str, str, str]] = field(default_factory=list)  # nodeid, category, why
     interrupted: str | None = None  # what stopped the run early, in pytest's words
     spans: dict[str, list[float]] = field(default_factory=dict)  # tier -> [first start, last stop]
+    perf: dict[str, Any] | None = None  # the perf tier's PerfRun (JSON), the report's "perf"
 
     def add_report(self, report: pytest.TestReport, category: str) -> None:
         """Fold one phase's report in; CATEGORY is what pytest_report_teststatus said."""
@@ -70,6 +77,8 @@ class RunLog:
         for name, value in report.user_properties:
             if name == USER_PROPERTY and isinstance(value, dict):
                 self.bundle.extend(Bundle.from_data(value))
+            elif name == PERF_PROPERTY and isinstance(value, dict):
+                self.perf = value  # every phase's report carries it: the same value
         if not category:  # a setup or teardown that passed decides nothing
             return
         result.categories.append(category)

@@ -2,7 +2,9 @@
 
 * ``vllm`` (launched): an LMCache server and two ``vllm serve`` processes with the
   LMCache MP connector, prefix caching on; one GPU each when two are leased, else both on
-  one GPU, started one after the other with a memory cap each.
+  one GPU, started one after the other with a memory cap each. The perf tier's OFF arm
+  (``LaunchSpec.arm``) starts the two engines alone: GPU prefix caching, no connector, no
+  pool.
 * ``external``: two URLs (``--sharedkv-endpoints``); nothing is started or stopped.
 * ``stub``: two stub OpenAI servers: a TEST DOUBLE for the launcher's own tests, never a
   result about a KV stack.
@@ -33,6 +35,7 @@ from pytest_sharedkv.replicas.process import ManagedProcess, free_port
 PROVIDERS = ("auto", "vllm", "transfer", "external", "stub")
 INJECT_DIR = Path(__file__).parent / "inject"
 SERVED_NAME = "sharedkv-model"
+LAUNCH_ARMS = ("ON", "OFF")  # with the shared LMCache pool / GPU prefix caching alone
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class LaunchSpec:
     ready_timeout: float = 900.0
     gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
     kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
+    arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
+    stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
+
+    def __post_init__(self) -> None:
+        if self.arm not in LAUNCH_ARMS:
+            raise ValueError(f"arm must be one of {LAUNCH_ARMS}, not {self.arm!r}")
 
 
 def gate_paths(log_dir: Path) -> tuple[Path, Path]:
@@ -98,23 +107,40 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
     return env
 
 
-def vllm_argv(model: Path, port: int, server: LMCacheServer, spec: LaunchSpec) -> list[str]:
-    """``vllm serve`` for vLLM 0.26 with LMCache's MP connector (see shared/gpu-host)."""
-    transfer = {
-        "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
-        "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
-                                      "lmcache.mp.port": server.port},
-    }
-    return [
+def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: LaunchSpec
+              ) -> list[str]:
+    """``vllm serve`` for vLLM 0.26 with LMCache's MP connector (see shared/gpu-host), or
+    with no connector at all when there is no SERVER (GPU prefix caching alone)."""
+    argv = [
         sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve",
         str(model),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
         "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
         "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}",
-        "--kv-transfer-config", json.dumps(transfer),
-        "--additional-config", json.dumps({"gdn_prefill_backend": "triton"}),
     ]
+    ssm = _ssm_dtype(model)
+    if ssm is not None:  # the geometry model's float32 state, as the 27B keeps it
+        argv += ["--mamba-ssm-cache-dtype", ssm]
+    if server is not None:
+        transfer = {
+            "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                          "lmcache.mp.port": server.port},
+        }
+        argv += ["--kv-transfer-config", json.dumps(transfer)]
+    return [*argv, "--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]
+
+
+def _ssm_dtype(model: Path) -> str | None:
+    """The Gated DeltaNet state dtype a config.json names (Qwen3.5: float32), which the
+    engine must keep too: the LMCache chunk size is derived from it."""
+    try:
+        value = json.loads((model / "config.json").read_text()).get("mamba_ssm_dtype")
+    except (OSError, ValueError):
+        return None
+    text = str(value).removeprefix("torch.") if value is not None else None
+    return text if text in ("float32", "float16", "bfloat16") else None
 
 
 def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
@@ -122,12 +148,15 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
     # The server maps every engine's KV cache through CUDA IPC: it must see every leased
     # device (on one GPU only, it failed register_kv_cache for the replica on the other).
-    server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
-    server = LMCacheServer(ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
-                                        chunk_size=spec.chunk_size,
-                                        ready_timeout=spec.ready_timeout),
-                           spec.log_dir, env=server_env)
-    server.start()
+    server: LMCacheServer | None = None
+    if spec.arm == "ON":
+        server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
+        server = LMCacheServer(ServerConfig(allocator=spec.allocator,
+                                            l1_size_gb=spec.l1_size_gb,
+                                            chunk_size=spec.chunk_size,
+                                            ready_timeout=spec.ready_timeout),
+                               spec.log_dir, env=server_env)
+        server.start()
     replicas = {}
     for index, name in enumerate(("A", "B")):
         devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
@@ -138,16 +167,20 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                                  spec.log_dir / f"vllm-{name}-{port}.log", env=env)
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
                                  ready_timeout=spec.ready_timeout, model=SERVED_NAME,
-                                 reports_external=True, abort=server.fatal_error)
-    pair = ReplicaPair(replicas["A"], replicas["B"], stop_server=server.stop,
-                       description=f"vllm x2 + lmcache server ({server.effective_allocator()})",
+                                 reports_external=True,
+                                 abort=server.fatal_error if server is not None else None)
+    allocator = server.effective_allocator() if server is not None else "none (no pool)"
+    pair = ReplicaPair(replicas["A"], replicas["B"],
+                       stop_server=server.stop if server is not None else None,
+                       description=(f"vllm x2 + lmcache server ({allocator})"
+                                    if server is not None else "vllm x2 (no pool)"),
                        model=spec.model,
-                       labels={"provider": "vllm", "allocator": server.effective_allocator(),
+                       labels={"provider": "vllm", "allocator": allocator,
                                "delay": cycles_label(spec.inject_delay_cycles)})
     if spec.inject_delay_cycles:
         pair.delay_cycles = spec.inject_delay_cycles
         pair.inject_log = inject_log(spec.log_dir)
-    if spec.gate:
+    if spec.gate and server is not None:
         pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
     if spec.kv_audit:
         pair.kv_audit_dir = audit_dir(spec.log_dir)
@@ -168,8 +201,11 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     for name in ("A", "B"):
         port = free_port()
         argv = [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port",
-                str(port), "--name", name, "--pool", str(pool), "--block",
-                str(spec.chunk_size)]
+                str(port), "--name", name, "--block", str(spec.chunk_size)]
+        if spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
+            argv += ["--pool", str(pool)]
+        if spec.stub_prefill_us:
+            argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         if name == "B" and fault == "corrupt-external":
             argv.append("--corrupt-external")
         if name == "B" and fault.startswith("crash-after="):
@@ -185,7 +221,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
                                  reports_external=True)
     pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
-                       labels={"provider": "stub (test double)", "allocator": "n/a",
+                       labels={"provider": "stub (test double)",
+                               "allocator": "n/a" if spec.arm == "ON" else "none (no pool)",
                                "delay": fault or "0"})
     pair.gate_control, pair.gate_log = control, log
     start_all(pair, together=True)

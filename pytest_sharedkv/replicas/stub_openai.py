@@ -5,7 +5,10 @@ It is not an inference engine. It answers ``/health``, ``/v1/models``, ``/metric
 strings and vLLM's ``return_token_ids``) and counts prompt-prefix hits per ``cache_salt``
 the way a prefix cache would, in whole blocks. ``--pool DIR`` makes two stubs share a
 directory the way two engines share an LMCache pool (blocks found there count as external
-hits).
+hits); without it a stub keeps only its own cache (the perf tier's OFF arm).
+``--prefill-us U`` waits U microseconds per prompt token that no cache held before it
+answers (before the first streamed token), so hits are faster than cold prefill, as in an
+engine.
 
 Prompts in the copy model's words (``w00 w01 ...``) are answered with the copy rule the
 copy model implements in its weights (``service.copy_rule``); a prompt counts ``<s>`` as
@@ -64,17 +67,20 @@ class _State:
                                    ).hexdigest()
             keys.append((end, chain))
         local = external = 0
+        pooled = set()
         for end, key in keys:
             if key in self.blocks and external == 0:
                 local = end
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
+                pooled.add(key)
             else:
                 break
         for _, key in keys:
-            self.blocks.add(key)
-            if self.pool is not None:
-                (self.pool / key).touch()
+            if key not in self.blocks:  # stored once (creating files is slow on some disks)
+                self.blocks.add(key)
+                if self.pool is not None and key not in pooled:
+                    (self.pool / key).touch()
         return local, external
 
 
@@ -175,6 +181,8 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 state.external_hits += external
                 state.completions += 1
                 done = state.completions
+            if state.args.prefill_us:
+                time.sleep(state.args.prefill_us * 1e-6 * (len(tokens) - cached))
             if copy:
                 out = _copy_answer(state, words, max_tokens, external, local)
             else:
@@ -237,6 +245,12 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # the default backlog of 5 drops a burst of connections (a client's SYN is then
+    # retried a second later): the perf tier opens 8 sessions at once
+    request_queue_size = 128
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--port", type=int, required=True)
@@ -246,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=Path, default=None)
     parser.add_argument("--block", type=int, default=32,
                         help="hit granularity of copy-model prompts (tokens)")
+    parser.add_argument("--prefill-us", type=float, default=0.0,
+                        help="simulated prefill: microseconds per uncached prompt token")
     parser.add_argument("--corrupt-external", action="store_true")
     parser.add_argument("--ignore-salt", action="store_true")
     parser.add_argument("--diverge", action="store_true")
@@ -254,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(_State(args)))
+    server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
     print(f"[{args.name}] TEST DOUBLE serving on 127.0.0.1:{args.port}", flush=True)
     server.serve_forever()
     return 0

@@ -1,0 +1,283 @@
+"""The perf screening: blocks of one arm each (OFF-ON-ON-OFF by default), every block the
+same payloads in a fresh cache namespace, so block pairs compare like with like.
+
+Each block (re)starts the replica pair in its arm (the restart's wall time is recorded),
+sends warm-ups (recorded, flagged), then per size the four steps in order: cold on A,
+local on A, ONE settle (LMCache stores asynchronously; a settle per size, not per
+request), cross on B, receiver-local on B; requests go one at a time, so each TTFT is a
+request's own. Then six-turn sessions, two at once, all turns on A (fixed) or alternating
+A, B, A, ... (a settle before each turn that changes replica; a session's wall time is the
+sum of its turns, settles aside), and short windows of 4 and 8 alternating sessions at
+once (throughput screening; those sessions are named ``w<N>/...``).
+
+External endpoints cannot be restarted into arms: they give one block, as deployed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_sharedkv.perf.observations import (
+    PERF_SCHEMA,
+    Floor,
+    Observation,
+    PerfRun,
+    SessionObservation,
+)
+from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
+from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
+from pytest_sharedkv.replicas.pair import ReplicaError, ReplicaPair
+
+Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
+Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
+STORE_S_PER_TOKEN = 40e-6  # LMCache's store time per prompt token on an H200, with margin
+STEP_REPLICA = {"cold": "A", "local": "A", "cross": "B", "receiver-local": "B"}
+PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
+
+
+def block_arms(pairs: int) -> tuple[str, ...]:
+    """N block pairs, alternating OFF-ON, ON-OFF, ...: 2 -> OFF ON ON OFF."""
+    if pairs < 1:
+        raise ValueError(f"block pairs must be at least 1, not {pairs}")
+    arms: list[str] = []
+    for p in range(pairs):
+        arms += ["OFF", "ON"] if p % 2 == 0 else ["ON", "OFF"]
+    return tuple(arms)
+
+
+@dataclass(frozen=True)
+class Plan:
+    arms: tuple[str, ...]
+    provider: str = ""  # vllm (launched on a GPU), stub (the test double), external
+    max_tokens: int = 32
+    settle_s: float = 0.5  # plus store_s_per_token for every prompt token A answered
+    store_s_per_token: float = STORE_S_PER_TOKEN
+    sessions_per_placement: int = 2
+    windows: tuple[int, ...] = (4, 8)
+    restartable: bool = True  # False: external endpoints, one block as deployed
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"ignore_eos": True}
+    timeout_s: float = 600.0
+
+
+@dataclass
+class Accounting:
+    """Where the screening's time went: the tier's own overhead is wall / busy."""
+
+    busy_s: float = 0.0  # request latencies (a window's turn: its wall) and restarts
+    settle_s: float = 0.0
+    cached: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # share cached
+    windows: dict[tuple[int, str], list[float]] = field(default_factory=dict)  # wall per block
+
+    def hit(self, arm: str, step: str, timing: Timing) -> None:
+        if timing.cached_tokens is not None and timing.prompt_tokens:
+            self.cached.setdefault((arm, step), []).append(
+                timing.cached_tokens / timing.prompt_tokens)
+
+
+class BlockRunner:
+    def __init__(self, launch: Launch, payloads: PayloadSet, plan: Plan, salts: Salts, *,
+                 model_digest: str, engine: dict[str, str], floor: Floor | None = None,
+                 notes: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
+        self.launch = launch
+        self.payloads = payloads
+        self.plan = plan
+        self.salts = salts
+        self.log = log or (lambda line: None)
+        self.pair: ReplicaPair | None = None
+        self._salts: dict[str, str] = {}
+        self.accounting = Accounting()
+        self.refusals: list[str] = []
+        self.run_record = PerfRun(schema=PERF_SCHEMA, model_digest=model_digest,
+                                  corpus_digest=payloads.digest, engine=dict(engine),
+                                  blocks=list(plan.arms), floor=floor, notes=list(notes))
+
+    # -- the screening ---------------------------------------------------------------
+
+    def run(self) -> PerfRun:
+        record = self.run_record
+        started = time.perf_counter()
+        try:
+            self._blocks()
+            record.wall_s = time.perf_counter() - started
+        finally:
+            self._close()
+        self.refusals += check_tokens(record.observations, self.payloads)
+        record.notes += [*self._hit_notes(), *self._window_notes()]
+        return record
+
+    def _blocks(self) -> None:
+        for block, arm in enumerate(self.plan.arms):
+            self._block(block, arm)
+
+    def _block(self, block: int, arm: str) -> None:
+        if block == 0 or self.plan.restartable:
+            self._restart(arm)
+        b = time.perf_counter()
+        for i, payload in enumerate(self.payloads.warmups):
+            for replica in ("A", "B"):
+                self._request(block, arm, "cold", replica, payload,
+                              f"{payload.id}/{replica}", warmup=True,
+                              salt_key=f"warm-{i}-{replica}")
+        for size in self.payloads.sizes():
+            group = self.payloads.of_size(size)
+            for step in ("cold", "local", "cross", "receiver-local"):
+                if step == "cross":
+                    self._settle(sum(p.prompt_tokens or len(p.text.split()) for p in group))
+                for payload in group:
+                    self._request(block, arm, step, STEP_REPLICA[step], payload, payload.id)
+        for placement in PLACEMENTS:
+            self._sessions(block, arm, placement,
+                           self.payloads.sessions[:self.plan.sessions_per_placement], "")
+        for width in self.plan.windows:
+            wall = self._sessions(block, arm, "alternating", self.payloads.sessions[:width],
+                                  prefix=f"w{width}/")
+            self.accounting.windows.setdefault((width, arm), []).append(wall)
+        self.log(f"block {block} ({arm}) done in {time.perf_counter() - b:.1f} s")
+
+    def _restart(self, arm: str) -> None:
+        started = time.perf_counter()
+        self._close()
+        self.pair = self.launch(arm)
+        seconds = time.perf_counter() - started
+        if self.plan.restartable:
+            self.run_record.restarts_s.append(seconds)
+        self.accounting.busy_s += seconds
+        self.log(f"{arm}: {self.pair.description} ready in {seconds:.1f} s")
+
+    def _close(self) -> None:
+        if self.pair is not None:
+            pair, self.pair = self.pair, None
+            leftovers = pair.close()
+            if leftovers:
+                raise ReplicaError(f"{pair.description}: processes {leftovers} survived the "
+                                   "stop between blocks")
+
+    def _settle(self, tokens: int) -> None:
+        seconds = self.plan.settle_s + self.plan.store_s_per_token * tokens
+        if seconds > 0:
+            time.sleep(seconds)
+        self.accounting.settle_s += seconds
+
+    def salt(self, key: str) -> str:
+        """One cache_salt per key (a request's steps share it, so they can hit)."""
+        if key not in self._salts:
+            self._salts[key] = self.salts(key)
+        return self._salts[key]
+
+    def _body(self, payload: Payload, salt: str) -> dict[str, Any]:
+        return {"prompt": payload.text, "max_tokens": self.plan.max_tokens,
+                "temperature": 0.0, "cache_salt": salt, **self.plan.extra}
+
+    def _timed(self, replica: str, payload: Payload, salt: str) -> Timing:
+        assert self.pair is not None
+        return stream_timing(self.pair[replica], self._body(payload, salt),
+                             self.plan.timeout_s)
+
+    def _request(self, block: int, arm: str, step: str, replica: str, payload: Payload,
+                 request: str, warmup: bool = False, salt_key: str | None = None) -> None:
+        salt = self.salt(f"block-{block}/{salt_key or payload.id}")
+        timing = self._timed(replica, payload, salt)
+        self.accounting.busy_s += timing.e2e_s
+        if not warmup:
+            self.accounting.hit(arm, step, timing)
+        self.run_record.observations.append(observation(
+            timing, arm=arm, block=block, pair=block // 2, size=payload.size, step=step,
+            request=request, payload_sha256=payload.sha256,
+            prompt_tokens=payload.prompt_tokens, warmup=warmup))
+
+    def _sessions(self, block: int, arm: str, placement: str,
+                  sessions: Sequence[SessionPayload], prefix: str) -> float:
+        """SESSIONS at once, turn by turn; when the next turn goes to the other replica,
+        one settle first (a fixed session's replica reuses its own cache at once). Each
+        session's wall time is the sum of its turns; returns the group's, settles aside."""
+        order = PLACEMENTS[placement]
+        salts = [self.salt(f"block-{block}/{prefix}{placement}/{s.id}") for s in sessions]
+        walls = [0.0] * len(sessions)
+        group = 0.0
+        with ThreadPoolExecutor(max_workers=max(len(sessions), 1)) as pool:
+            for t in range(min(len(s.turns) for s in sessions)):
+                if t and order[t % len(order)] != order[(t - 1) % len(order)]:
+                    self._settle(max(s.turns[t - 1].prompt_tokens or 0 for s in sessions))
+                started = time.perf_counter()
+                timings = list(pool.map(
+                    lambda i, t=t: self._timed(order[t % len(order)], sessions[i].turns[t],
+                                               salts[i]), range(len(sessions))))
+                group += time.perf_counter() - started
+                for i, timing in enumerate(timings):
+                    walls[i] += timing.e2e_s
+        self.accounting.busy_s += group
+        for session, wall in zip(sessions, walls, strict=True):
+            self.run_record.sessions.append(SessionObservation(
+                arm=arm, block=block, pair=block // 2, session=f"{prefix}{session.id}",
+                placement=placement, turns=len(session.turns), wall_s=wall,
+                payload_sha256=session.sha256))
+        return group
+
+    # -- what the run says about itself ------------------------------------------------
+
+    @property
+    def overhead_ratio(self) -> float:
+        """Screening wall time over request latencies plus restarts (1.0: no overhead)."""
+        busy = self.accounting.busy_s
+        return self.run_record.wall_s / busy if busy > 0 else float("inf")
+
+    def _hit_notes(self) -> list[str]:
+        """The share of prompt tokens served from a cache, per step and arm: what tells a
+        working pool (ON cross near 100%) from a cold one (OFF cross 0%)."""
+        cached = self.accounting.cached
+        if not cached:
+            return ["cached tokens: the replicas reported none (no usage details)"]
+        parts = []
+        for step in STEP_REPLICA:
+            arms = [f"{arm} {100 * sum(v) / len(v):.0f}%"
+                    for (arm, s), v in cached.items() if s == step]
+            if arms:
+                parts.append(f"{step} {', '.join(arms)}")
+        return ["prompt tokens served from a cache (mean per request): " + "; ".join(parts)]
+
+    def _window_notes(self) -> list[str]:
+        """Throughput screening: each window's wall time (its turns; settles aside), the
+        median over the blocks of each arm."""
+        import statistics
+
+        windows = self.accounting.windows
+        parts = []
+        for width in self.plan.windows:
+            arms = [f"{arm} {statistics.median(windows[(width, arm)]):.2f} s"
+                    for arm in dict.fromkeys(self.plan.arms) if (width, arm) in windows]
+            if arms:
+                turns = width * len(self.payloads.sessions[0].turns)
+                parts.append(f"{width} sessions ({turns} turns) {', '.join(arms)}")
+        if not parts:
+            return []
+        return ["concurrency windows, alternating sessions at once (median wall per block, "
+                "settles aside; their sessions are recorded as w<N>/...): " + "; ".join(parts)]
+
+
+def check_tokens(observations: Sequence[Observation], payloads: PayloadSet) -> list[str]:
+    """Refusals: a measured request that served other prompt tokens than its payload has
+    (where the generator knows the count), or than it served in another block."""
+    known = {p.id: p for p in payloads.requests}
+    seen: dict[str, Observation] = {}
+    refusals = []
+    for o in observations:
+        if o.warmup:
+            continue
+        payload = known.get(o.request)
+        if payload is not None and payload.prompt_tokens is not None and (
+                o.prompt_tokens != payload.prompt_tokens):
+            refusals.append(
+                f"request {o.request} (block {o.block}, arm {o.arm}, {o.step} on "
+                f"{o.replica}): served {o.prompt_tokens} prompt tokens, its payload has "
+                f"{payload.prompt_tokens} (payload sha256 {o.payload_sha256[:16]})")
+        first = seen.setdefault(o.request, o)
+        if first.prompt_tokens != o.prompt_tokens:
+            refusals.append(
+                f"request {o.request}: {o.prompt_tokens} prompt tokens in block {o.block} "
+                f"({o.arm}, {o.step}) but {first.prompt_tokens} in block {first.block} "
+                f"({first.arm}, {first.step})")
+    return refusals

@@ -1,0 +1,192 @@
+"""The shipped perf suite, end to end, on the stub provider (a test double: OFF is two stubs
+without a shared pool, ON two stubs sharing one, cold prefill simulated per token): the
+default OFF-ON-ON-OFF blocks run and land in the JSON report under "perf"; a token count
+that drifts between blocks is refused by name; external endpoints give one block and say
+why; a bad --sharedkv-blocks is a usage error; with nothing to run on, the tier skips
+with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.perf.blocks import block_arms, check_tokens
+from pytest_sharedkv.perf.observations import STEPS, Observation, from_json
+from pytest_sharedkv.perf.pairing import pair_observations
+from pytest_sharedkv.replicas.process import free_port, http_ok
+from tests.process_tags import tagged
+
+# the checkout's suite (--pyargs would find the installed package's)
+SUITE = str(Path(__file__).resolve().parents[1] / "suites" / "test_perf.py")
+BASE = [SUITE, "-m", "perf", "-p", "no:cacheprovider", "--sharedkv-service-sizes=3k", "-rs"]
+STUB = [*BASE, "--sharedkv-provider=stub"]
+
+
+def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str) -> None:
+    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*[[]perf[]] tests: 1 passed*",
+        "*no floor: the stub provider is a test double*",
+        "*prompt tokens served from a cache (mean per request): cold OFF 0%, ON 0%; local "
+        "OFF 100%, ON 100%; cross OFF 0%, ON 100%; receiver-local OFF 100%, ON 100%",
+        "*concurrency windows, alternating sessions at once*4 sessions (24 turns) OFF * s, "
+        "ON * s; 8 sessions (48 turns) OFF * s, ON * s",
+        "*overhead: screening wall * s / (request latencies and restarts * s) = * (limit 1.3 "
+        "on a GPU; reported only here; settles 0.0 s)",
+    ])
+    report = json.loads((pytester.path / "r.json").read_text())
+    run = from_json(report["perf"])
+    assert run.blocks == ["OFF", "ON", "ON", "OFF"]
+    assert len(run.restarts_s) == 4 and run.floor is None and run.wall_s > 0
+    assert run.engine["provider"] == "stub (test double)"
+    measured = [o for o in run.observations if not o.warmup]
+    for block, arm in enumerate(run.blocks):
+        mine = [o for o in measured if o.block == block]
+        assert {o.arm for o in mine} == {arm} and {o.pair for o in mine} == {block // 2}
+        for step in STEPS:
+            cell = [o for o in mine if o.step == step]
+            assert len(cell) == 3 and {o.size for o in cell} == {"3k"}
+            assert {o.replica for o in cell} == {"A" if step in ("cold", "local") else "B"}
+            assert all(o.prompt_tokens == 3073 and o.output_tokens == 8 for o in cell)
+            assert all(0 < o.ttft_s <= o.e2e_s and o.decode_tok_s for o in cell)
+        assert sum(o.warmup and o.block == block for o in run.observations) == 4
+        sessions = [s for s in run.sessions if s.block == block]
+        assert sorted((s.placement, s.session.split("/")[0]) for s in sessions
+                      if "/" in s.session) == [("alternating", "w4")] * 4 + [
+            ("alternating", "w8")] * 8
+        plain = [s for s in sessions if "/" not in s.session]
+        assert sorted(s.placement for s in plain) == ["alternating"] * 2 + ["fixed"] * 2
+        assert all(s.turns == 6 and s.wall_s > 0 for s in sessions)
+    assert pair_observations(run.observations, run.blocks).ok
+    assert not [p for p in tagged(process_tag) if "stub_openai" in p.cmdline]
+
+
+# A screening whose ON block served one token more for one request (no replicas run).
+DRIFT_CONFTEST = """
+import pytest
+from pytest_sharedkv.perf.blocks import BlockRunner, Plan
+from pytest_sharedkv.perf.observations import Observation
+from pytest_sharedkv.perf.payloads import Payload, PayloadSet
+
+
+class Drifting(BlockRunner):
+    def _blocks(self):
+        for block, arm in enumerate(self.plan.arms):
+            for step, replica in (("cold", "A"), ("cross", "B")):
+                tokens = 3074 if (arm, step) == ("ON", "cross") else 3073
+                self.run_record.observations.append(Observation(
+                    arm, block, 0, "3k", step, "3k-01", "ab" * 32, replica, tokens, 8, 0.1,
+                    None, 0.2))
+
+
+@pytest.fixture
+def sharedkv_perf_screening():
+    payloads = PayloadSet("words", [Payload("3k-01", "3k", "w01", "ab" * 32, 3073)], [], [],
+                          "canned")
+    return Drifting(lambda arm: None, payloads, Plan(arms=("OFF", "ON"), provider="stub"),
+                    str, model_digest="canned", engine={})
+"""
+
+
+def test_a_token_count_that_drifts_is_refused_by_name(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(DRIFT_CONFTEST)
+    (pytester.path / "test_perf.py").write_text(Path(SUITE).read_text())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sharedkv-json=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*4 observation(s) refused:",
+        "request 3k-01 (block 1, arm ON, cross on B): served 3074 prompt tokens, its payload "
+        "has 3073 (payload sha256 abababababababab)",
+        "request 3k-01: 3074 prompt tokens in block 1 (ON, cross) but 3073 in block 0 (OFF, "
+        "cold)",
+        "request 3k-01 (block 1, arm ON, pair 0): token counts differ across arms (3k cross on"
+        " replica B): prompt_tokens 3074 in block 1 (ON) but 3073 in block 0 (OFF)",
+    ])
+    assert "perf" in json.loads((pytester.path / "r.json").read_text())  # kept for reading
+
+
+def _observation(block: int, tokens: int, step: str = "cold") -> Observation:
+    return Observation(arm=block_arms(1)[block], block=block, pair=0, size="3k", step=step,
+                       request="3k-00", payload_sha256="ab" * 32, replica="A",
+                       prompt_tokens=tokens, output_tokens=8, ttft_s=0.1, decode_tok_s=None,
+                       e2e_s=0.2)
+
+
+def test_token_checks_and_block_order() -> None:
+    from pytest_sharedkv.perf.payloads import Payload, PayloadSet
+
+    payloads = PayloadSet("words", [Payload("3k-00", "3k", "w01", "ab" * 32, 3009)], [], [],
+                          "test")
+    assert check_tokens([_observation(0, 3009), _observation(1, 3009)], payloads) == []
+    assert check_tokens([_observation(0, 3009), _observation(1, 3000)], payloads) == [
+        "request 3k-00 (block 1, arm ON, cold on A): served 3000 prompt tokens, its payload "
+        "has 3009 (payload sha256 abababababababab)",
+        "request 3k-00: 3000 prompt tokens in block 1 (ON, cold) but 3009 in block 0 (OFF, "
+        "cold)"]
+    assert block_arms(1) == ("OFF", "ON")
+    assert block_arms(2) == ("OFF", "ON", "ON", "OFF")
+    assert block_arms(3) == ("OFF", "ON", "ON", "OFF", "OFF", "ON")
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("0", "'0' is out of range; it takes a whole number from 1 to 20"),
+    ("21", "'21' is out of range; it takes a whole number from 1 to 20"),
+    ("two", "'two' is not a whole number; it takes a whole number from 1 to 20"),
+])
+def test_a_bad_block_count_is_a_usage_error(pytester: pytest.Pytester, value: str,
+                                            problem: str) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(f"--sharedkv-blocks={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --sharedkv-blocks: {problem}"])
+
+
+def test_the_tier_skips_with_the_reason_when_nothing_can_run(
+        pytester: pytest.Pytester, fake_gpus: Callable[[str], None]) -> None:
+    result = pytester.runpytest_subprocess(*BASE)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*skipped (1): needs 1 CUDA device, 0 visible*"])
+
+
+@pytest.fixture
+def stub_endpoints() -> Iterator[str]:
+    """Two stubs without a shared pool (an external pair as the suite cannot know it)."""
+    procs, urls = [], []
+    for name in ("A", "B"):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
+             "--name", name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls.append(f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 30
+    while not all(http_ok(u + "/health") for u in urls) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield ",".join(urls)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_external_endpoints_give_one_block_and_say_why(pytester: pytest.Pytester,
+                                                       stub_endpoints: str) -> None:
+    result = pytester.runpytest_subprocess(*BASE, f"--sharedkv-endpoints={stub_endpoints}",
+                                           "--sharedkv-settle-s=0.01",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines([
+        "*skipped (1): external endpoints: one block as deployed was measured and reported; "
+        "the OFF-ON-ON-OFF blocks need replica restarts into each arm, which the suite "
+        "cannot do to an external deployment",
+    ])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.blocks == ["ON"] and run.restarts_s == []
+    assert {o.step for o in run.observations} == set(STEPS)
+    assert any(n.startswith("no floor: external endpoints") for n in run.notes)
