@@ -59,8 +59,8 @@ def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str)
         assert sum(o.warmup and o.block == block for o in run.observations) == 4
         sessions = [s for s in run.sessions if s.block == block]
         assert sorted((s.placement, s.session.split("/")[0]) for s in sessions
-                      if "/" in s.session) == [("alternating", "w4")] * 4 + [
-            ("alternating", "w8")] * 8
+                      if "/" in s.session) == [("window-4", "w4")] * 4 + [
+            ("window-8", "w8")] * 8
         plain = [s for s in sessions if "/" not in s.session]
         assert sorted(s.placement for s in plain) == ["alternating"] * 2 + ["fixed"] * 2
         assert all(s.turns == 6 and s.wall_s > 0 for s in sessions)

@@ -134,7 +134,7 @@ class BlockRunner:
                            self.payloads.sessions[:self.plan.sessions_per_placement], "")
         for width in self.plan.windows:
             wall = self._sessions(block, arm, "alternating", self.payloads.sessions[:width],
-                                  prefix=f"w{width}/")
+                                  prefix=f"w{width}/", label=f"window-{width}")
             self.accounting.windows.setdefault((width, arm), []).append(wall)
         self.log(f"block {block} ({arm}) done in {time.perf_counter() - b:.1f} s")
 
@@ -190,7 +190,8 @@ class BlockRunner:
             prompt_tokens=payload.prompt_tokens, warmup=warmup))
 
     def _sessions(self, block: int, arm: str, placement: str,
-                  sessions: Sequence[SessionPayload], prefix: str) -> float:
+                  sessions: Sequence[SessionPayload], prefix: str,
+                  label: str | None = None) -> float:
         """SESSIONS at once, turn by turn; when the next turn goes to the other replica,
         one settle first (a fixed session's replica reuses its own cache at once). Each
         session's wall time is the sum of its turns; returns the group's, settles aside."""
@@ -213,7 +214,7 @@ class BlockRunner:
         for session, wall in zip(sessions, walls, strict=True):
             self.run_record.sessions.append(SessionObservation(
                 arm=arm, block=block, pair=block // 2, session=f"{prefix}{session.id}",
-                placement=placement, turns=len(session.turns), wall_s=wall,
+                placement=label or placement, turns=len(session.turns), wall_s=wall,
                 payload_sha256=session.sha256))
         return group
 

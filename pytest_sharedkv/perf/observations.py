@@ -15,7 +15,9 @@ PERF_SCHEMA = "pytest-sharedkv-perf/1"
 # allocator); NATIVE: vLLM's native CPU offloading.
 ARMS = ("OFF", "ON", "NATIVE")
 STEPS = ("cold", "local", "cross", "receiver-local")
-PLACEMENTS = ("fixed", "alternating")
+# window-N: N alternating sessions at once (throughput screening), kept apart from the
+# plain placements so their wall times never mix
+PLACEMENTS = ("fixed", "alternating", "window-4", "window-8")
 
 
 class PerfReportError(ValueError):
