@@ -8,9 +8,6 @@ with the reason."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,8 +16,8 @@ import pytest
 from pytest_sharedkv.perf.blocks import block_arms, check_tokens
 from pytest_sharedkv.perf.observations import STEPS, Observation, from_json
 from pytest_sharedkv.perf.pairing import pair_observations
-from pytest_sharedkv.replicas.process import free_port, http_ok
 from tests.process_tags import tagged
+from tests.stub_endpoints import external_stubs
 
 # the checkout's suite (--pyargs would find the installed package's)
 SUITE = str(Path(__file__).resolve().parents[1] / "suites" / "test_perf.py")
@@ -158,21 +155,8 @@ def test_the_tier_skips_with_the_reason_when_nothing_can_run(
 @pytest.fixture
 def stub_endpoints() -> Iterator[str]:
     """Two stubs without a shared pool (an external pair as the suite cannot know it)."""
-    procs, urls = [], []
-    for name in ("A", "B"):
-        port = free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
-             "--name", name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 30
-    while not all(http_ok(u + "/health") for u in urls) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    yield ",".join(urls)
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    with external_stubs() as urls:
+        yield urls
 
 
 def test_external_endpoints_give_one_block_and_say_why(pytester: pytest.Pytester,

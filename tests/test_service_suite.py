@@ -7,15 +7,13 @@ is unproven."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.replicas.process import free_port, http_ok
 from tests.process_tags import tagged
+from tests.stub_endpoints import external_stubs
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
@@ -115,23 +113,8 @@ def test_a_gate_whose_hook_never_fires_makes_every_result_void(
 
 @pytest.fixture
 def stub_endpoints(tmp_path: Path) -> Iterator[str]:
-    procs, urls = [], []
-    for name in ("A", "B"):
-        port = free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
-             "--name", name, "--pool", str(tmp_path / "pool")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        urls.append(f"http://127.0.0.1:{port}")
-    import time
-
-    deadline = time.monotonic() + 30
-    while not all(http_ok(u + "/health") for u in urls) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    yield ",".join(urls)
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    with external_stubs("--pool", str(tmp_path / "pool")) as urls:
+        yield urls
 
 
 def test_external_endpoints_run_the_text_corpus_and_say_sensitivity_is_unproven(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_sharedkv.options import Settings
+from pytest_sharedkv.progress import progress_logger
 from pytest_sharedkv.report_fields import PERF_PROPERTY
 from pytest_sharedkv.state import state_of
 from pytest_sharedkv.tiers import parametrizes
@@ -157,25 +158,6 @@ def _floor(model: Path) -> tuple[Floor | None, str]:
                    f"{floor.h2d_gb_s:.1f} GB/s host-to-device")
 
 
-def _progress(config: pytest.Config) -> Callable[[str], None]:
-    """Progress lines on the terminal (outside xdist workers; stderr there): a screening
-    restarts engines and takes minutes."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    worker = hasattr(config, "workerinput")
-    started = time.monotonic()
-
-    def log(line: str) -> None:
-        stamped = f"[sharedkv perf {time.monotonic() - started:7.1f}s] {line}"
-        if reporter is not None and capture is not None and not worker:
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(stamped)
-        else:
-            print(stamped, file=sys.stderr, flush=True)
-
-    return log
-
-
 @dataclass
 class _Setup:
     """What differs between providers: how a pair comes to exist in an arm, and what the
@@ -297,7 +279,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                 store_s_per_token=STORE_S_PER_TOKEN if per_token is None else per_token)
     engine = _versions(provider if provider != "stub" else "stub (test double)",
                        _gpu_name(request.node))
-    log = _progress(pytestconfig)
+    log = progress_logger(pytestconfig, "perf")
     log(f"perf screening on {provider}: blocks {'-'.join(setup.arms)}, sizes "
         f"{', '.join(payload_set.sizes())}; payloads {payload_set.source} "
         f"(digest {payload_set.digest})")

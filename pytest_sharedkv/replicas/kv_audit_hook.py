@@ -57,7 +57,7 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
     ("LMCacheMPConnector.get_finished", "B: loads reported finished, before consumption",
      "LMCache 0.5.6 / vLLM 0.26.0"),
 )
-METHODS = ("register_kv_caches", "wait_for_save", "start_load_kv", "get_finished")
+METHODS = tuple(name.split(".")[1] for name, _, _ in ENTRY_POINTS)
 # What the worker adapter must expose (introspected at registration; missing = VOID)
 ADAPTER_NEEDS = ("kv_caches", "engine_group_infos", "lmcache_tokens_per_chunk",
                  "_block_ids_per_group")

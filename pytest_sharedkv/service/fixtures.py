@@ -10,14 +10,12 @@ each worker a pass of its own.
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_sharedkv.progress import progress_logger
 from pytest_sharedkv.state import state_of
 from pytest_sharedkv.tiers import parametrizes
 
@@ -50,28 +48,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(PROTOCOL, list(CHECKS), ids=list(CHECKS))
 
 
-def _progress(config: pytest.Config, log_path: Path) -> Callable[[str], None]:
-    """Progress lines to a file and, outside xdist workers, to the terminal: a pass over
-    264 requests takes minutes and should say where it is."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    worker = hasattr(config, "workerinput")
-    started = time.monotonic()
-
-    capture = config.pluginmanager.get_plugin("capturemanager")
-
-    def log(line: str) -> None:
-        stamped = f"[sharedkv service {time.monotonic() - started:7.1f}s] {line}"
-        with log_path.open("a", encoding="utf-8") as out:
-            out.write(stamped + "\n")
-        if reporter is not None and not worker and capture is not None:
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(stamped)
-        else:
-            print(stamped, file=sys.stderr, flush=True)
-
-    return log
-
-
 @pytest.fixture(scope="session")
 def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
                           sharedkv_replica_pair: ReplicaPair, sharedkv_case_set: CaseSet
@@ -87,7 +63,7 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     namespaces = Namespaces(run_id(pytestconfig), f"service/{pair.description}/"
                             f"{'-'.join(pair.labels.values())}")
     log_dir: Path = request.getfixturevalue("tmp_path_factory").mktemp("service")
-    progress = _progress(pytestconfig, log_dir / "progress.log")
+    progress = progress_logger(pytestconfig, "service", log_dir / "progress.log")
     progress(f"{pair.description} ({', '.join(f'{k} {v}' for k, v in pair.labels.items())}):"
              f" {len(sharedkv_case_set.cases)} cases, {len(sharedkv_case_set.sessions)} "
              f"sessions; corpus: {sharedkv_case_set.source}")
