@@ -171,6 +171,7 @@ class _Setup:
     model: Path | None = None
     max_tokens: int = 32
     max_model_len: int = 4096
+    l1_size_gb: float = 8.0  # the ON arm's pool; vllm: sized to the payloads (pool_size_gb)
     settle_s: float = 0.5
     store_s_per_token: float | None = None  # None: LMCache's store time (blocks.py)
     extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
@@ -227,7 +228,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
         return launch_vllm_pair(LaunchSpec(
             log_dir=log_root / f"{arm}-{time.monotonic_ns()}", allocator="mixed", model=model,
             devices=devices, arm=arm, gate=False, chunk_size=chunk,
-            max_model_len=setup.max_model_len))  # set once the payloads are known
+            max_model_len=setup.max_model_len,  # these two are set once the payloads
+            l1_size_gb=setup.l1_size_gb))  # are known
 
     setup = _Setup(launch, arms, chunk, _model_digest(model), words=_uses_copy_words(model),
                    model=model)
@@ -271,6 +273,10 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                             setup.max_tokens)
     setup.max_model_len = min(_context(setup.model), _longest(payload_set) + setup.max_tokens
                               + 64)
+    if provider == "vllm" and setup.model is not None:
+        setup.l1_size_gb = pool_size_gb(setup.model, payload_set)
+        setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm (twice "
+                           "the KV of the largest size's requests, a power of two)")
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait
@@ -287,6 +293,28 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     return BlockRunner(setup.launch, payload_set, plan, lambda key: namespaces(key).salt,
                        model_digest=setup.digest, engine=engine, floor=setup.floor,
                        notes=setup.notes, log=log)
+
+
+def pool_size_gb(model: Path, payload_set: PayloadSet, minimum: float = 8.0) -> float:
+    """An L1 that keeps every request of one size until its cross-replica step: the cross
+    step of the largest size comes after that size's cold and local steps, so an L1 smaller
+    than their KV evicts what B should hit and times a miss as if it were a transfer. Twice
+    that KV (plus each request's recurrent state), a power of two (torch rounds pinned
+    requests up to one anyway), at least MINIMUM."""
+    import json
+    import math
+
+    from pytest_sharedkv.perf.floor import FloorError, kv_geometry
+
+    try:
+        kv, recurrent = kv_geometry(json.loads((model / "config.json").read_text()))
+    except (OSError, ValueError, FloorError):
+        return minimum
+    need = max((sum((p.prompt_tokens or len(p.text.split())) * kv + recurrent
+                    for p in payload_set.of_size(size)) for size in payload_set.sizes()),
+               default=0)
+    gb = 2 * need / 1e9
+    return float(max(minimum, 2 ** math.ceil(math.log2(gb)) if gb > 0 else minimum))
 
 
 def _longest(payload_set: PayloadSet) -> int:
