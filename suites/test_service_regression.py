@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pytest_sharedkv.options import Settings
     from pytest_sharedkv.records import ResultSink
     from pytest_sharedkv.replicas.pair import ReplicaPair
@@ -29,12 +31,18 @@ pytestmark = pytest.mark.service_regression
 TIER = "service_regression"
 
 
-def _usable(run: ServiceRun) -> None:
-    """A VOID gate or a dead replica makes every result of the pass meaningless."""
-    if run.gate is not None and run.gate.void:
-        pytest.fail(run.gate.message, pytrace=False)
+def _verdict(run: ServiceRun, problems: Sequence[str] = ()) -> None:
+    """Fail with what went wrong. A dead replica stops the pass. A wrong answer is a
+    divergence whatever the gate says (A answered the same prompt right cold); a VOID or
+    CONFOUNDED gate means an exact answer proves nothing, so a pass fails and says why."""
     if run.error:
         pytest.fail(run.error, pytrace=False)
+    gate = run.gate
+    if problems:
+        note = f"\n(sensitivity gate: {gate.message})" if gate is not None and gate.void else ""
+        pytest.fail("\n".join(problems) + note, pytrace=False)
+    if gate is not None and gate.void:
+        pytest.fail(gate.message, pytrace=False)
 
 
 def _case(service_pass: Pass, case_id: str) -> Case:
@@ -71,7 +79,9 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
     from pytest_sharedkv.service.execute import GATE
 
     case = _case(sharedkv_service_pass, sharedkv_service_case)
-    _usable(sharedkv_service_pass.ensure(GATE))
+    gated = sharedkv_service_pass.ensure(GATE)
+    if gated.error:
+        pytest.fail(gated.error, pytrace=False)
     run = sharedkv_service_pass.ensure(case.size)
     failures = chain_failures(run, case)
     if failures:
@@ -82,7 +92,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
             message=failures[0][:600],
             detail={"case": case.id, "sha256": case.sha256, "answers": answers,
                     "expected": list(case.expected or ())})
-        pytest.fail("\n".join(failures), pytrace=False)
+    _verdict(run, failures)
 
 
 def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
@@ -117,9 +127,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
                     "shareable": shareable})
     sharedkv_results.note(TIER, _wall_line(run, sharedkv_replica_pair.labels))
-    _usable(run)  # the records above stay, so a VOID pass still shows what it saw
-    if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
+    _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
 
 
 def _wall_line(run: ServiceRun, labels: dict[str, Any]) -> str:
@@ -137,7 +145,8 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
     from pytest_sharedkv.service.execute import SESSIONS
 
     run = sharedkv_service_pass.ensure(SESSIONS)
-    _usable(run)
+    if run.error:
+        pytest.fail(run.error, pytrace=False)
     session = run.cases.session(sharedkv_service_session)
     if session is None:
         pytest.skip(f"{sharedkv_service_session}: this corpus has no sessions "
@@ -162,8 +171,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
         len(session.turns) - len(problems), len(session.turns), message="; ".join(problems),
         detail={"session": session.id,
                 "turns": [{"cached": a.cached_tokens, "text": a.text} for a in answers]})
-    if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
+    _verdict(run, problems)
 
 
 def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
@@ -297,7 +305,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         sharedkv_results.note(TIER, line)
     sharedkv_results.check(
         TIER, {**pair.labels, "size": "audit", "step": "kv digests"},
-        report.compared - len(faults), report.compared, role="audit",
+        report.compared - len(faults), report.compared, role="check",
         message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
         detail={"compared": report.compared, "unmatched": report.unmatched,
                 "mismatches": [m.line() for m in faults[:200]],

@@ -4,9 +4,12 @@ sees corrupted KV. Without it an exact answer after a pool hit proves nothing.
 Control requests answer cold on A; then, while the control file tells the LMCache server's
 hook (``replicas/corrupt_hook.py``) to zero one chunk of every retrieve, B answers them
 from the pool. The answers that copy from the zeroed chunk must change and the others must
-not. If the hook never ran, or nothing changed, every result of the tier is VOID, with the
-reason. With external endpoints nothing can be injected: sensitivity is unproven, and the
-report says so.
+not. If the hook never ran, or an answer that copies from the zeroed chunk stayed exact,
+the gate is VOID, with the reason; if answers from intact chunks changed as well, the pool
+corrupted the controls on its own and the gate is CONFOUNDED (the fault under test can undo
+or mask the gate's corruption). Either way an exact answer of the tier proves nothing; a
+wrong one is still a divergence (A answered the same prompt right cold). With external
+endpoints nothing can be injected: sensitivity is unproven, and the report says so.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from pytest_sharedkv.service.runner import Runner, Step
 
-PROVEN, VOID, UNPROVEN = "proven", "VOID", "unproven"
+PROVEN, VOID, UNPROVEN, CONFOUNDED = "proven", "VOID", "unproven", "CONFOUNDED"
 
 
 @dataclass
@@ -36,7 +39,8 @@ class GateResult:
 
     @property
     def void(self) -> bool:
-        return self.status == VOID
+        """Exact answers of this pair prove nothing (VOID or CONFOUNDED)."""
+        return self.status in (VOID, CONFOUNDED)
 
 
 def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResult:
@@ -88,17 +92,35 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
                                "cold_exact": right_cold, "changed": changed,
                                "expected": list(case.expected or ()),
                                "cold": cold.to_data(), "cross": cross.to_data()})
-    where = f"chunk {zeroed} zeroed in every retrieve"
+    return judge(result, broken)
+
+
+def judge(result: GateResult, broken: list[str]) -> GateResult:
+    """RESULT's status and message from its counts: VOID when a control broke cold, the hook
+    never fired or an answer copying from the zeroed chunk stayed exact with every other
+    exact; CONFOUNDED when such an answer stayed exact while answers from intact chunks
+    changed; else PROVEN."""
+    where = f"chunk {result.zeroed_chunk} zeroed in every retrieve"
     if broken:
         result.status, result.message = VOID, (
             f"VOID: the sensitivity gate's control requests {broken} failed before any "
             "corruption (cold answers wrong or errors): the model or engine is broken here")
-    elif not logged:
+    elif not result.zeroed_chunks_logged:
         result.status, result.message = VOID, (
             "VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server "
             "(no log line): the wrapped entry point "
             "(corrupt_hook.TARGETS) is not what this LMCache version calls, so no result "
             "of this tier shows the model can see corrupted KV")
+    elif result.changed < result.copying and result.others_exact < result.others:
+        result.status, result.message = CONFOUNDED, (
+            f"CONFOUNDED: with {where}, {result.changed} of {result.copying} answers that "
+            f"copy from it changed, and {result.others - result.others_exact} of "
+            f"{result.others} answers from intact chunks changed too: the pool corrupts KV "
+            "on its own (the fault this tier exists to find), which can also undo the gate's "
+            "corruption, so the model's sensitivity is not proven and exact answers of this "
+            "pair prove nothing; wrong answers are still divergences. Remedy: fix the pool "
+            "(for LMCache's lazy allocator on its torch fallback: --no-l1-use-lazy) and run "
+            "again; --sharedkv-kv-audit shows where B's bytes differ")
     elif result.changed < result.copying:
         result.status, result.message = VOID, (
             f"VOID: with {where}, only {result.changed} of {result.copying} answers that copy "

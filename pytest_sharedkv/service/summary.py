@@ -1,7 +1,8 @@
 """The service tier's summary: per pair, a table of size x step (exact answers, cached
 tokens, the engines' own and pool hit counters, wall time) and one VERDICT line.
 
-A pair whose sensitivity gate is VOID gets VOID whatever its answers; external endpoints
+A pair whose sensitivity gate is VOID or CONFOUNDED gets VOID unless answers diverged (then
+the divergences stand and the exact answers are said to prove nothing); external endpoints
 get "sensitivity unproven"; otherwise the verdict counts the requests that diverged after
 cross-replica hits, with the remedy for the lazy allocator on LMCache's torch fallback.
 """
@@ -15,7 +16,7 @@ from pytest_sharedkv.run_log import RunLog
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
-NOT_STEPS = ("gate", "session", "protocol", "model")  # sizes of records not step totals
+NOT_STEPS = ("gate", "session", "protocol", "model", "audit")  # not step totals
 
 
 def _pair(check: Check) -> tuple[str, ...]:
@@ -67,8 +68,16 @@ def verdicts(checks: list[Check]) -> list[str]:
         sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
         extra = ", ".join(x for x in (f"sessions {sessions} turns" if sessions else "",
                                       f"protocol {protocol}" if protocol else "") if x)
-        if gate is not None and gate.detail.get("status") == "VOID":
-            lines.append(f"VERDICT {name}: VOID: {gate.message}")
+        status = gate.detail.get("status") if gate is not None else None
+        if gate is not None and status in ("VOID", "CONFOUNDED"):
+            if wrong:  # divergences stand; only the exact answers prove nothing
+                remedy = f"; {REMEDY}" if pair[1] == "lazy" else ""
+                lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong "
+                             "after cross-replica pool hits (HTTP 200, the prompt served from "
+                             f"the pool){remedy}; the {total - wrong} exact answers prove "
+                             f"nothing: {gate.message}")
+            else:
+                lines.append(f"VERDICT {name}: VOID: {gate.message}")
             continue
         if gate is not None and gate.detail.get("status") == "unproven":
             lines.append(f"NOTE {name}: {gate.message}")
