@@ -30,7 +30,7 @@ class Observation:
 
     ``block`` counts blocks in run order from 0; ``pair`` is the block pair (blocks
     OFF-ON-ON-OFF: blocks 0 and 1 are pair 0, blocks 2 and 3 pair 1); ``request`` is
-    stable across blocks; ``ttft_s`` is client-side, to the first content token
+    stable across blocks; ``ttft_s`` is client-side, to the first token event
     (streaming); ``decode_tok_s`` is (N_out - 1) / (t_last - t_first), None when N_out < 2.
     """
 

@@ -1,9 +1,11 @@
 """One streamed completion, timed from the client: what a user waits for.
 
-TTFT runs from just before the request is sent to the first event that carries content
-text; decode rate is ``(N_out - 1) / (t_last - t_first)`` between the first and the last
-content event; e2e runs to the end of the stream. N_out comes from the streamed usage
-(``stream_options.include_usage``), else from the content events counted. Each event is
+TTFT runs from just before the request is sent to the first event that carries a token (a
+choice: vLLM streams one per engine step, with empty text for a token that renders as
+nothing, as a random-weight model's ids past its tokenizer do); decode rate is
+``(N_out - 1) / (t_last - t_first)`` between the first and the last token event; e2e runs
+to the end of the stream. N_out comes from the streamed usage
+(``stream_options.include_usage``), else from the token events counted. Each event is
 stamped as its line arrives, so an engine that batches tokens into one event shows as
 such and is not smoothed over.
 """
@@ -68,8 +70,7 @@ def stream_timing(replica: Replica, body: dict[str, Any], timeout: float = 600.0
                     continue
                 event = json.loads(line[5:])
                 usage = event.get("usage") or usage
-                text = "".join(str(c.get("text") or "") for c in event.get("choices") or [])
-                if text:
+                if event.get("choices"):
                     chunks += 1
                     first = now if first is None else first
                     last = now
@@ -81,7 +82,7 @@ def stream_timing(replica: Replica, body: dict[str, Any], timeout: float = 600.0
         raise _failure(replica, f"streamed completion failed: {exc}") from None
     ended = time.perf_counter()
     if first is None or last is None:
-        raise _failure(replica, "the stream carried no content token")
+        raise _failure(replica, "the stream carried no token")
     details = usage.get("prompt_tokens_details") or {}
     prompt = usage.get("prompt_tokens")
     cached = details.get("cached_tokens")
