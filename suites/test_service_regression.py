@@ -280,7 +280,8 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
     if not sharedkv_settings.kv_audit:
         pytest.skip("the in-engine KV audit is off (--sharedkv-kv-audit turns it on)")
     if pair.kv_audit_dir is None:
-        pytest.skip("the KV audit runs inside launched vLLM replicas; this pair has none")
+        pytest.skip("the KV audit runs inside launched vLLM replicas (and the stub test "
+                    "double); this pair has none")
     run = sharedkv_service_pass.ensure(SESSIONS)
     report = kv_audit.audit(pair.kv_audit_dir)
     assert report is not None

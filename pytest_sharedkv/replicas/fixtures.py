@@ -176,7 +176,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         pair = external_pair(settings.endpoints or ())
     elif provider == "stub":
         cases = request.getfixturevalue("sharedkv_case_set")
-        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32))
+        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
+                                    kv_audit=settings.kv_audit))
     elif provider == "vllm":
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")

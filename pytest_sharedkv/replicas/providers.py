@@ -189,7 +189,8 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
 
 
 # self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
-# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent)
+# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
+# "corrupt-external" also makes B's KV audit load digests differ from A's store digests
 STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
 
 
@@ -216,6 +217,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv.append("--diverge")
         if name == "B" and fault != "no-gate":
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
+        if spec.kv_audit:  # the audit's records, written by the stub (a test double)
+            argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
         process = ManagedProcess(f"stub replica {name}", argv,
                                  spec.log_dir / f"stub-{name}-{port}.log")
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
@@ -225,6 +228,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                                "allocator": "n/a" if spec.arm == "ON" else "none (no pool)",
                                "delay": fault or "0"})
     pair.gate_control, pair.gate_log = control, log
+    if spec.kv_audit:
+        pair.kv_audit_dir = audit_dir(spec.log_dir)
     start_all(pair, together=True)
     return pair
 

@@ -24,6 +24,14 @@ fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every
 gets a line per zeroed chunk). Every response
 carries ``X-Sharedkv-Test-Double: 1``.
 
+``--kv-audit DIR`` writes the in-engine KV audit's records (``kv_audit_hook``'s format,
+read by ``service.kv_audit``) so the suite's audit test runs on CPU: a ``store`` digest
+per block the stub puts in the pool and a ``load`` digest per block it takes from it, keyed
+as the hook keys chunks (cache salt and token ids up to the chunk's end; a stub token's
+id is a hash of its word). The stub holds no KV: a block's "bytes" are a function of its
+key, and what it loads is what it stored unless the gate zeroed that chunk (zeros) or
+``--corrupt-external`` is on (other bytes), as the answers it gives.
+
     python -m pytest_sharedkv.replicas.stub_openai --port P [--pool DIR] [--block N] ...
 """
 
@@ -40,6 +48,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from pytest_sharedkv.replicas.kv_audit_hook import AuditLog, chunk_keys
+
 BLOCK = 16
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
 
@@ -55,10 +65,19 @@ class _State:
         self.queries = 0
         self.blocks: set[str] = set()
         self.lock = threading.Lock()
+        self.audit: AuditLog | None = None
+        if args.kv_audit is not None:
+            self.audit = AuditLog(args.kv_audit, self.name)
+            self.audit.write([
+                {"kind": "installed", "pid": os.getpid(), "test_double": True},
+                {"kind": "registered", "test_double": True, "chunk": args.block,
+                 "groups": [{"layers": [0], "tokens_per_block": args.block,
+                             "recurrent": False}], "tensors": {"stub": []}}])
 
     def lookup(self, salt: str, tokens: list[str], block: int, limit: int
-               ) -> tuple[int, int]:
-        """(local, external) hit tokens: whole blocks of the first LIMIT tokens, in order."""
+               ) -> tuple[int, int, list[int]]:
+        """(local, external) hit tokens: whole blocks of the first LIMIT tokens, in order;
+        and the indices of the blocks this call put in the pool."""
         if self.args.ignore_salt:
             salt = ""
         keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
@@ -76,12 +95,46 @@ class _State:
                 pooled.add(key)
             else:
                 break
-        for _, key in keys:
+        stored = []
+        for index, (_, key) in enumerate(keys):
             if key not in self.blocks:  # stored once (creating files is slow on some disks)
                 self.blocks.add(key)
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).touch()
-        return local, external
+                    stored.append(index)
+        return local, external, stored
+
+    def audit_records(self, request_id: str, salt: str, tokens: list[str], block: int,
+                      stored: list[int], loaded: range, zeroed: list[int]) -> None:
+        """kv_audit_hook's store and load records for this request's pool traffic."""
+        if self.audit is None or not (stored or loaded):
+            return
+        started = time.perf_counter()
+        if self.args.ignore_salt:
+            salt = ""
+        ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little",
+                              signed=True) for t in tokens]
+        count = max([*stored, *loaded], default=-1) + 1
+        keys = chunk_keys(salt, ids, block, 0, count)
+
+        def record(kind: str, chunk: int, data: bytes) -> dict[str, Any]:
+            return {"kind": kind, "request": request_id, "chunk": chunk, "key": keys[chunk],
+                    "group": 0, "layer": "stub", "recurrent": False,
+                    "digest": hashlib.blake2b(data, digest_size=16).hexdigest()}
+
+        def kv(chunk: int) -> bytes:  # a stub block's "bytes": a function of its key
+            return hashlib.sha256(keys[chunk].encode()).digest() * 4
+
+        records = [record("store", c, kv(c)) for c in stored]
+        for c in loaded:
+            data = bytes(128) if c in zeroed else kv(c)
+            if self.args.corrupt_external:
+                data = hashlib.sha256(data + b"stale").digest() * 4
+            records.append(record("load", c, data))
+        records += [{"kind": "cost", "direction": d, "request": request_id,
+                     "tokens": n * block, "seconds": time.perf_counter() - started}
+                    for d, n in (("store", len(stored)), ("load", len(loaded))) if n]
+        self.audit.write(records)
 
 
 def _continuation(prompt: str, max_tokens: int) -> list[str]:
@@ -97,8 +150,20 @@ def _zeroed(control: Path | None) -> list[int]:
     return chunks_to_zero(control)
 
 
-def _copy_answer(state: _State, words: list[str], max_tokens: int, external: int,
-                 local: int) -> list[str]:
+def _zeroed_in_retrieve(state: _State, block: int, local: int, external: int
+                        ) -> list[int]:
+    """The chunks the gate zeroes in this request's pool hit (logged, as the hook does)."""
+    from pytest_sharedkv.replicas.corrupt_hook import log_zeroed
+
+    chunks = [c for c in _zeroed(state.args.corrupt_control) if external
+              and local <= c * block < local + external]
+    for chunk in chunks:
+        log_zeroed(state.args.corrupt_log, 0, chunk, 0)
+    return chunks
+
+
+def _copy_answer(words: list[str], max_tokens: int, zeroed: list[int], block: int,
+                 diverge: bool) -> list[str]:
     from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, ids_of, vocabulary
     from pytest_sharedkv.service.copy_rule import continue_ids
 
@@ -106,18 +171,9 @@ def _copy_answer(state: _State, words: list[str], max_tokens: int, external: int
     vocab = vocabulary(recipe)
     miss = vocab.index("\u2581<miss>")
     ids = [0, *(i if i >= 0 else miss for i in ids_of(" ".join(words), recipe))]
-    hidden: set[int] = set()
-    if external:
-        from pytest_sharedkv.replicas.corrupt_hook import log_zeroed
-
-        block = state.args.block
-        for chunk in _zeroed(state.args.corrupt_control):
-            start = chunk * block
-            if local <= start < local + external:
-                hidden.update(range(start, start + block))
-                log_zeroed(state.args.corrupt_log, 0, chunk, 0)
+    hidden = {t for chunk in zeroed for t in range(chunk * block, (chunk + 1) * block)}
     answer = continue_ids(ids, max_tokens, miss, hidden)
-    if state.args.diverge:
+    if diverge:
         answer = [answer[-1], *answer[:-1]]
     return [vocab[i].removeprefix("\u2581") for i in answer]
 
@@ -174,7 +230,7 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 limit = len(tokens) - 1 if copy else len(tokens)
                 block = state.args.block if copy else BLOCK
-                local, external = state.lookup(salt, tokens, block, limit)
+                local, external, stored = state.lookup(salt, tokens, block, limit)
                 cached = local + external
                 state.queries += len(tokens)
                 state.hits += local
@@ -183,8 +239,12 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 done = state.completions
             if state.args.prefill_us:
                 time.sleep(state.args.prefill_us * 1e-6 * (len(tokens) - cached))
+            zeroed = _zeroed_in_retrieve(state, block, local, external) if copy else []
+            state.audit_records(self.headers.get("X-Request-Id") or f"cmpl-stub-{done}",
+                                salt, tokens, block, stored,
+                                range(local // block, (local + external) // block), zeroed)
             if copy:
-                out = _copy_answer(state, words, max_tokens, external, local)
+                out = _copy_answer(words, max_tokens, zeroed, block, state.args.diverge)
             else:
                 out = _continuation(prompt, max_tokens)
             if external and state.args.corrupt_external:
@@ -267,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diverge", action="store_true")
     parser.add_argument("--corrupt-control", type=Path, default=None)
     parser.add_argument("--corrupt-log", default=None)
+    parser.add_argument("--kv-audit", type=Path, default=None,
+                        help="write kv_audit_hook's digest records into this directory")
     args = parser.parse_args(argv)
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,49 @@
+"""The suite's KV audit test (``test_kv_audit``), end to end on the stub provider: with
+``--sharedkv-kv-audit`` the stub replicas write the audit hook's records (a test double's
+digests), so the test's body runs on CPU. A clean pass passes and shows the gate's
+zeroed chunk as the audit's positive control; B loading bytes A never stored
+(``corrupt-external``) fails by naming the mismatching chunks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_service_suite import BASE, _stubs_left
+
+AUDIT = [*BASE, "--sharedkv-kv-audit", "-k", "kv_audit or gate"]
+
+
+def test_a_clean_audit_passes_with_its_positive_control(pytester: pytest.Pytester,
+                                                        process_tag: str) -> None:
+    result = pytester.runpytest_subprocess(*AUDIT, "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=2)  # the gate and the audit
+    result.stdout.fnmatch_lines([
+        "*KV AUDIT n/a: * chunk-group-layer digests compared (* attention KV, 0 recurrent "
+        "state) over * cross-replica requests (*)*",
+        "*KV AUDIT n/a positive control: the gate's zeroed chunk 47 showed as a mismatch in "
+        "8 of 8 control requests",
+    ])
+    report = json.loads((pytester.path / "r.json").read_text())
+    audit = next(c for c in report["checks"] if c["key"].get("size") == "audit")
+    assert audit["role"] == "check"
+    assert audit["detail"]["compared"] > 0 and audit["detail"]["mismatches"] == []
+    assert audit["passed"] == audit["trials"] == audit["detail"]["compared"]
+    assert not _stubs_left(process_tag)
+
+
+def test_bytes_b_loaded_that_a_never_stored_are_named(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    result = pytester.runpytest_subprocess(*AUDIT, "-rf")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([
+        # the first lines name whichever request B loaded first (requests run in parallel)
+        "request * (cross on B): chunk *, group 0 (KV), layer stub: B loaded bytes that "
+        "differ from what A stored; B's bytes equal no chunk any replica stored",
+        "... and * more",
+        "*KV AUDIT n/a: * mismatching digests in * requests*",
+        "FAILED *test_kv_audit[[]stub[]] - Failed: request *",
+    ])
+    assert not _stubs_left(process_tag)
