@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +20,10 @@ if TYPE_CHECKING:  # the replica client (urllib, http.client) loads when a pair 
     from pytest_sharedkv.replicas.pair import Reply
 
 RUN_ID = pytest.StashKey[str]()
+# LMCache 0.5.6 refuses a cache_salt with "/" in it (IPCCacheServerKey), and the vLLM engine
+# that asked dies (EngineDeadError), as in the perf tier's first ON block on the H200; a
+# salt keeps to these characters, the label's others become "."
+UNSAFE_SALT = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @dataclass
@@ -47,7 +52,8 @@ class Namespaces:
 
     def __call__(self, label: str = "default") -> Namespace:
         digest = hashlib.sha256(self.nodeid.encode()).hexdigest()[:10]
-        salt = f"sharedkv-{self.run_id}-{digest}-{label}-{len(self.issued)}"
+        safe = UNSAFE_SALT.sub(".", label)  # still unique: the issue count ends the salt
+        salt = f"sharedkv-{self.run_id}-{digest}-{safe}-{len(self.issued)}"
         namespace = Namespace(salt=salt, label=label, nodeid=self.nodeid)
         self.issued[salt] = namespace
         return namespace

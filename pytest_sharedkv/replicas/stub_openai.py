@@ -223,6 +223,10 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
             request: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
             prompt = str(request.get("prompt", ""))
             salt = str(request.get("cache_salt", ""))
+            if "/" in salt:  # as LMCache 0.5.6's IPCCacheServerKey refuses it
+                self._send(400, {"error": {"message": f"cache_salt must not contain '/' "
+                                                      f"(got {salt!r})", "code": 400}})
+                return
             max_tokens = int(request.get("max_tokens", 16))
             words = prompt.split()
             copy = len(words) > 5 and all(COPY_WORD.match(w) for w in words)
