@@ -59,7 +59,11 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
     from pytest_sharedkv.perf.fixtures import attach_run
 
     runner = sharedkv_perf_screening
-    run = runner.run()
+    try:
+        run = runner.run()
+    except BaseException:  # nothing is lost: what was measured goes into the report
+        attach_run(request.node, runner.run_record)
+        raise
     attach_run(request.node, run)
     on_gpu = runner.plan.provider == "vllm"
     ratio = runner.overhead_ratio

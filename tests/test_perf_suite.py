@@ -174,3 +174,20 @@ def test_external_endpoints_give_one_block_and_say_why(pytester: pytest.Pytester
     assert run.blocks == ["ON"] and run.restarts_s == []
     assert {o.step for o in run.observations} == set(STEPS)
     assert any(n.startswith("no floor: external endpoints") for n in run.notes)
+
+
+def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is lost: B dies on its 5th request (after its 2 warm-ups and 3 cross
+    requests), the test fails naming the phase, and the observations made so far are in
+    the JSON report with an INCOMPLETE note; the progress lines say where time went."""
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=5")
+    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert [n for n in run.notes if n.startswith("INCOMPLETE: the screening stopped in "
+                                                 "block 0 (OFF), 3k receiver-local after ")]
+    steps = [o.step for o in run.observations if not o.warmup]
+    assert steps == ["cold"] * 3 + ["local"] * 3 + ["cross"] * 3
+    assert run.wall_s > 0

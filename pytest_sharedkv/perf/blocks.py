@@ -91,6 +91,7 @@ class BlockRunner:
         self._salts: dict[str, str] = {}
         self.accounting = Accounting()
         self.refusals: list[str] = []
+        self.where = "the first start"  # the phase running now, for progress and failures
         self.run_record = PerfRun(schema=PERF_SCHEMA, model_digest=model_digest,
                                   corpus_digest=payloads.digest, engine=dict(engine),
                                   blocks=list(plan.arms), floor=floor, notes=list(notes))
@@ -102,8 +103,13 @@ class BlockRunner:
         started = time.perf_counter()
         try:
             self._blocks()
-            record.wall_s = time.perf_counter() - started
+        except BaseException as exc:  # the observations so far stay in run_record
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            record.notes.append(f"INCOMPLETE: the screening stopped in {self.where} after "
+                                f"{time.perf_counter() - started:.1f} s: {first[:300]}")
+            raise
         finally:
+            record.wall_s = time.perf_counter() - started
             self._close()
         self.refusals += check_tokens(record.observations, self.payloads)
         record.notes += [*self._hit_notes(), *self._window_notes()]
@@ -113,29 +119,49 @@ class BlockRunner:
         for block, arm in enumerate(self.plan.arms):
             self._block(block, arm)
 
+    def _phase(self, block: int, arm: str, what: str) -> Callable[[int], None]:
+        """Mark WHAT as the phase running now; the returned call logs its wall time."""
+        self.where = f"block {block} ({arm}), {what}"
+        started = time.perf_counter()
+
+        def done(requests: int) -> None:
+            self.log(f"block {block} ({arm}) {what}: {requests} requests, "
+                     f"{time.perf_counter() - started:.1f} s")
+        return done
+
     def _block(self, block: int, arm: str) -> None:
         if block == 0 or self.plan.restartable:
+            self.where = f"block {block} ({arm}), the replica start"
             self._restart(arm)
         b = time.perf_counter()
+        done = self._phase(block, arm, "warm-ups")
         for i, payload in enumerate(self.payloads.warmups):
             for replica in ("A", "B"):
                 self._request(block, arm, "cold", replica, payload,
                               f"{payload.id}/{replica}", warmup=True,
                               salt_key=f"warm-{i}-{replica}")
+        done(2 * len(self.payloads.warmups))
         for size in self.payloads.sizes():
             group = self.payloads.of_size(size)
             for step in ("cold", "local", "cross", "receiver-local"):
+                done = self._phase(block, arm, f"{size} {step}")
                 if step == "cross":
                     self._settle(sum(p.prompt_tokens or len(p.text.split()) for p in group))
                 for payload in group:
                     self._request(block, arm, step, STEP_REPLICA[step], payload, payload.id)
+                done(len(group))
         for placement in PLACEMENTS:
-            self._sessions(block, arm, placement,
-                           self.payloads.sessions[:self.plan.sessions_per_placement], "")
+            sessions = self.payloads.sessions[:self.plan.sessions_per_placement]
+            done = self._phase(block, arm, f"{placement} sessions")
+            self._sessions(block, arm, placement, sessions, "")
+            done(sum(len(s.turns) for s in sessions))
         for width in self.plan.windows:
-            wall = self._sessions(block, arm, "alternating", self.payloads.sessions[:width],
+            sessions = self.payloads.sessions[:width]
+            done = self._phase(block, arm, f"window of {width}")
+            wall = self._sessions(block, arm, "alternating", sessions,
                                   prefix=f"w{width}/", label=f"window-{width}")
             self.accounting.windows.setdefault((width, arm), []).append(wall)
+            done(sum(len(s.turns) for s in sessions))
         self.log(f"block {block} ({arm}) done in {time.perf_counter() - b:.1f} s")
 
     def _restart(self, arm: str) -> None:
