@@ -27,7 +27,6 @@ def _event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -
 def _server(events: list[bytes]) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
