@@ -464,6 +464,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "native-arm",
+        "perf tier: add vLLM's native CPU offloading (--kv-offloading-backend native, the "
+        "pool's size on each replica) as a third block in every block pair: OFF-ON-NATIVE, "
+        "NATIVE-ON-OFF",
+        parse_bool,
+        default=False,
+        flag=True,
+    ),
+    Option(
         "snapshot-dir",
         "service tier: where stored reference answers live (default: the references "
         "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
@@ -517,6 +526,7 @@ class Settings:
     service_sizes: tuple[str, ...] | None = None
     concurrency: int = 8
     blocks: int = 2
+    native_arm: bool = False
     snapshot_dir: Path | None = None
     kv_audit: bool = False
     list_targets: bool = False

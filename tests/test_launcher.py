@@ -207,3 +207,24 @@ def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="stop here"):
             providers.launch_vllm_pair(spec)
     assert seen["server"] == "GPU-a,GPU-b"
+
+
+@pytest.mark.parametrize(("arm", "wanted", "unwanted"), [
+    ("ON", ["--kv-transfer-config"], ["--kv-offloading-backend"]),
+    ("OFF", [], ["--kv-transfer-config", "--kv-offloading-backend"]),
+    ("NATIVE", ["--kv-offloading-size", "16", "--kv-offloading-backend", "native"],
+     ["--kv-transfer-config"]),
+])
+def test_each_arm_launches_vllm_with_its_own_cache_path(
+        tmp_path: Path, arm: str, wanted: list[str], unwanted: list[str]) -> None:
+    """ON: LMCache's MP connector; OFF: GPU prefix caching alone; NATIVE: vLLM's own CPU
+    offloading at the pool's size (per replica, not shared)."""
+    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+    from pytest_sharedkv.replicas.providers import LaunchSpec, vllm_argv
+
+    spec = LaunchSpec(log_dir=tmp_path, arm=arm, l1_size_gb=16.0)
+    server = LMCacheServer(ServerConfig(), tmp_path) if arm == "ON" else None
+    argv = vllm_argv(tmp_path, 8000, server, spec)
+    joined = " ".join(argv)
+    assert " ".join(wanted) in joined
+    assert not [flag for flag in unwanted if flag in argv]

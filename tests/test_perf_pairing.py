@@ -94,3 +94,19 @@ def test_three_arms_in_one_pair_are_refused() -> None:
     pairing = pair_observations([obs("OFF", 0), obs("ON", 1), obs("NATIVE", 1, pair=0)])
     assert len(pairing.refusals) == 3
     assert "holds the arms OFF, ON, NATIVE" in pairing.refusals[0].reason
+
+
+def test_with_the_native_arm_a_pair_is_three_blocks_and_each_treatment_pairs_with_off(
+        ) -> None:
+    blocks = ["OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF"]
+    data = [obs("OFF", 0, pair=0, ttft_s=2.0), obs("ON", 1, pair=0, ttft_s=0.5),
+            obs("NATIVE", 2, pair=0, ttft_s=1.5), obs("NATIVE", 3, pair=1, ttft_s=1.6),
+            obs("ON", 4, pair=1, ttft_s=0.6), obs("OFF", 5, pair=1, ttft_s=2.4)]
+    pairing = pair_observations(data, blocks)
+    assert pairing.ok
+    assert sorted((p.pair, p.arms, p.ratio) for p in pairing.pairs) == [
+        (0, "NATIVE/OFF", 0.75), (0, "ON/OFF", 0.25), (1, "NATIVE/OFF", 1.6 / 2.4),
+        (1, "ON/OFF", 0.25)]
+    missing = pair_observations(data[:2] + data[3:], blocks)
+    assert [(r.arm, r.pair) for r in missing.refusals] == [("OFF", 0), ("ON", 0)]
+    assert "no partner in arm NATIVE of block pair 0" in missing.refusals[0].reason

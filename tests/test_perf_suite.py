@@ -130,6 +130,7 @@ def test_token_checks_and_block_order() -> None:
     assert block_arms(1) == ("OFF", "ON")
     assert block_arms(2) == ("OFF", "ON", "ON", "OFF")
     assert block_arms(3) == ("OFF", "ON", "ON", "OFF", "OFF", "ON")
+    assert block_arms(2, native=True) == ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF")
 
 
 @pytest.mark.parametrize(("value", "problem"), [
@@ -191,3 +192,22 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     steps = [o.step for o in run.observations if not o.warmup]
     assert steps == ["cold"] * 3 + ["local"] * 3 + ["cross"] * 3
     assert run.wall_s > 0
+
+
+def test_the_native_arm_is_a_third_block_of_every_pair(pytester: pytest.Pytester) -> None:
+    """--sharedkv-native-arm: OFF-ON-NATIVE per pair; on the stub NATIVE keeps a pool per
+    replica (as vLLM's own offloading does), so B's cross step finds nothing of A's, and
+    both treatments pair with OFF."""
+    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json",
+                                           "--sharedkv-blocks=1", "--sharedkv-native-arm")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*block 2 (NATIVE) done in * s*",
+        "*cross OFF 0%, ON 100%, NATIVE 0%*",
+    ])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.blocks == ["OFF", "ON", "NATIVE"]
+    assert {o.pair for o in run.observations} == {0}
+    pairing = pair_observations(run.observations, run.blocks)
+    assert pairing.ok
+    assert {p.arms for p in pairing.pairs} == {"ON/OFF", "NATIVE/OFF"}

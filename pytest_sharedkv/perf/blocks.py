@@ -28,6 +28,7 @@ from pytest_sharedkv.perf.observations import (
     PerfRun,
     SessionObservation,
 )
+from pytest_sharedkv.perf.pairing import blocks_per_pair
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.replicas.pair import ReplicaError, ReplicaPair
@@ -39,13 +40,15 @@ STEP_REPLICA = {"cold": "A", "local": "A", "cross": "B", "receiver-local": "B"}
 PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
 
 
-def block_arms(pairs: int) -> tuple[str, ...]:
-    """N block pairs, alternating OFF-ON, ON-OFF, ...: 2 -> OFF ON ON OFF."""
+def block_arms(pairs: int, native: bool = False) -> tuple[str, ...]:
+    """N block pairs, alternating OFF-ON, ON-OFF, ...: 2 -> OFF ON ON OFF. NATIVE (vLLM's
+    own CPU offloading) joins each pair as a third block: OFF ON NATIVE NATIVE ON OFF."""
     if pairs < 1:
         raise ValueError(f"block pairs must be at least 1, not {pairs}")
+    group = ["OFF", "ON", "NATIVE"] if native else ["OFF", "ON"]
     arms: list[str] = []
     for p in range(pairs):
-        arms += ["OFF", "ON"] if p % 2 == 0 else ["ON", "OFF"]
+        arms += group if p % 2 == 0 else group[::-1]
     return tuple(arms)
 
 
@@ -92,6 +95,7 @@ class BlockRunner:
         self.accounting = Accounting()
         self.refusals: list[str] = []
         self.where = "the first start"  # the phase running now, for progress and failures
+        self.per_pair = blocks_per_pair(plan.arms)  # 2 blocks a pair, 3 with NATIVE
         self.run_record = PerfRun(schema=PERF_SCHEMA, model_digest=model_digest,
                                   corpus_digest=payloads.digest, engine=dict(engine),
                                   blocks=list(plan.arms), floor=floor, notes=list(notes))
@@ -211,8 +215,8 @@ class BlockRunner:
         if not warmup:
             self.accounting.hit(arm, step, timing)
         self.run_record.observations.append(observation(
-            timing, arm=arm, block=block, pair=block // 2, size=payload.size, step=step,
-            request=request, payload_sha256=payload.sha256,
+            timing, arm=arm, block=block, pair=block // self.per_pair, size=payload.size,
+            step=step, request=request, payload_sha256=payload.sha256,
             prompt_tokens=payload.prompt_tokens, warmup=warmup))
 
     def _sessions(self, block: int, arm: str, placement: str,
@@ -239,9 +243,9 @@ class BlockRunner:
         self.accounting.busy_s += group
         for session, wall in zip(sessions, walls, strict=True):
             self.run_record.sessions.append(SessionObservation(
-                arm=arm, block=block, pair=block // 2, session=f"{prefix}{session.id}",
-                placement=label or placement, turns=len(session.turns), wall_s=wall,
-                payload_sha256=session.sha256))
+                arm=arm, block=block, pair=block // self.per_pair,
+                session=f"{prefix}{session.id}", placement=label or placement,
+                turns=len(session.turns), wall_s=wall, payload_sha256=session.sha256))
         return group
 
     # -- what the run says about itself ------------------------------------------------

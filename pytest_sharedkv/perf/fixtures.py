@@ -264,7 +264,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     if provider not in ("vllm", "stub", "external"):
         pytest.skip(f"the {provider} provider serves no model: the perf tier needs replicas "
                     "(vllm, external or stub)")
-    arms = block_arms(settings.blocks)
+    arms = block_arms(settings.blocks, native=settings.native_arm)
     if provider == "stub":
         setup = _stub_setup(settings, arms, tmp_path_factory)
     elif provider == "external":
@@ -279,7 +279,10 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     if provider == "vllm" and setup.model is not None:
         setup.l1_size_gb = pool_size_gb(setup.model, payload_set)
         setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm (twice "
-                           "the KV of the largest size's requests, a power of two)")
+                           "the KV of the largest size's requests, a power of two)"
+                           + (f"; the NATIVE arm offloads to {setup.l1_size_gb:g} GB on each "
+                              "replica (vLLM's own, not shared)" if "NATIVE" in setup.arms
+                              else ""))
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait

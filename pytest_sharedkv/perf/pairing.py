@@ -1,8 +1,10 @@
-"""Matching each measured request of one arm with the same request of the other arm in the
-same block pair: the pair is the independent unit of every comparison.
+"""Matching each measured request of one arm with the same request of the control arm (OFF)
+in the same block pair: the pair is the independent unit of every comparison.
 
 Two observations are partners when they share (payload sha256, replica, step, size,
-request) in the two arms of one block pair. An observation without exactly one partner is
+request) in two arms of one block pair. A block pair is two blocks (OFF, ON), or three
+where the run adds vLLM's native offloading (OFF, ON, NATIVE): each treatment arm pairs
+with OFF. An observation without exactly one partner is
 refused, and so is a partner whose prompt or output token count differs (the two arms did
 not answer the same thing, so their times do not compare). Warm-ups are left out here and
 in every statistic, but stay in the data.
@@ -93,13 +95,19 @@ def _where(o: Observation) -> str:
     return f"{o.size} {o.step} on replica {o.replica}"
 
 
+def blocks_per_pair(blocks: Sequence[str] | None) -> int:
+    """Blocks in one block pair: one per distinct arm of the run (2, or 3 with NATIVE)."""
+    return max(2, len(set(blocks))) if blocks else 2
+
+
 def _arms(observations: Sequence[Observation], blocks: Sequence[str] | None,
           pair: int) -> list[str]:
     """The arms of one block pair: from the run's block list where given (so a block that
     recorded nothing still counts), else from what was recorded; OFF first."""
     arms = [o.arm for o in observations]
     if blocks is not None:
-        arms = [*blocks[2 * pair:2 * pair + 2], *arms]
+        size = blocks_per_pair(blocks)
+        arms = [*blocks[size * pair:size * pair + size], *arms]
     unique = list(dict.fromkeys(arms))
     return sorted(unique, key=lambda a: a != CONTROL)
 
@@ -117,39 +125,52 @@ def pair_observations(observations: Iterable[Observation],
     for pair in sorted(by_pair):
         group = by_pair[pair]
         arms = _arms(group, blocks, pair)
-        if len(arms) != 2:
-            reason = (f"block pair {pair} holds the arms {', '.join(arms)}; a pair is two "
-                      "blocks of two arms" if len(arms) > 2 else
+        size = blocks_per_pair(blocks)
+        if len(arms) < 2 or len(arms) > size:
+            reason = (f"block pair {pair} holds the arms {', '.join(arms)}; a pair is {size} "
+                      f"blocks of {size} arms" if len(arms) > size else
                       f"no partner: block pair {pair} ran only arm {arms[0]}")
             result.refusals += [_refuse(o, reason) for o in group]
             continue
-        control, treatment = arms
-        keyed: dict[str, dict[Key, list[Observation]]] = {control: {}, treatment: {}}
+        keyed: dict[str, dict[Key, list[Observation]]] = {arm: {} for arm in arms}
         for o in group:
             keyed[o.arm].setdefault(pair_key(o), []).append(o)
-        for arm, other in ((treatment, control), (control, treatment)):
-            for key, mine in keyed[arm].items():
+        for arm, mine_by_key in keyed.items():
+            for key, mine in mine_by_key.items():
                 if len(mine) > 1:
                     result.refusals += [_refuse(o, f"measured {len(mine)} times in arm {arm}"
                                                    f" of block pair {pair} ({_where(o)})")
                                         for o in mine]
-                elif key not in keyed[other]:
-                    o = mine[0]
-                    result.refusals.append(_refuse(
-                        o, f"no partner in arm {other} of block pair {pair} ({_where(o)}, "
-                           f"payload sha256 {o.payload_sha256[:16]})"))
-        for key, treated in keyed[treatment].items():
-            controls = keyed[control].get(key, [])
-            if len(treated) != 1 or len(controls) != 1:
-                continue
-            t, c = treated[0], controls[0]
-            mismatch = [f"{name} {getattr(t, name)} in block {t.block} ({t.arm}) but "
-                        f"{getattr(c, name)} in block {c.block} ({c.arm})"
-                        for name in ("prompt_tokens", "output_tokens")
-                        if getattr(t, name) != getattr(c, name)]
-            if mismatch:
-                why = f"token counts differ across arms ({_where(t)}): " + "; ".join(mismatch)
-                result.refusals += [_refuse(t, why), _refuse(c, why)]
-                continue
-            result.pairs.append(PairedRequest(pair, t.size, t.step, t.request, t, c))
+                    continue
+                for other in arms:
+                    if other != arm and key not in keyed[other]:
+                        o = mine[0]
+                        result.refusals.append(_refuse(
+                            o, f"no partner in arm {other} of block pair {pair} "
+                               f"({_where(o)}, payload sha256 {o.payload_sha256[:16]})"))
+        control = arms[0]
+        for treatment in arms[1:]:
+            result.pairs += _matched(keyed, control, treatment, pair, result)
     return result
+
+
+def _matched(keyed: dict[str, dict[Key, list[Observation]]], control: str, treatment: str,
+             pair: int, result: Pairing) -> list[PairedRequest]:
+    """TREATMENT's requests matched with CONTROL's in one block pair; a partner with other
+    token counts is refused (into RESULT) instead."""
+    matched = []
+    for key, treated in keyed[treatment].items():
+        controls = keyed[control].get(key, [])
+        if len(treated) != 1 or len(controls) != 1:
+            continue
+        t, c = treated[0], controls[0]
+        mismatch = [f"{name} {getattr(t, name)} in block {t.block} ({t.arm}) but "
+                    f"{getattr(c, name)} in block {c.block} ({c.arm})"
+                    for name in ("prompt_tokens", "output_tokens")
+                    if getattr(t, name) != getattr(c, name)]
+        if mismatch:
+            why = f"token counts differ across arms ({_where(t)}): " + "; ".join(mismatch)
+            result.refusals += [_refuse(t, why), _refuse(c, why)]
+            continue
+        matched.append(PairedRequest(pair, t.size, t.step, t.request, t, c))
+    return matched

@@ -35,7 +35,9 @@ from pytest_sharedkv.replicas.process import ManagedProcess, free_port
 PROVIDERS = ("auto", "vllm", "transfer", "external", "stub")
 INJECT_DIR = Path(__file__).parent / "inject"
 SERVED_NAME = "sharedkv-model"
-LAUNCH_ARMS = ("ON", "OFF")  # with the shared LMCache pool / GPU prefix caching alone
+# with the shared LMCache pool / GPU prefix caching alone / vLLM's own CPU offloading
+# (one pool of l1_size_gb per replica, not shared)
+LAUNCH_ARMS = ("ON", "OFF", "NATIVE")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: Launch
     ssm = _ssm_dtype(model)
     if ssm is not None:  # the geometry model's float32 state, as the 27B keeps it
         argv += ["--mamba-ssm-cache-dtype", ssm]
+    if spec.arm == "NATIVE":  # vLLM's OffloadingConnector, the pool's size per replica
+        argv += ["--kv-offloading-size", f"{spec.l1_size_gb:g}",
+                 "--kv-offloading-backend", "native"]
     if server is not None:
         transfer = {
             "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
@@ -169,11 +174,14 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                                  ready_timeout=spec.ready_timeout, model=SERVED_NAME,
                                  reports_external=True,
                                  abort=server.fatal_error if server is not None else None)
-    allocator = server.effective_allocator() if server is not None else "none (no pool)"
+    allocator = (server.effective_allocator() if server is not None else
+                 f"native offloading ({spec.l1_size_gb:g} GB each)" if spec.arm == "NATIVE"
+                 else "none (no pool)")
     pair = ReplicaPair(replicas["A"], replicas["B"],
                        stop_server=server.stop if server is not None else None,
                        description=(f"vllm x2 + lmcache server ({allocator})"
-                                    if server is not None else "vllm x2 (no pool)"),
+                                    if server is not None else f"vllm x2 ({allocator})"
+                                    if spec.arm == "NATIVE" else "vllm x2 (no pool)"),
                        model=spec.model,
                        labels={"provider": "vllm", "allocator": allocator,
                                "delay": cycles_label(spec.inject_delay_cycles)})
@@ -205,6 +213,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                 str(port), "--name", name, "--block", str(spec.chunk_size)]
         if spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
+        elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
+            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}"))]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         if name == "B" and fault == "corrupt-external":
@@ -225,7 +235,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                                  reports_external=True)
     pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
                        labels={"provider": "stub (test double)",
-                               "allocator": "n/a" if spec.arm == "ON" else "none (no pool)",
+                               "allocator": {"ON": "n/a", "NATIVE": "native (own pool)"}.get(
+                                   spec.arm, "none (no pool)"),
                                "delay": fault or "0"})
     pair.gate_control, pair.gate_log = control, log
     if spec.kv_audit:
