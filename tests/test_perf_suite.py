@@ -53,7 +53,10 @@ def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str)
             assert {o.replica for o in cell} == {"A" if step in ("cold", "local") else "B"}
             assert all(o.prompt_tokens == 3073 and o.output_tokens == 8 for o in cell)
             assert all(0 < o.ttft_s <= o.e2e_s and o.decode_tok_s for o in cell)
-        assert sum(o.warmup and o.block == block for o in run.observations) == 4
+        warm = [o for o in run.observations if o.warmup and o.block == block]
+        assert len(warm) == 4 + 8  # 2 payloads on A and B, then a burst of 8 at once
+        assert sum(o.request.endswith(tuple(f'/burst-{i}' for i in range(8)))
+                   for o in warm) == 8
         sessions = [s for s in run.sessions if s.block == block]
         assert sorted((s.placement, s.session.split("/")[0]) for s in sessions
                       if "/" in s.session) == [("window-4", "w4")] * 4 + [
@@ -179,10 +182,10 @@ def test_external_endpoints_give_one_block_and_say_why(pytester: pytest.Pytester
 
 def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing is lost: B dies on its 5th request (after its 2 warm-ups and 3 cross
+    """Nothing is lost: B dies on its 10th request (after 2 warm-ups, 4 of the burst, 3 cross
     requests), the test fails naming the phase, and the observations made so far are in
     the JSON report with an INCOMPLETE note; the progress lines say where time went."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=5")
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=9")
     result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])

@@ -2,7 +2,8 @@
 same payloads in a fresh cache namespace, so block pairs compare like with like.
 
 Each block (re)starts the replica pair in its arm (the restart's wall time is recorded),
-sends warm-ups (recorded, flagged), then per size the four steps in order: cold on A,
+sends warm-ups (recorded, flagged: each warm-up payload on A and on B, then one burst as
+wide as the widest window), then per size the four steps in order: cold on A,
 local on A, ONE settle (LMCache stores asynchronously; a settle per size, not per
 request), cross on B, receiver-local on B; requests go one at a time, so each TTFT is a
 request's own. Then six-turn sessions, two at once, all turns on A (fixed) or alternating
@@ -144,7 +145,7 @@ class BlockRunner:
                 self._request(block, arm, "cold", replica, payload,
                               f"{payload.id}/{replica}", warmup=True,
                               salt_key=f"warm-{i}-{replica}")
-        done(2 * len(self.payloads.warmups))
+        done(2 * len(self.payloads.warmups) + self._warm_burst(block, arm))
         for size in self.payloads.sizes():
             group = self.payloads.of_size(size)
             for step in ("cold", "local", "cross", "receiver-local"):
@@ -201,6 +202,29 @@ class BlockRunner:
     def _body(self, payload: Payload, salt: str) -> dict[str, Any]:
         return {"prompt": payload.text, "max_tokens": self.plan.max_tokens,
                 "temperature": 0.0, "cache_salt": salt, **self.plan.extra}
+
+    def _warm_burst(self, block: int, arm: str) -> int:
+        """The widest window's concurrency once per block before anything is measured
+        (warm-ups, alternating replicas, fresh salts): kernels compiled on first use at a
+        batch size (Triton, e.g. the fused MoE's per-size configs) are built here, not in
+        a measured window of the first block. Returns how many requests it sent."""
+        width = max(self.plan.windows, default=1)
+        warm = self.payloads.warmups
+        if width < 2 or not warm:
+            return 0
+        jobs = [(("A", "B")[i % 2], warm[i % len(warm)], i) for i in range(width)]
+        salts = [self.salt(f"block-{block}/warm-burst-{i}") for i in range(width)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=width) as pool:
+            timings = list(pool.map(lambda job: self._timed(job[0], job[1], salts[job[2]]),
+                                    jobs))
+        self.accounting.busy_s += time.perf_counter() - started
+        for (_replica, payload, i), timing in zip(jobs, timings, strict=True):
+            self.run_record.observations.append(observation(
+                timing, arm=arm, block=block, pair=block // self.per_pair, size=payload.size,
+                step="cold", request=f"{payload.id}/burst-{i}", payload_sha256=payload.sha256,
+                prompt_tokens=payload.prompt_tokens, warmup=True))
+        return width
 
     def _timed(self, replica: str, payload: Payload, salt: str) -> Timing:
         assert self.pair is not None
