@@ -353,29 +353,43 @@ def digest_of(path: Path) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
-def make_copy_model(dst: Path, recipe: CopyModelRecipe | None = None) -> CopyModelCard:
-    """Write the model to DST: config.json, model.safetensors, tokenizer files."""
+def write_model_dir(dst: Path, config: dict[str, Any], state: dict[str, Any],
+                    words: CopyModelRecipe) -> None:
+    """A generated model's files in DST (config.json, generation_config.json,
+    model.safetensors, the canonical tokenizer spec and the tokenizer for WORDS): what
+    ``digest_of`` hashes and vLLM loads, for every model kind the suite makes."""
     from safetensors.torch import save_file
 
-    recipe = recipe or CopyModelRecipe()
     dst.mkdir(parents=True, exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(config_dict(recipe), indent=1, sort_keys=True))
+    (dst / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
     (dst / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "do_sample": False},
         indent=1, sort_keys=True))
-    save_file(weights(recipe), str(dst / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     (dst / "sharedkv-tokenizer.json").write_text(
-        json.dumps(_tokenizer_spec(recipe), indent=1, sort_keys=True))
-    write_tokenizer(dst, recipe)
+        json.dumps(_tokenizer_spec(words), indent=1, sort_keys=True))
+    write_tokenizer(dst, words)
+
+
+def make_copy_model(dst: Path, recipe: CopyModelRecipe | None = None) -> CopyModelCard:
+    """Write the model to DST: config.json, model.safetensors, tokenizer files."""
+    recipe = recipe or CopyModelRecipe()
+    write_model_dir(dst, config_dict(recipe), weights(recipe), recipe)
     return CopyModelCard(dst, recipe, digest_of(dst))
 
 
-def is_copy_model(path: Path) -> bool:
+def model_kind(path: Path) -> str | None:
+    """The kind a generated model's config.json names ("copy", "geometry"), else None."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config.get("sharedkv"), dict) and config["sharedkv"].get("kind") == KIND
+        return None
+    section = config.get("sharedkv")
+    return str(section.get("kind")) if isinstance(section, dict) else None
+
+
+def is_copy_model(path: Path) -> bool:
+    return model_kind(path) == KIND
 
 
 def load_card(path: Path) -> CopyModelCard:

@@ -196,30 +196,16 @@ def digest_of(path: Path) -> str:
 def make_geometry_model(dst: Path, recipe: GeometryModelRecipe | None = None
                         ) -> GeometryModelCard:
     """Write the model to DST: config.json, model.safetensors, tokenizer files."""
-    from safetensors.torch import save_file
-
-    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, write_tokenizer
-    from pytest_sharedkv.replicas.copy_model import _tokenizer_spec as tokenizer_spec
+    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, write_model_dir
 
     recipe = recipe or GeometryModelRecipe()
     config = config_dict(recipe)
     words = CopyModelRecipe(max_position_embeddings=int(config["max_position_embeddings"]))
-    dst.mkdir(parents=True, exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
-    (dst / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "do_sample": False},
-        indent=1, sort_keys=True))
-    save_file(weights(recipe, config), str(dst / "model.safetensors"),
-              metadata={"format": "pt"})
-    (dst / "sharedkv-tokenizer.json").write_text(
-        json.dumps(tokenizer_spec(words), indent=1, sort_keys=True))
-    write_tokenizer(dst, words)
+    write_model_dir(dst, config, weights(recipe, config), words)
     return GeometryModelCard(dst, recipe, digest_of(dst), weight_bytes(config))
 
 
 def is_geometry_model(path: Path) -> bool:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config.get("sharedkv"), dict) and config["sharedkv"].get("kind") == KIND
+    from pytest_sharedkv.replicas.copy_model import model_kind
+
+    return model_kind(path) == KIND
