@@ -220,10 +220,8 @@ class BlockRunner:
                                     jobs))
         self.accounting.busy_s += time.perf_counter() - started
         for (_replica, payload, i), timing in zip(jobs, timings, strict=True):
-            self.run_record.observations.append(observation(
-                timing, arm=arm, block=block, pair=block // self.per_pair, size=payload.size,
-                step="cold", request=f"{payload.id}/burst-{i}", payload_sha256=payload.sha256,
-                prompt_tokens=payload.prompt_tokens, warmup=True))
+            self._record(timing, block, arm, "cold", payload, f"{payload.id}/burst-{i}",
+                         warmup=True)
         return width
 
     def _timed(self, replica: str, payload: Payload, salt: str) -> Timing:
@@ -238,6 +236,10 @@ class BlockRunner:
         self.accounting.busy_s += timing.e2e_s
         if not warmup:
             self.accounting.hit(arm, step, timing)
+        self._record(timing, block, arm, step, payload, request, warmup=warmup)
+
+    def _record(self, timing: Timing, block: int, arm: str, step: str, payload: Payload,
+                request: str, warmup: bool) -> None:
         self.run_record.observations.append(observation(
             timing, arm=arm, block=block, pair=block // self.per_pair, size=payload.size,
             step=step, request=request, payload_sha256=payload.sha256,
