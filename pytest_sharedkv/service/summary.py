@@ -69,19 +69,13 @@ def verdicts(checks: list[Check]) -> list[str]:
         extra = ", ".join(x for x in (f"sessions {sessions} turns" if sessions else "",
                                       f"protocol {protocol}" if protocol else "") if x)
         status = gate.detail.get("status") if gate is not None else None
-        if gate is not None and status in ("VOID", "CONFOUNDED"):
-            if wrong:  # divergences stand; only the exact answers prove nothing
-                remedy = f"; {REMEDY}" if pair[1] == "lazy" else ""
-                lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong "
-                             "after cross-replica pool hits (HTTP 200, the prompt served from "
-                             f"the pool){remedy}; the {total - wrong} exact answers prove "
-                             f"nothing: {gate.message}")
-            else:
-                lines.append(f"VERDICT {name}: VOID: {gate.message}")
+        void = gate if gate is not None and status in ("VOID", "CONFOUNDED") else None
+        if void is not None and not wrong:
+            lines.append(f"VERDICT {name}: VOID: {void.message}")
             continue
-        if gate is not None and gate.detail.get("status") == "unproven":
+        if gate is not None and status == "unproven":
             lines.append(f"NOTE {name}: {gate.message}")
-        elif gate is not None:
+        elif gate is not None and void is None:
             lines.append(f"GATE {name}: {gate.message}")
         if not steps:
             continue
@@ -89,11 +83,13 @@ def verdicts(checks: list[Check]) -> list[str]:
             lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
                          f"local, cross-replica, receiver-local), hits as expected"
                          + (f"; {extra}" if extra else ""))
-        elif wrong:
+        elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
             remedy = f"; {REMEDY}" if pair[1] == "lazy" else ""
+            voids = (f"; the {total - wrong} exact answers prove nothing: {void.message}"
+                     if void is not None else "")
             lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
                          "cross-replica pool hits (HTTP 200, the prompt served from the pool)"
-                         + remedy)
+                         + remedy + voids)
         else:
             bad = [f"{c.key.get('size')} {c.key.get('step')}" for c in steps
                    if not c.ok or c.message]
