@@ -115,8 +115,9 @@ def test_the_fixture_screening_analysed(fixture_run: PerfRun) -> None:
     assert "| 128k | ON  |" in text and "(n=6, 3 pairs)" in text
     verdicts = [line for line in text.splitlines() if line.startswith("VERDICT")]
     assert [v.split(":")[0] for v in verdicts] == ["VERDICT perf", "VERDICT floor",
-                                                   "VERDICT sessions"]
+                                                   "VERDICT hits", "VERDICT sessions"]
     assert "faster" in verdicts[0] and "above the physical floor" in verdicts[1]
+    assert "all 18 ON cross-replica requests were full pool hits" in verdicts[2]
 
 
 def test_refused_pairs_leave_the_screening_unjudged(fixture_run: PerfRun) -> None:

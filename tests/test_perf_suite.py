@@ -214,3 +214,25 @@ def test_the_native_arm_is_a_third_block_of_every_pair(pytester: pytest.Pytester
     pairing = pair_observations(run.observations, run.blocks)
     assert pairing.ok
     assert {p.arms for p in pairing.pairs} == {"ON/OFF", "NATIVE/OFF"}
+
+
+def test_a_pool_too_small_marks_the_cross_hits_partial(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 screening's fault, on the stub: a pool that holds fewer blocks than one
+    size's requests store evicts them before B asks, so B recomputes part of each
+    cross-replica prompt. The tier marks those requests PARTIAL and does not judge their
+    size's cross ratio, instead of timing a recompute as a transfer."""
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "pool-blocks=100")  # a 3k prompt: 48 blocks
+    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json",
+                                           "--sharedkv-blocks=1")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*VERDICT perf: cross-replica TTFT 3k ON/OFF *: NOT JUDGED (* ON requests were "
+        "partial pool hits)*",
+        "*VERDICT hits: PARTIAL: * of 3 ON cross-replica requests were not full pool hits*",
+    ])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.chunk_tokens == 64
+    cross = [o for o in run.observations if (o.arm, o.step) == ("ON", "cross")]
+    assert cross and all(o.cached_tokens is not None for o in cross)
+    assert min(o.cached_tokens or 0 for o in cross) < 3072

@@ -85,7 +85,8 @@ class Accounting:
 class BlockRunner:
     def __init__(self, launch: Launch, payloads: PayloadSet, plan: Plan, salts: Salts, *,
                  model_digest: str, engine: dict[str, str], floor: Floor | None = None,
-                 notes: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
+                 notes: Sequence[str] = (), log: Callable[[str], None] | None = None,
+                 chunk_tokens: int | None = None) -> None:
         self.launch = launch
         self.payloads = payloads
         self.plan = plan
@@ -99,7 +100,8 @@ class BlockRunner:
         self.per_pair = blocks_per_pair(plan.arms)  # 2 blocks a pair, 3 with NATIVE
         self.run_record = PerfRun(schema=PERF_SCHEMA, model_digest=model_digest,
                                   corpus_digest=payloads.digest, engine=dict(engine),
-                                  blocks=list(plan.arms), floor=floor, notes=list(notes))
+                                  blocks=list(plan.arms), floor=floor, notes=list(notes),
+                                  chunk_tokens=chunk_tokens)
 
     # -- the screening ---------------------------------------------------------------
 

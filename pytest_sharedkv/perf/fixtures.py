@@ -168,6 +168,7 @@ class _Setup:
     arms: tuple[str, ...]
     chunk: int
     digest: str
+    chunk_known: bool = True  # False: a guess (external endpoints), not recorded as fact
     words: bool = True  # payloads in the copy vocabulary (their token counts are known)
     model: Path | None = None
     max_tokens: int = 32
@@ -206,6 +207,7 @@ def _external_setup(settings: Settings) -> _Setup:
     pair = external_pair(endpoints)
     return _Setup(lambda arm: pair, ("ON",), settings.chunk_size or 256,
                   f"external {', '.join(endpoints)}", model=settings.model, extra={},
+                  chunk_known=settings.chunk_size is not None,
                   words=settings.model is not None and _uses_copy_words(settings.model),
                   notes=["external endpoints: one block as deployed (recorded as ON); OFF and"
                          " ON blocks need restarts, which the suite cannot do to a deployment",
@@ -277,9 +279,8 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     setup.max_model_len = min(_context(setup.model), _longest(payload_set) + setup.max_tokens
                               + 64)
     if provider == "vllm" and setup.model is not None:
-        setup.l1_size_gb = pool_size_gb(setup.model, payload_set)
-        setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm (twice "
-                           "the KV of the largest size's requests, a power of two)"
+        setup.l1_size_gb, why = _pool_size(setup.model, payload_set)
+        setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm ({why})"
                            + (f"; the NATIVE arm offloads to {setup.l1_size_gb:g} GB on each "
                               "replica (vLLM's own, not shared)" if "NATIVE" in setup.arms
                               else ""))
@@ -298,29 +299,23 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     namespaces = Namespaces(run_id(pytestconfig), request.node.nodeid)
     return BlockRunner(setup.launch, payload_set, plan, lambda key: namespaces(key).salt,
                        model_digest=setup.digest, engine=engine, floor=setup.floor,
-                       notes=setup.notes, log=log)
+                       notes=setup.notes, log=log,
+                       chunk_tokens=setup.chunk if setup.chunk_known else None)
 
 
-def pool_size_gb(model: Path, payload_set: PayloadSet, minimum: float = 8.0) -> float:
-    """An L1 that keeps every request of one size until its cross-replica step: the cross
-    step of the largest size comes after that size's cold and local steps, so an L1 smaller
-    than their KV evicts what B should hit and times a miss as if it were a transfer. Twice
-    that KV (plus each request's recurrent state), a power of two (torch rounds pinned
-    requests up to one anyway), at least MINIMUM."""
+def _pool_size(model: Path, payload_set: PayloadSet) -> tuple[float, str]:
+    """The ON arm's pool for these payloads (pool_size.pool_size_gb)."""
     import json
-    import math
 
-    from pytest_sharedkv.perf.floor import FloorError, kv_geometry
+    from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb
 
     try:
-        kv, recurrent = kv_geometry(json.loads((model / "config.json").read_text()))
-    except (OSError, ValueError, FloorError):
-        return minimum
-    need = max((sum((p.prompt_tokens or len(p.text.split())) * kv + recurrent
-                    for p in payload_set.of_size(size)) for size in payload_set.sizes()),
-               default=0)
-    gb = 2 * need / 1e9
-    return float(max(minimum, 2 ** math.ceil(math.log2(gb)) if gb > 0 else minimum))
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return MINIMUM_GB, f"no config.json to size it from ({exc}): the minimum"
+    tokens = {size: sum(p.prompt_tokens or len(p.text.split())
+                        for p in payload_set.of_size(size)) for size in payload_set.sizes()}
+    return pool_size_gb(config, tokens)
 
 
 def _longest(payload_set: PayloadSet) -> int:

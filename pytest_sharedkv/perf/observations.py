@@ -31,7 +31,9 @@ class Observation:
     ``block`` counts blocks in run order from 0; ``pair`` is the block pair (blocks
     OFF-ON-ON-OFF: blocks 0 and 1 are pair 0, blocks 2 and 3 pair 1); ``request`` is
     stable across blocks; ``ttft_s`` is client-side, to the first token event
-    (streaming); ``decode_tok_s`` is (N_out - 1) / (t_last - t_first), None when N_out < 2.
+    (streaming); ``decode_tok_s`` is (N_out - 1) / (t_last - t_first), None when N_out < 2;
+    ``cached_tokens`` is the engine's count of prompt tokens served from a cache (its own
+    prefix cache or the pool; None where the engine reports none).
     """
 
     arm: str
@@ -48,6 +50,7 @@ class Observation:
     decode_tok_s: float | None
     e2e_s: float
     warmup: bool = False
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class PerfRun:
     restarts_s: list[float] = field(default_factory=list)  # each block's replica restart
     wall_s: float = 0.0  # the screening's total wall time
     notes: list[str] = field(default_factory=list)
+    chunk_tokens: int | None = None  # the pool's chunk: a full hit misses less than one
 
 
 def size_tokens(size: str) -> int | None:
@@ -133,17 +137,19 @@ _KIND: dict[str, tuple[Callable[[object], bool], str]] = {
     "int": (_is_int, "an integer"),
     "float": (_is_number, "a finite number"),
     "float?": (lambda v: v is None or _is_number(v), "a finite number or null"),
+    "int?": (lambda v: v is None or _is_int(v), "an integer or null"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
 }
 _OBSERVATION = {"arm": "str", "block": "int", "pair": "int", "size": "str", "step": "str",
                 "request": "str", "payload_sha256": "str", "replica": "str",
                 "prompt_tokens": "int", "output_tokens": "int", "ttft_s": "float",
-                "decode_tok_s": "float?", "e2e_s": "float", "warmup": "bool"}
+                "decode_tok_s": "float?", "e2e_s": "float", "warmup": "bool",
+                "cached_tokens": "int?"}
 _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "placement": "str",
             "turns": "int", "wall_s": "float", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
           "recurrent_bytes_per_sequence": "int", "source": "str"}
-_OPTIONAL = {"warmup"}
+_OPTIONAL = {"warmup", "cached_tokens"}  # older reports lack them
 
 
 def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:
@@ -227,6 +233,10 @@ def from_json(data: object) -> PerfRun:
     wall = data.get("wall_s", 0.0)
     if not _is_number(wall):
         raise PerfReportError(f"perf.wall_s: expected a number, found {wall!r}")
+    chunk = data.get("chunk_tokens")
+    if chunk is not None and not (_is_int(chunk) and chunk > 0):
+        raise PerfReportError(f"perf.chunk_tokens: expected a positive integer or null, "
+                              f"found {chunk!r}")
     return PerfRun(
         schema=schema, model_digest=data["model_digest"], corpus_digest=data["corpus_digest"],
         engine=dict(engine), blocks=blocks, floor=floor,
@@ -235,4 +245,4 @@ def from_json(data: object) -> PerfRun:
         sessions=[_session(s, f"perf.sessions[{i}]")
                   for i, s in enumerate(_list(data, "sessions"))],
         restarts_s=[float(r) for r in restarts], wall_s=float(wall),
-        notes=_strings(_list(data, "notes"), "perf.notes"))
+        notes=_strings(_list(data, "notes"), "perf.notes"), chunk_tokens=chunk)

@@ -1,12 +1,13 @@
 """Markdown tables of a screening, each with its verdict line: the medians (every number
 with the observations and block pairs behind it), the paired ON/OFF ratios, the floor
-ratios and the sessions."""
+ratios with the pool hits behind them, and the sessions."""
 
 from __future__ import annotations
 
 from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.perf.floor import floor_ratio, invalid
-from pytest_sharedkv.perf.observations import STEPS
+from pytest_sharedkv.perf.hits import cached_share, counted, partial_hits, pooled_cross
+from pytest_sharedkv.perf.observations import STEPS, Observation, size_order
 from pytest_sharedkv.perf.statistics import Analysis, Cell, PairedRatio, SessionRatio
 
 SHOWN_REFUSALS = 3
@@ -84,14 +85,27 @@ def refusal_line(analysis: Analysis) -> str:
     return f"{len(refusals)} observations refused pairing: {shown}{more}"
 
 
+def _partial(analysis: Analysis) -> list[Observation]:
+    return partial_hits((o for c in analysis.cells for o in c.observations),
+                        analysis.run.chunk_tokens)
+
+
 def ttft_verdict(analysis: Analysis) -> str:
     if analysis.pairing.refusals:
         return f"VERDICT perf: NOT JUDGED: {refusal_line(analysis)}"
     cross = [r for r in analysis.ratios if r.step == "cross"]
     if not cross:
         return "VERDICT perf: NOT JUDGED: no paired cross-replica requests"
-    parts = [f"{r.size} {r.arms} {r.median:.2f}x, {r.spread}: {_judged(r)}" for r in cross]
-    return "VERDICT perf: cross-replica TTFT " + "; ".join(parts)
+    partial = _partial(analysis)
+
+    def part(r: PairedRatio) -> str:
+        missed = [o for o in partial if o.size == r.size]
+        if missed:  # a recompute inside the ON side: not the transfer the ratio means
+            return (f"{r.size} {r.arms} {r.median:.2f}x: NOT JUDGED ({len(missed)} ON "
+                    "requests were partial pool hits)")
+        return f"{r.size} {r.arms} {r.median:.2f}x, {r.spread}: {_judged(r)}"
+
+    return "VERDICT perf: cross-replica TTFT " + "; ".join(part(r) for r in cross)
 
 
 def floor_table(analysis: Analysis) -> list[str]:
@@ -104,17 +118,21 @@ def floor_table(analysis: Analysis) -> list[str]:
             continue
         tokens = int(c.median_prompt_tokens)
         below = len(invalid(c.observations, floor))
+        partial = len(partial_hits(c.observations, analysis.run.chunk_tokens))
+        marks = ([f"INVALID ({below} of {c.n} below the floor)"] if below else []) + \
+            ([f"PARTIAL ({partial} of {c.n} not full pool hits)"] if partial else [])
+        share = cached_share(c.observations)
         rows.append([c.size, c.arm, f"{tokens:,}", seconds(floor.seconds(tokens)),
                      seconds(c.median_ttft_s),
                      f"{floor_ratio(c.median_ttft_s, tokens, floor):.1f}x",
-                     f"INVALID ({below} of {c.n} below the floor)" if below else "ok"])
+                     "-" if share is None else f"{share:.0%}", "; ".join(marks) or "ok"])
     if not rows:
         return []
     return [f"cross-replica TTFT / physical floor ({floor.kv_bytes_per_token:,} KV bytes a "
             f"token + {floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence at "
             f"{floor.h2d_gb_s:.1f} GB/s host-to-device; {floor.source}):",
             *markdown_table(["size", "arm", "prompt tokens", "floor s", "cross median s",
-                             "x floor", "mark"], rows)]
+                             "x floor", "cached (median)", "mark"], rows)]
 
 
 def floor_verdict(analysis: Analysis) -> str:
@@ -137,6 +155,35 @@ def floor_verdict(analysis: Analysis) -> str:
     return (f"VERDICT floor: all {len(cross)} cross-replica TTFTs lie above the physical "
             f"floor (lowest {floor_ratio(low.ttft_s, low.prompt_tokens, floor):.1f}x, "
             f"{low.size} {low.arm})")
+
+
+def hit_verdict(analysis: Analysis) -> str | None:
+    """Whether the ON arm's cross-replica requests came from the pool whole (None: no such
+    requests, e.g. external endpoints or a run without an ON block)."""
+    pooled = pooled_cross(o for c in analysis.cells for o in c.observations)
+    if not pooled:
+        return None
+    chunk, known = analysis.run.chunk_tokens, counted(pooled)
+    if not chunk or not known:
+        why = "no chunk size was recorded" if not chunk else \
+            "the engine reported no cached-token counts"
+        return (f"NOTE hits: {why}, so no ON cross-replica request was checked for a full "
+                "pool hit")
+    bad = partial_hits(pooled, chunk)
+    if not bad:
+        return (f"VERDICT hits: all {len(known)} ON cross-replica requests were full pool "
+                "hits (every whole chunk of the prompt from a cache)")
+    parts = []
+    for size in sorted({o.size for o in bad}, key=size_order):
+        mine = [o for o in known if o.size == size]
+        share = cached_share(mine)
+        parts.append(f"{size}: {sum(o.size == size for o in bad)} of {len(mine)}, median "
+                     f"{0.0 if share is None else share:.0%} of the prompt from a cache")
+    return (f"VERDICT hits: PARTIAL: {len(bad)} of {len(known)} ON cross-replica requests "
+            f"were not full pool hits ({'; '.join(parts)}), so their TTFT includes a "
+            "recompute and their cross ratio is not judged. Either the pool evicted part of "
+            "a size's prompts before B asked (give the ON arm a pool larger than what that "
+            "size's requests store) or B's lookup missed (run the service tier)")
 
 
 def session_table(analysis: Analysis) -> list[str]:
@@ -169,7 +216,8 @@ def report_lines(analysis: Analysis) -> list[str]:
     blocks = [
         [*median_table(analysis), *([""] if analysis.ratios else []), *ratio_table(analysis),
          ttft_verdict(analysis)],
-        [*floor_table(analysis), floor_verdict(analysis)],
+        [*floor_table(analysis), floor_verdict(analysis),
+         *[line for line in [hit_verdict(analysis)] if line]],
         [*session_table(analysis), session_verdict(analysis)],
         decode_table(analysis),
     ]

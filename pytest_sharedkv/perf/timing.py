@@ -101,7 +101,8 @@ def observation(timing: Timing, *, arm: str, block: int, pair: int, size: str, s
                        request=request, payload_sha256=payload_sha256,
                        replica=timing.replica, prompt_tokens=tokens or 0,
                        output_tokens=timing.output_tokens, ttft_s=timing.ttft_s,
-                       decode_tok_s=timing.decode_tok_s, e2e_s=timing.e2e_s, warmup=warmup)
+                       decode_tok_s=timing.decode_tok_s, e2e_s=timing.e2e_s, warmup=warmup,
+                       cached_tokens=timing.cached_tokens)
 
 
 def measure(replica: Replica, body: dict[str, Any], *, arm: str, block: int, pair: int,

@@ -198,7 +198,8 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
 
 # self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
 # "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
-# "corrupt-external" also makes B's KV audit load digests differ from A's store digests
+# "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
+# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits
 STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
 
 
@@ -223,6 +224,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--crash-after", fault.split("=", 1)[1]]
         if fault == "leak":
             argv.append("--ignore-salt")
+        if fault.startswith("pool-blocks=") and spec.arm != "OFF":
+            argv += ["--pool-blocks", fault.split("=", 1)[1]]
         if name == "B" and fault == "diverge":
             argv.append("--diverge")
         if name == "B" and fault != "no-gate":

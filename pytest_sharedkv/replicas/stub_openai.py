@@ -18,6 +18,7 @@ get a deterministic hash continuation.
 It can misbehave on purpose: ``--crash-after N`` exits after N completions,
 ``--never-ready`` keeps /health failing, ``--corrupt-external`` changes the answer whenever
 a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak),
+``--pool-blocks N`` keeps at most N blocks in the pool, oldest out (a pool too small),
 ``--diverge`` answers copy prompts one word off even cold (a model fault, not a cache
 fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every pool hit
 (the service tier's sensitivity gate, as the launched server's hook does; ``--corrupt-log``
@@ -102,7 +103,23 @@ class _State:
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).touch()
                     stored.append(index)
+        if stored and self.args.pool_blocks is not None:
+            self.evict(self.args.pool_blocks)
         return local, external, stored
+
+    def evict(self, capacity: int) -> None:
+        """A pool of CAPACITY blocks: the oldest stored go first, as an LRU pool's would
+        when nothing reads them (the perf tier's partial-hit fault)."""
+        assert self.pool is not None
+        aged = []
+        for path in self.pool.iterdir():
+            try:  # the other stub may evict the same file first
+                aged.append((path.stat().st_mtime_ns, path.name, path))
+            except FileNotFoundError:
+                continue
+        aged.sort()
+        for _, _, old in aged[:max(len(aged) - capacity, 0)]:
+            old.unlink(missing_ok=True)
 
     def audit_records(self, request_id: str, salt: str, tokens: list[str], block: int,
                       stored: list[int], loaded: range, zeroed: list[int]) -> None:
@@ -326,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="hit granularity of copy-model prompts (tokens)")
     parser.add_argument("--prefill-us", type=float, default=0.0,
                         help="simulated prefill: microseconds per uncached prompt token")
+    parser.add_argument("--pool-blocks", type=int, default=None,
+                        help="keep at most this many blocks in the pool (oldest out)")
     parser.add_argument("--corrupt-external", action="store_true")
     parser.add_argument("--ignore-salt", action="store_true")
     parser.add_argument("--diverge", action="store_true")

@@ -1,0 +1,71 @@
+"""How large the ON arm's pool must be: what the pool stores for a prompt, as the engine
+lays its KV out, not what the model's geometry needs.
+
+For a hybrid model (Gated DeltaNet + attention) with prefix caching, vLLM raises the
+attention block until one attention layer's page holds a recurrent layer's state, and pads
+each recurrent page to that size (``vllm/platforms/interface.py``,
+``_align_hybrid_block_size``, vLLM 0.26). LMCache 0.5.6 stores every layer's page of each
+block, the recurrent layers' included (``kv_cache_group_edits._MambaPageViewEdit``: a
+recurrent page is kept like a one-block sliding window; tail-only transfer is deferred
+there). So a stored token costs every layer's attention bytes: for the 27B geometry 64 x
+4,096 = 262,144 bytes, four times the 65,536 KV bytes the floor counts. On the H200
+(vLLM 0.26, LMCache 0.5.6) an ON pool sized from the geometry, 16 GB for three 32k
+requests that store ~26 GB this way, served the cross-replica requests 72% of their
+prompt on average, where a full hit is all of it but the last token.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_sharedkv.perf.floor import FloorError, kv_geometry, layer_counts
+
+MARGIN = 1.1  # pool metadata and allocator slack over the bytes stored
+MINIMUM_GB = 8.0
+HOST_SHARE = 0.5  # never pin more than this share of the host's memory
+
+
+def stored_bytes_per_token(config: Mapping[str, Any], where: str = "config.json") -> int:
+    """Bytes the pool stores per prompt token: the KV bytes for an attention-only model;
+    for a hybrid one every layer at one attention layer's bytes (see the module)."""
+    kv, _ = kv_geometry(config, where=where)
+    attention, linear = layer_counts(config, where)
+    if not linear or not attention:
+        return kv
+    return (attention + linear) * (kv // attention)
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, int], *,
+                 host_bytes: int | None = None) -> tuple[float, str]:
+    """(GB, why): a pool that keeps every request of the largest size until its
+    cross-replica step (that step comes after the size's cold and local steps, so a
+    smaller pool evicts what B should hit and times a recompute as a transfer): their
+    stored bytes plus MARGIN, a power of two (torch rounds pinned requests up to one),
+    at least MINIMUM_GB, at most HOST_SHARE of the host's memory (then the text says the
+    largest size may not fit)."""
+    try:
+        per_token = stored_bytes_per_token(config)
+    except FloorError as exc:
+        return MINIMUM_GB, f"the geometry is unknown ({exc}): the minimum"
+    need = max(tokens_per_size.values(), default=0) * per_token
+    gb = MINIMUM_GB if need <= 0 else max(MINIMUM_GB,
+                                          2.0 ** math.ceil(math.log2(need * MARGIN / 1e9)))
+    why = (f"the largest size's requests store {need / 1e9:.1f} GB at {per_token:,} bytes a "
+           "token as the engine lays the KV out")
+    host = host_memory_bytes() if host_bytes is None else host_bytes
+    if host:
+        cap = 2.0 ** math.floor(math.log2(host * HOST_SHARE / 1e9))
+        if gb > cap:
+            return max(cap, MINIMUM_GB), (f"{why}; capped at {cap:g} GB, half this host's "
+                                          "memory: expect PARTIAL cross-replica hits")
+    return gb, why

@@ -1,0 +1,37 @@
+"""The ON arm's pool is sized from what the engine stores per token (every layer's page
+for a hybrid model), rounded to a power of two, and capped by the host's memory with a
+warning rather than pinning the machine to death."""
+
+from __future__ import annotations
+
+from pytest_sharedkv.perf.geometry_27b import QWEN35_27B_GEOMETRY
+from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb, stored_bytes_per_token
+
+H200_X2 = 256 * 2**30
+SCREENING = {"8k": 3 * 7841, "32k": 3 * 32929}  # the H200 screening's prompt tokens
+
+
+def test_a_hybrid_model_stores_every_layer_at_the_attention_page() -> None:
+    assert stored_bytes_per_token(QWEN35_27B_GEOMETRY) == 64 * 4 * 256 * 2 * 2  # 262,144
+    llama = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "dtype": "bfloat16"}
+    assert stored_bytes_per_token(llama) == 32 * 8 * 128 * 2 * 2  # attention only: the KV
+
+
+def test_the_h200_screening_gets_a_pool_its_largest_size_fits() -> None:
+    gb, why = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2)
+    assert gb == 32.0  # 25.9 GB stored, +10%, the next power of two; was 16 from the KV
+    assert "25.9 GB at 262,144 bytes a token" in why and "capped" not in why
+    assert pool_size_gb(QWEN35_27B_GEOMETRY, {"8k": 3 * 7841}, host_bytes=H200_X2)[0] == \
+        MINIMUM_GB
+
+
+def test_a_small_host_caps_the_pool_and_says_what_to_expect() -> None:
+    gb, why = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=24 * 2**30)
+    assert gb == 8.0 and "capped at 8 GB" in why and "PARTIAL" in why
+
+
+def test_an_unknown_geometry_gets_the_minimum_and_says_why() -> None:
+    gb, why = pool_size_gb({"layer_types": ["full_attention"]}, SCREENING,
+                           host_bytes=H200_X2)
+    assert gb == MINIMUM_GB and "geometry is unknown" in why
