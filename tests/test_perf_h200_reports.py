@@ -1,0 +1,51 @@
+"""The recorded H200 screenings (fixtures/perf/h200/) still read, and the analysis gives
+the numbers their terminal printed on the GPU: a change to the statistics that moved a
+recorded result would show here first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.perf.observations import PerfRun, from_json
+from pytest_sharedkv.perf.statistics import analyse
+from pytest_sharedkv.perf.tables import report_lines
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
+
+
+def _run(name: str) -> PerfRun:
+    return from_json(json.loads((H200 / f"{name}.json").read_text())["perf"])
+
+
+@pytest.mark.parametrize(("name", "blocks", "cells"), [
+    ("blocks2", ["OFF", "ON", "ON", "OFF"], {("8k", "OFF", "cross"): 0.515,
+                                             ("8k", "ON", "cross"): 0.372,
+                                             ("32k", "OFF", "cross"): 1.254,
+                                             ("32k", "ON", "cross"): 1.189,
+                                             ("32k", "ON", "local"): 0.373}),
+    ("blocks1", ["OFF", "ON"], {("32k", "ON", "cross"): 1.046,
+                                ("8k", "OFF", "local"): 0.324}),
+])
+def test_the_recorded_screening_analyses_as_printed(name: str, blocks: list[str],
+                                                    cells: dict[tuple[str, str, str], float]
+                                                    ) -> None:
+    run = _run(name)
+    assert run.blocks == blocks and run.engine["gpu"] == "NVIDIA H200, NVIDIA H200"
+    analysis = analyse(run)
+    assert analysis.pairing.ok
+    for (size, arm, step), median in cells.items():
+        cell = analysis.cell(size, arm, step)
+        assert cell is not None and round(cell.median_ttft_s, 3) == median
+    text = "\n".join(report_lines(analysis))
+    assert "lie above the physical floor" in text
+    assert "NOTE hits: no chunk size was recorded" in text  # these reports predate it
+    (log,) = [n for n in run.notes if n.startswith("prompt tokens served from a cache")]
+    assert "cross OFF 0%, ON 72%" in log
+
+
+def test_the_screening_overhead_was_within_its_limit() -> None:
+    notes = (H200 / "blocks2.log").read_text()
+    assert "= 1.08 (limit 1.3 on a GPU" in notes and "1 passed" in notes
