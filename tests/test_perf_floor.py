@@ -122,22 +122,3 @@ def test_invalid_marks_only_measured_cross_observations_below_the_floor() -> Non
     data = [observation("cross", 0.1), observation("cross", 0.6),
             observation("local", 0.05), observation("cross", 0.1, warmup=True)]
     assert invalid(data, floor) == [data[0]]
-
-
-def test_the_pool_holds_every_request_of_the_largest_size(tmp_path: Any) -> None:
-    """The ON arm's L1 is sized so the largest size's cross step still finds its requests:
-    3 x 32k of the 27B's 65,536 bytes a token is 6.4 GB, twice that rounds up to 16 GB;
-    8k alone keeps the 8 GB minimum, and a model whose geometry cannot be read keeps it."""
-    import json
-
-    from pytest_sharedkv.perf import payloads
-    from pytest_sharedkv.perf.fixtures import pool_size_gb
-
-    (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
-    words = payloads.word_generator(1568)
-    both = payloads.build(payloads.WORDS, ("8k", "32k"), 1568, words, sessions=1)
-    assert pool_size_gb(tmp_path, both) == 16.0
-    small = payloads.build(payloads.WORDS, ("8k",), 1568, words, sessions=1)
-    assert pool_size_gb(tmp_path, small) == 8.0
-    (tmp_path / "config.json").write_text("{}")
-    assert pool_size_gb(tmp_path, both) == 8.0

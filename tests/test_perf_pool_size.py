@@ -4,6 +4,11 @@ warning rather than pinning the machine to death."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
 from pytest_sharedkv.perf.geometry_27b import QWEN35_27B_GEOMETRY
 from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb, stored_bytes_per_token
 
@@ -35,3 +40,24 @@ def test_an_unknown_geometry_gets_the_minimum_and_says_why() -> None:
     gb, why = pool_size_gb({"layer_types": ["full_attention"]}, SCREENING,
                            host_bytes=H200_X2)
     assert gb == MINIMUM_GB and "geometry is unknown" in why
+
+
+def test_the_screening_sizes_its_pool_from_its_own_payloads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier's payloads at 8k and 32k (three 32k prompts of 32,929 tokens) get 32 GB on
+    a large host; 8k alone keeps the minimum; a config without geometry keeps it too."""
+    from pytest_sharedkv.perf import payloads, pool_size
+    from pytest_sharedkv.perf.fixtures import _pool_size
+
+    monkeypatch.setattr(pool_size, "host_memory_bytes", lambda: H200_X2)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
+    words = payloads.word_generator(1568)
+    both = payloads.build(payloads.WORDS, ("8k", "32k"), 1568, words, sessions=1)
+    assert _pool_size(tmp_path, both)[0] == 32.0
+    small = payloads.build(payloads.WORDS, ("8k",), 1568, words, sessions=1)
+    assert _pool_size(tmp_path, small)[0] == MINIMUM_GB
+    (tmp_path / "config.json").write_text("{}")
+    assert _pool_size(tmp_path, both)[0] == MINIMUM_GB
+    (tmp_path / "config.json").unlink()
+    gb, why = _pool_size(tmp_path, both)
+    assert gb == MINIMUM_GB and "no config.json" in why
