@@ -5,7 +5,9 @@ divergence or failed hit accounting in AFTER, and any test that passed in BEFORE
 not pass in AFTER, fails the compare (new ones, by test id, listed first). Then speed: per
 cell (size x arm x step) the median TTFT, and per arm x placement the median session wall
 time, with the observations and block pairs behind each number and the relative change; a
-cell slower than ``--max-regression`` is a regression.
+cell slower than ``--max-regression`` is a regression when its block pairs also tell the
+change from noise (``significance.welch``; pyperf's ``compare_to`` judges the same way),
+else the verdict says "within noise" or "not judged" and the RESULT line counts them.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing or
@@ -17,7 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,6 +28,7 @@ from typing import Any, NoReturn
 from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.perf.floor import invalid
 from pytest_sharedkv.perf.observations import PerfReportError, from_json
+from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
 from pytest_sharedkv.perf.statistics import Analysis, analyse
 from pytest_sharedkv.perf.tables import behind, seconds
 
@@ -239,9 +243,18 @@ class Stat:
     median: float
     n: int
     pairs: int
+    per_pair: tuple[float, ...] = ()  # the cell's median in each block pair
 
     def __str__(self) -> str:
         return f"{seconds(self.median)} ({behind(self.n, self.pairs)})"
+
+
+def pair_medians(values: Iterable[tuple[int, float]]) -> tuple[float, ...]:
+    """One median per block pair, from (pair, value) items."""
+    grouped: dict[int, list[float]] = {}
+    for pair, value in values:
+        grouped.setdefault(pair, []).append(value)
+    return tuple(statistics.median(v) for _, v in sorted(grouped.items()))
 
 
 @dataclass(frozen=True)
@@ -256,20 +269,44 @@ class Change:
             return None
         return self.after.median / self.before.median - 1
 
+    def test(self) -> Welch | None:
+        if self.before is None or self.after is None:
+            return None
+        return welch(self.before.per_pair, self.after.per_pair)
+
+    def beyond(self, limit: float) -> bool:
+        """Changed by more than LIMIT either way (judged or not)."""
+        change = self.relative
+        return change is not None and abs(change) > limit
+
     def verdict(self, limit: float) -> str:
+        """ok; REGRESSION or faster (beyond LIMIT and beyond the noise); slower/faster
+        within noise or not judged (beyond LIMIT, too few block pairs to tell)."""
         if self.after is None:
             return "MISSING in AFTER"
         if self.before is None:
             return "new in AFTER"
         change = self.relative
-        if change is not None and change > limit:
-            return "REGRESSION"
-        if change is not None and change < -limit:
-            return "faster"
-        return "ok"
+        if change is None or not self.beyond(limit):
+            return "ok"
+        direction = "slower" if change > 0 else "faster"
+        test = self.test()
+        if test is None:
+            assert self.before is not None and self.after is not None
+            return (f"{direction}, not judged: {self.before.pairs} and {self.after.pairs} "
+                    f"block pairs (a side needs >= {MIN_PAIRS})")
+        if not test.significant:
+            return f"{direction}, within noise ({test})"
+        return "REGRESSION" if change > 0 else "faster"
 
     def failed(self, limit: float) -> bool:
         return self.verdict(limit) in ("REGRESSION", "MISSING in AFTER")
+
+    def unjudged(self, limit: float) -> bool:
+        """Beyond LIMIT, but the block pairs cannot tell it from noise."""
+        test = self.test()
+        return self.before is not None and self.after is not None and \
+            self.beyond(limit) and (test is None or not test.significant)
 
 
 def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], Stat]
@@ -280,16 +317,18 @@ def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], S
 
 def ttft_changes(before: Analysis, after: Analysis) -> list[Change]:
     def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
-        return {(c.size, c.arm, c.step): Stat(c.median_ttft_s, c.n, c.block_pairs)
-                for c in a.cells}
+        return {(c.size, c.arm, c.step): Stat(
+            c.median_ttft_s, c.n, c.block_pairs,
+            pair_medians((o.pair, o.ttft_s) for o in c.observations)) for c in a.cells}
 
     return _changes(stats(before), stats(after))
 
 
 def session_changes(before: Analysis, after: Analysis) -> list[Change]:
     def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
-        return {(c.arm, c.placement): Stat(c.median_wall_s, c.n, c.block_pairs)
-                for c in a.session_cells}
+        return {(c.arm, c.placement): Stat(
+            c.median_wall_s, c.n, c.block_pairs,
+            pair_medians((x.pair, x.wall_s) for x in c.sessions)) for c in a.session_cells}
 
     return _changes(stats(before), stats(after))
 
@@ -332,6 +371,7 @@ def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]
         changes = ttft_changes(before.perf, after.perf)
         sessions = session_changes(before.perf, after.perf)
     slow = [c for c in changes + sessions if c.failed(limit)]
+    unjudged = [c for c in changes + sessions if c.unjudged(limit)]
     status = 1 if problems or slow else 0
     summary = []
     if new:
@@ -339,11 +379,16 @@ def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]
     if old:
         summary.append(f"{len(old)} correctness difference(s) also in BEFORE")
     if slow:
-        summary.append(f"{len(slow)} cell(s) slower than {limit:.0%} or missing")
+        summary.append(f"{len(slow)} cell(s) significantly slower than {limit:.0%} or "
+                       "missing")
+    noise = (f"; {len(unjudged)} cell(s) changed by more than {limit:.0%} where their block "
+             "pairs cannot tell the change from noise (see their verdicts; more block pairs "
+             "judge them: --sharedkv-blocks)") if unjudged else ""
     lines = [f"# sharedkv compare: {before.path} -> {after.path}", "",
              f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}", "",
-             ("RESULT: FAIL: " + ", ".join(summary)) if status else
-             f"RESULT: OK: no correctness difference, no cell slower than {limit:.0%}", "",
+             ("RESULT: FAIL: " + ", ".join(summary) + noise) if status else
+             f"RESULT: OK: no correctness difference, no cell significantly slower than "
+             f"{limit:.0%}{noise}", "",
              "## Correctness (AFTER)", ""]
     if problems:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
@@ -352,7 +397,8 @@ def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]
     else:
         lines.append("No failed or unfinished test, no VOID result, namespace leak, divergence "
                      "or failed hit accounting; every test that passed in BEFORE passed.")
-    lines += ["", f"## Performance (a cell slower than {limit:.0%} is a regression)", ""]
+    lines += ["", f"## Performance (a regression: a cell slower than {limit:.0%} and beyond "
+              "the noise of its block pairs, Welch's t on their medians, one-sided 95%)", ""]
     if before.perf is None:
         lines.append("Neither report holds a perf screening: speed not compared.")
         return status, lines
