@@ -315,3 +315,18 @@ def test_welch_on_a_hand_computed_example() -> None:
     assert welch([1.0], [1.5, 1.6]) is None
     assert t_critical(1.9999999) == 2.920 and t_critical(2.7) == 2.920
     assert t_critical(31) == 1.645 and t_critical(0.4) == 6.314
+
+
+def test_a_partial_pool_hit_in_after_fails_the_compare(tmp_path: Path,
+                                                      baseline: dict[str, Any]) -> None:
+    """An upgrade after which B finds only part of A's prompt in the pool is a difference
+    even if the times look fine: the cross TTFT is no longer a transfer time."""
+    after = copy.deepcopy(baseline)
+    for o in after["perf"]["observations"]:
+        if (o["arm"], o["step"], o["request"], o["block"]) == ("ON", "cross", "8k-0", 1):
+            o["cached_tokens"] = 256
+    out = cli(SCREENING, write(tmp_path, "after.json", after))
+    assert out.returncode == 1, out.stdout
+    (row,) = [line for line in out.stdout.splitlines() if "PARTIAL pool hit" in line]
+    assert "| NEW " in row and "request 8k-0 block 1 arm ON" in row
+    assert "found 256 of 8,175 prompt tokens in a cache, a full hit is 7,936" in row

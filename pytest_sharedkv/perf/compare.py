@@ -1,8 +1,9 @@
 """``python -m pytest_sharedkv compare BEFORE.json AFTER.json``: the pre-upgrade check.
 
 Correctness first: any failed or unfinished test, any VOID result, namespace leak,
-divergence or failed hit accounting in AFTER, and any test that passed in BEFORE and did
-not pass in AFTER, fails the compare (new ones, by test id, listed first). Then speed: per
+divergence, failed hit accounting or PARTIAL pool hit in AFTER, and any test that passed
+in BEFORE and did not pass in AFTER, fails the compare (new ones, by test id, listed
+first). Then speed: per
 cell (size x arm x step) the median TTFT, and per arm x placement the median session wall
 time, with the observations and block pairs behind each number and the relative change; a
 cell slower than ``--max-regression`` is a regression when its block pairs also tell the
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 
 from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.perf.floor import invalid
+from pytest_sharedkv.perf.hits import full_hit_tokens, partial_hits
 from pytest_sharedkv.perf.observations import PerfReportError, from_json
 from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
 from pytest_sharedkv.perf.statistics import Analysis, analyse
@@ -215,6 +217,15 @@ def findings(report: Report) -> list[Finding]:
                     f"cross-replica TTFT {seconds(o.ttft_s)} s < floor "
                     f"{seconds(report.perf.run.floor.seconds(o.prompt_tokens))} s: the "
                     "receiver's own prefix cache answered"))
+        run = report.perf.run
+        for o in partial_hits(run.observations, run.chunk_tokens):
+            chunk = run.chunk_tokens or 0
+            found.append(Finding(
+                "PARTIAL pool hit", f"request {o.request} block {o.block} arm {o.arm}",
+                f"cross-replica request found {o.cached_tokens:,} of {o.prompt_tokens:,} "
+                f"prompt tokens in a cache, a full hit is "
+                f"{full_hit_tokens(o.prompt_tokens, chunk):,}: its TTFT includes a "
+                "recompute (the pool evicted or B's lookup missed)"))
     return list({f.key: f for f in found}.values())
 
 
