@@ -3,12 +3,12 @@
 Correctness first: any failed or unfinished test, any VOID result, namespace leak,
 divergence, failed hit accounting or PARTIAL pool hit in AFTER, and any test that passed
 in BEFORE and did not pass in AFTER, fails the compare (new ones, by test id, listed
-first). Then speed: per
-cell (size x arm x step) the median TTFT, and per arm x placement the median session wall
-time, with the observations and block pairs behind each number and the relative change; a
-cell slower than ``--max-regression`` is a regression when its block pairs also tell the
-change from noise (``significance.welch``; pyperf's ``compare_to`` judges the same way),
-else the verdict says "within noise" or "not judged" and the RESULT line counts them.
+first). Then speed: per cell (size x arm x step) the median TTFT, and per arm x
+placement the median session wall time, with the observations and block pairs behind each
+number and the relative change; a cell slower than ``--max-regression`` is a regression
+when its block pairs also tell the change from noise (``significance.welch``; pyperf's
+``compare_to`` judges the same way), else the verdict says "within noise" or "not judged"
+and the RESULT line counts them.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing or
