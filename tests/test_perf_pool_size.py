@@ -61,3 +61,18 @@ def test_the_screening_sizes_its_pool_from_its_own_payloads(
     (tmp_path / "config.json").unlink()
     gb, why = _pool_size(tmp_path, both)
     assert gb == MINIMUM_GB and "no config.json" in why
+
+
+def test_the_floor_line_says_what_a_full_hit_moves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor stays the geometry's KV bytes (the issue's definition); its line adds what
+    the pool stores per token where the engine's layout differs (4.0x for the 27B)."""
+    from pytest_sharedkv.perf import floor
+    from pytest_sharedkv.perf.fixtures import _floor
+
+    monkeypatch.setattr(floor, "measure_h2d_gb_s", lambda: 55.3)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
+    measured, line = _floor(tmp_path)
+    assert measured is not None and measured.kv_bytes_per_token == 65_536
+    assert line.startswith("floor: 65,536 KV bytes a token") and \
+        "the pool stores 262,144 bytes a token as the engine lays the KV out (4.0x)" in line

@@ -154,9 +154,15 @@ def _floor(model: Path) -> tuple[Floor | None, str]:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+    from pytest_sharedkv.perf.pool_size import stored_bytes_per_token
+
+    stored = stored_bytes_per_token(config)
+    layout = (f"; the pool stores {stored:,} bytes a token as the engine lays the KV out "
+              f"({stored / floor.kv_bytes_per_token:.1f}x), so a full hit moves that much"
+              if stored != floor.kv_bytes_per_token else "")
     return floor, (f"floor: {floor.kv_bytes_per_token:,} KV bytes a token, "
                    f"{floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence, "
-                   f"{floor.h2d_gb_s:.1f} GB/s host-to-device")
+                   f"{floor.h2d_gb_s:.1f} GB/s host-to-device{layout}")
 
 
 @dataclass
