@@ -78,7 +78,7 @@ def test_a_cell_20_percent_slower_is_a_regression(tmp_path: Path,
     (row,) = [line for line in out.stdout.splitlines() if "REGRESSION" in line]
     assert row.startswith("| 8k   | ON  | cross") and "+20.0%" in row
     assert "(n=6, 3 pairs)" in row
-    assert "RESULT: FAIL: 1 cell(s) significantly slower than 10% or missing" in out.stdout
+    assert "RESULT: FAIL: 1 significant regression(s) beyond 10%" in out.stdout
     assert compare.main([str(SCREENING), str(after), "--max-regression", "0.25"]) == 0
 
 
@@ -252,7 +252,8 @@ def test_a_missing_cell_fails_and_the_markdown_file_is_written(
                          "--markdown", markdown)
     assert status == 1
     assert markdown.read_text() == out
-    assert out.count("MISSING in AFTER") == 8 + 4  # 2 arms x 4 steps, 2 arms x 2 placements
+    assert out.count("MISSING in AFTER") == 1 + 8 + 4  # RESULT; 2 arms x 4 steps, x 2 places
+    assert "RESULT: FAIL: 12 cell(s) MISSING in AFTER" in out
     status, _, err = run(capsys, SCREENING, SCREENING, "--markdown", tmp_path)
     assert status == 2 and f"--markdown: cannot write {tmp_path}" in err
 
@@ -276,10 +277,14 @@ def test_two_h200_runs_of_the_same_software_are_not_a_regression() -> None:
     out = cli(H200 / "blocks2.json", H200 / "blocks1.json", "--max-regression", "10%")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "REGRESSION" not in out.stdout
-    assert "RESULT: OK: no correctness difference, no cell significantly slower than 10%; " \
-        "13 cell(s) changed by more than 10% where their block pairs cannot tell" in out.stdout
+    assert "RESULT: OK: no correctness difference, no significant regression beyond 10%; " \
+        "13 cell(s) changed by more than 10% without enough block pairs to tell from noise " \
+        "(4 slower, 9 faster; BEFORE 2, AFTER 1 block pairs: run --sharedkv-blocks 2 or more " \
+        "on both sides to judge them)\n" in out.stdout
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("| 32k  | OFF | local")]
-    assert "+34.6%" in row and "slower, not judged: 2 and 1 block pairs" in row
+    assert "| +34.6% | slower +34.6%, not judged: BEFORE 2, AFTER 1 block pairs (the t-test " \
+        "needs >= 2 on each side) |" in row
+    assert out.stdout.count("slower +") == 4 and out.stdout.count("faster -") == 9
 
 
 def _stat(median: float, *per_pair: float) -> compare.Stat:
@@ -289,8 +294,8 @@ def _stat(median: float, *per_pair: float) -> compare.Stat:
 def test_a_change_inside_its_block_pairs_spread_is_within_noise() -> None:
     noisy = compare.Change(("8k", "ON", "cross"), _stat(1.0, 0.9, 1.1, 1.0),
                            _stat(1.2, 0.8, 1.6, 1.2))
-    assert noisy.verdict(0.10).startswith("slower, within noise (t=") and \
-        not noisy.failed(0.10) and noisy.unjudged(0.10)
+    assert noisy.verdict(0.10) == "slower +20.0%, within noise (t=0.70, df=2.3, needs t > 2.92)"
+    assert not noisy.failed(0.10) and noisy.within_noise(0.10) and not noisy.not_judged(0.10)
     steady = compare.Change(("8k", "ON", "cross"), _stat(1.0, 0.99, 1.01, 1.0),
                             _stat(1.2, 1.19, 1.21, 1.2))
     assert steady.verdict(0.10) == "REGRESSION" and steady.failed(0.10)
@@ -301,6 +306,51 @@ def test_a_change_inside_its_block_pairs_spread_is_within_noise() -> None:
     assert flat.verdict(0.10) == "REGRESSION"  # no spread at all: any change is real
     assert compare.Change(("x",), _stat(1.0, 1.0, 1.0), _stat(1.05, 0.5, 1.6)
                           ).verdict(0.10) == "ok"  # inside the threshold: not tested
+    # one-sided in the change's direction: a slower median whose pairs say faster is noise
+    backwards = compare.Change(("x",), _stat(1.0, 1.2, 1.25, 1.3),
+                               _stat(1.2, 0.9, 0.95, 1.0))
+    test = backwards.test()
+    assert test is not None and test.t < -test.critical
+    assert backwards.verdict(0.10).startswith("slower +20.0%, within noise (t=-")
+    lone = compare.Change(("x",), _stat(1.0, 1.0, 1.01), _stat(1.5, 1.5))
+    assert lone.verdict(0.10) == "slower +50.0%, not judged: BEFORE 2, AFTER 1 block pairs " \
+        "(the t-test needs >= 2 on each side)"
+    assert lone.not_judged(0.10) and not lone.failed(0.10)
+
+
+def only_pairs(data: dict[str, Any], *keep: int) -> dict[str, Any]:
+    """DATA screened with its first block pairs KEEP only (as if run with fewer blocks)."""
+    out = copy.deepcopy(data)
+    perf = out["perf"]
+    perf["observations"] = [o for o in perf["observations"] if o["pair"] in keep]
+    perf["sessions"] = [s for s in perf["sessions"] if s["pair"] in keep]
+    perf["blocks"], perf["restarts_s"] = perf["blocks"][:2 * len(keep)], \
+        perf["restarts_s"][:2 * len(keep)]
+    return out
+
+
+def test_a_steady_50_percent_slowdown_over_two_block_pairs_is_a_regression(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    two = only_pairs(baseline, 0, 1)
+    before = write(tmp_path, "before.json", two)
+    status, out, _ = run(capsys, before, write(tmp_path, "after.json", slower(two, 1.5)))
+    assert status == 1
+    (row,) = [line for line in out.splitlines() if "REGRESSION" in line]
+    assert row.startswith("| 8k   | ON  | cross") and "| +50.0% |" in row
+    assert "(n=4, 2 pairs)" in row
+    assert "RESULT: FAIL: 1 significant regression(s) beyond 10%\n" in out
+
+
+def test_a_50_percent_slowdown_with_one_block_pair_on_a_side_is_not_judged(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    after = slower(only_pairs(baseline, 0), 1.5)
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", after))
+    assert status == 0
+    assert "REGRESSION" not in out
+    (row,) = [line for line in out.splitlines() if line.startswith("| 8k   | ON  | cross")]
+    assert "slower +" in row and "not judged: BEFORE 3, AFTER 1 block pairs" in row
+    assert "RESULT: OK: no correctness difference, no significant regression beyond 10%; " \
+        in out and "without enough block pairs to tell from noise" in out
 
 
 def test_welch_on_a_hand_computed_example() -> None:

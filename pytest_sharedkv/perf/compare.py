@@ -6,9 +6,10 @@ in BEFORE and did not pass in AFTER, fails the compare (new ones, by test id, li
 first). Then speed: per cell (size x arm x step) the median TTFT, and per arm x
 placement the median session wall time, with the observations and block pairs behind each
 number and the relative change; a cell slower than ``--max-regression`` is a regression
-when its block pairs also tell the change from noise (``significance.welch``; pyperf's
-``compare_to`` judges the same way), else the verdict says "within noise" or "not judged"
-and the RESULT line counts them.
+when its block pairs also tell the change from noise (``significance.welch``, one-sided in
+the change's direction; pyperf's ``compare_to`` judges the same way and prints "Not
+significant"), else the verdict says "within noise" or "not judged" and the RESULT line
+counts them, slower and faster: an A/A pair of H200 runs differs by 10-35% in some cells.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing or
@@ -281,9 +282,21 @@ class Change:
         return self.after.median / self.before.median - 1
 
     def test(self) -> Welch | None:
+        """Welch's t on the per-pair medians, or None where it cannot run (a side with
+        fewer than ``MIN_PAIRS`` block pairs, or a per-pair median that is not positive)."""
         if self.before is None or self.after is None:
             return None
+        if min(self.before.per_pair + self.after.per_pair, default=0.0) <= 0:
+            return None
         return welch(self.before.per_pair, self.after.per_pair)
+
+    def significant(self, test: Welch) -> bool:
+        """One-sided, in the direction of the median change: a slower median whose t says
+        AFTER is faster (or is small) is not a regression."""
+        change = self.relative
+        if change is None or change == 0:
+            return False
+        return test.t > test.critical if change > 0 else -test.t > test.critical
 
     def beyond(self, limit: float) -> bool:
         """Changed by more than LIMIT either way (judged or not)."""
@@ -300,24 +313,35 @@ class Change:
         change = self.relative
         if change is None or not self.beyond(limit):
             return "ok"
-        direction = "slower" if change > 0 else "faster"
+        direction = f"{'slower' if change > 0 else 'faster'} {change:+.1%}"
         test = self.test()
         if test is None:
-            assert self.before is not None and self.after is not None
-            return (f"{direction}, not judged: {self.before.pairs} and {self.after.pairs} "
-                    f"block pairs (a side needs >= {MIN_PAIRS})")
-        if not test.significant:
-            return f"{direction}, within noise ({test})"
+            return (f"{direction}, not judged: BEFORE {self.before.pairs}, AFTER "
+                    f"{self.after.pairs} block pairs (the t-test needs >= {MIN_PAIRS} on "
+                    "each side)")
+        if not self.significant(test):
+            t = "inf" if math.isinf(test.t) else f"{test.t:.2f}"
+            need = f"t > {test.critical:.2f}" if change > 0 else f"t < {-test.critical:.2f}"
+            return f"{direction}, within noise (t={t}, df={test.df:.1f}, needs {need})"
         return "REGRESSION" if change > 0 else "faster"
 
     def failed(self, limit: float) -> bool:
         return self.verdict(limit) in ("REGRESSION", "MISSING in AFTER")
 
-    def unjudged(self, limit: float) -> bool:
-        """Beyond LIMIT, but the block pairs cannot tell it from noise."""
+    def not_judged(self, limit: float) -> bool:
+        """Beyond LIMIT, and the t-test cannot run (too few block pairs on a side)."""
+        return self.before is not None and self.after is not None and \
+            self.beyond(limit) and self.test() is None
+
+    def within_noise(self, limit: float) -> bool:
+        """Beyond LIMIT, and the t-test ran and cannot tell the change from noise."""
         test = self.test()
         return self.before is not None and self.after is not None and \
-            self.beyond(limit) and (test is None or not test.significant)
+            self.beyond(limit) and test is not None and not self.significant(test)
+
+    def unjudged(self, limit: float) -> bool:
+        """Beyond LIMIT, but the block pairs cannot tell it from noise."""
+        return self.not_judged(limit) or self.within_noise(limit)
 
 
 def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], Stat]
@@ -370,6 +394,35 @@ def _identity(report: Report) -> str:
     return "; ".join(parts)
 
 
+def _directions(changes: Sequence[Change]) -> str:
+    slower = sum(1 for c in changes if (c.relative or 0) > 0)
+    return f"{slower} slower, {len(changes) - slower} faster"
+
+
+def _span(counts: Iterable[int]) -> str:
+    values = sorted(set(counts))
+    return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
+def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
+    """The cells beyond LIMIT that were not called slower or faster, counted, so that an OK
+    never hides a slower cell the block pairs could not judge."""
+    notes = []
+    unjudged = [c for c in changes if c.not_judged(limit)]
+    if unjudged:
+        b = _span(c.before.pairs for c in unjudged if c.before is not None)
+        a = _span(c.after.pairs for c in unjudged if c.after is not None)
+        notes.append(f"{len(unjudged)} cell(s) changed by more than {limit:.0%} without enough "
+                     f"block pairs to tell from noise ({_directions(unjudged)}; BEFORE {b}, "
+                     f"AFTER {a} block pairs: run --sharedkv-blocks {MIN_PAIRS} or more on "
+                     "both sides to judge them)")
+    noisy = [c for c in changes if c.within_noise(limit)]
+    if noisy:
+        notes.append(f"{len(noisy)} cell(s) changed by more than {limit:.0%} within the noise "
+                     f"of their block pairs ({_directions(noisy)})")
+    return notes
+
+
 def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]]:
     """(exit status, Markdown lines) of two comparable reports."""
     earlier = {f.key for f in findings(before)}
@@ -381,25 +434,24 @@ def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]
     if before.perf is not None and after.perf is not None:
         changes = ttft_changes(before.perf, after.perf)
         sessions = session_changes(before.perf, after.perf)
-    slow = [c for c in changes + sessions if c.failed(limit)]
-    unjudged = [c for c in changes + sessions if c.unjudged(limit)]
-    status = 1 if problems or slow else 0
+    every = changes + sessions
+    regressions = [c for c in every if c.verdict(limit) == "REGRESSION"]
+    missing = [c for c in every if c.after is None]
+    status = 1 if problems or regressions or missing else 0
     summary = []
     if new:
         summary.append(f"{len(new)} new correctness difference(s)")
     if old:
         summary.append(f"{len(old)} correctness difference(s) also in BEFORE")
-    if slow:
-        summary.append(f"{len(slow)} cell(s) significantly slower than {limit:.0%} or "
-                       "missing")
-    noise = (f"; {len(unjudged)} cell(s) changed by more than {limit:.0%} where their block "
-             "pairs cannot tell the change from noise (see their verdicts; more block pairs "
-             "judge them: --sharedkv-blocks)") if unjudged else ""
+    if regressions:
+        summary.append(f"{len(regressions)} significant regression(s) beyond {limit:.0%}")
+    if missing:
+        summary.append(f"{len(missing)} cell(s) MISSING in AFTER")
+    result = ("RESULT: FAIL: " + ", ".join(summary)) if status else \
+        f"RESULT: OK: no correctness difference, no significant regression beyond {limit:.0%}"
     lines = [f"# sharedkv compare: {before.path} -> {after.path}", "",
              f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}", "",
-             ("RESULT: FAIL: " + ", ".join(summary) + noise) if status else
-             f"RESULT: OK: no correctness difference, no cell significantly slower than "
-             f"{limit:.0%}{noise}", "",
+             "; ".join([result, *_noise_notes(every, limit)]), "",
              "## Correctness (AFTER)", ""]
     if problems:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
