@@ -6,6 +6,7 @@ Runs that could touch CUDA (or must prove torch was never imported) use
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Callable
 
@@ -14,6 +15,13 @@ import pytest
 from pytest_sharedkv.devices import FAKE_GPUS_ENV
 from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
 from tests.process_tags import TAG_ENV
+
+# A runner that starts the self-tests in the background without job control (bash's `cmd &`
+# in a script, nohup) hands them SIGINT ignored, and every child inherits that: the tests
+# that interrupt a run with SIGINT would see nothing arrive. Caught here, it is reset to the
+# default in every process this run starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
