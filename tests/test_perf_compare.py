@@ -299,7 +299,7 @@ def test_a_change_inside_its_block_pairs_spread_is_within_noise() -> None:
     steady = compare.Change(("8k", "ON", "cross"), _stat(1.0, 0.99, 1.01, 1.0),
                             _stat(1.2, 1.19, 1.21, 1.2))
     assert steady.verdict(0.10) == "REGRESSION" and steady.failed(0.10)
-    assert not steady.unjudged(0.10)
+    assert not steady.not_judged(0.10) and not steady.within_noise(0.10)
     assert compare.Change(("x",), _stat(1.2, 1.19, 1.21), _stat(1.0, 0.99, 1.01)
                           ).verdict(0.10) == "faster"
     flat = compare.Change(("x",), _stat(1.0, 1.0, 1.0), _stat(1.5, 1.5, 1.5))
@@ -361,7 +361,7 @@ def test_welch_on_a_hand_computed_example() -> None:
     # logs: means 0.04766 and 0.43773, variances of the mean 0.002271 and 0.001041
     assert result.t == pytest.approx(6.778, abs=0.01)
     assert result.df == pytest.approx(1.758, abs=0.01)
-    assert result.critical == 6.314 and result.significant
+    assert result.critical == 6.314 and result.shows(slower=True)
     assert welch([1.0], [1.5, 1.6]) is None
     assert t_critical(1.9999999) == 2.920 and t_critical(2.7) == 2.920
     assert t_critical(31) == 1.645 and t_critical(0.4) == 6.314

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,14 +260,6 @@ class Stat:
         return f"{seconds(self.median)} ({behind(self.n, self.pairs)})"
 
 
-def pair_medians(values: Iterable[tuple[int, float]]) -> tuple[float, ...]:
-    """One median per block pair, from (pair, value) items."""
-    grouped: dict[int, list[float]] = {}
-    for pair, value in values:
-        grouped.setdefault(pair, []).append(value)
-    return tuple(statistics.median(v) for _, v in sorted(grouped.items()))
-
-
 @dataclass(frozen=True)
 class Change:
     what: tuple[str, ...]  # (size, arm, step) or (arm, placement)
@@ -294,9 +285,9 @@ class Change:
         """One-sided, in the direction of the median change: a slower median whose t says
         AFTER is faster (or is small) is not a regression."""
         change = self.relative
-        if change is None or change == 0:
+        if not change:
             return False
-        return test.t > test.critical if change > 0 else -test.t > test.critical
+        return test.shows(slower=change > 0)
 
     def beyond(self, limit: float) -> bool:
         """Changed by more than LIMIT either way (judged or not)."""
@@ -320,9 +311,7 @@ class Change:
                     f"{self.after.pairs} block pairs (the t-test needs >= {MIN_PAIRS} on "
                     "each side)")
         if not self.significant(test):
-            t = "inf" if math.isinf(test.t) else f"{test.t:.2f}"
-            need = f"t > {test.critical:.2f}" if change > 0 else f"t < {-test.critical:.2f}"
-            return f"{direction}, within noise (t={t}, df={test.df:.1f}, needs {need})"
+            return f"{direction}, within noise ({test.describe(slower=change > 0)})"
         return "REGRESSION" if change > 0 else "faster"
 
     def failed(self, limit: float) -> bool:
@@ -339,10 +328,6 @@ class Change:
         return self.before is not None and self.after is not None and \
             self.beyond(limit) and test is not None and not self.significant(test)
 
-    def unjudged(self, limit: float) -> bool:
-        """Beyond LIMIT, but the block pairs cannot tell it from noise."""
-        return self.not_judged(limit) or self.within_noise(limit)
-
 
 def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], Stat]
              ) -> list[Change]:
@@ -353,8 +338,7 @@ def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], S
 def ttft_changes(before: Analysis, after: Analysis) -> list[Change]:
     def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
         return {(c.size, c.arm, c.step): Stat(
-            c.median_ttft_s, c.n, c.block_pairs,
-            pair_medians((o.pair, o.ttft_s) for o in c.observations)) for c in a.cells}
+            c.median_ttft_s, c.n, c.block_pairs, c.per_pair_ttft_s) for c in a.cells}
 
     return _changes(stats(before), stats(after))
 
@@ -362,8 +346,7 @@ def ttft_changes(before: Analysis, after: Analysis) -> list[Change]:
 def session_changes(before: Analysis, after: Analysis) -> list[Change]:
     def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
         return {(c.arm, c.placement): Stat(
-            c.median_wall_s, c.n, c.block_pairs,
-            pair_medians((x.pair, x.wall_s) for x in c.sessions)) for c in a.session_cells}
+            c.median_wall_s, c.n, c.block_pairs, c.per_pair_wall_s) for c in a.session_cells}
 
     return _changes(stats(before), stats(after))
 

@@ -37,13 +37,15 @@ class Welch:
     df: float
     critical: float
 
-    @property
-    def significant(self) -> bool:
-        return abs(self.t) > self.critical
+    def shows(self, slower: bool) -> bool:
+        """One-sided, in the direction asked: AFTER significantly slower (larger), or
+        significantly faster."""
+        return self.t > self.critical if slower else -self.t > self.critical
 
-    def __str__(self) -> str:
+    def describe(self, slower: bool) -> str:
         t = "inf" if math.isinf(self.t) else f"{self.t:.2f}"
-        return f"t={t}, df={self.df:.1f}, needs |t|>{self.critical:.2f}"
+        need = f"t > {self.critical:.2f}" if slower else f"t < {-self.critical:.2f}"
+        return f"t={t}, df={self.df:.1f}, needs {need}"
 
 
 def welch(before: Sequence[float], after: Sequence[float]) -> Welch | None:

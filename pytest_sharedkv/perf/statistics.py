@@ -109,6 +109,11 @@ class Cell:
     def median_prompt_tokens(self) -> float:
         return statistics.median(o.prompt_tokens for o in self.observations)
 
+    @property
+    def per_pair_ttft_s(self) -> tuple[float, ...]:
+        """The median TTFT in each block pair, in pair order."""
+        return tuple(m for _, m in pair_medians((o.pair, o.ttft_s) for o in self.observations))
+
 
 def measured(observations: Iterable[Observation]) -> list[Observation]:
     """Warm-ups stay in the data and out of every number."""
@@ -154,6 +159,14 @@ def _per_pair(values: dict[int, list[float]]) -> tuple[tuple[int, float], ...]:
     return tuple((pair, statistics.median(v)) for pair, v in sorted(values.items()))
 
 
+def pair_medians(items: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """(pair, median) for each block pair among (pair, value) ITEMS, in pair order."""
+    grouped: dict[int, list[float]] = defaultdict(list)
+    for pair, value in items:
+        grouped[pair].append(value)
+    return _per_pair(grouped)
+
+
 def paired_ratios(pairs: Sequence[PairedRequest], *, confidence: float = CONFIDENCE,
                   resamples: int = RESAMPLES, seed: int = SEED) -> list[PairedRatio]:
     groups: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
@@ -187,6 +200,11 @@ class SessionCell:
     @property
     def median_wall_s(self) -> float:
         return statistics.median(s.wall_s for s in self.sessions)
+
+    @property
+    def per_pair_wall_s(self) -> tuple[float, ...]:
+        """The median session wall time in each block pair, in pair order."""
+        return tuple(m for _, m in pair_medians((s.pair, s.wall_s) for s in self.sessions))
 
 
 def session_cells(sessions: Iterable[SessionObservation]) -> list[SessionCell]:
@@ -224,11 +242,8 @@ class SessionRatio:
 
 def _pair_medians(sessions: Iterable[SessionObservation], arm: str, placement: str
                   ) -> dict[int, float]:
-    walls: dict[int, list[float]] = defaultdict(list)
-    for s in sessions:
-        if s.arm == arm and s.placement == placement:
-            walls[s.pair].append(s.wall_s)
-    return {pair: statistics.median(v) for pair, v in walls.items()}
+    return dict(pair_medians((s.pair, s.wall_s) for s in sessions
+                             if s.arm == arm and s.placement == placement))
 
 
 def _ratio(subject: str, ratio: str, top: dict[int, float], bottom: dict[int, float],
