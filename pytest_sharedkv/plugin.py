@@ -317,6 +317,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             log.interrupted = str(stopped)
         elif exitstatus == pytest.ExitCode.INTERRUPTED:
             log.interrupted = "interrupted"
+    if log.perf is None and log.interrupted is not None:  # nothing measured is lost
+        from pytest_sharedkv.run_log import unreported_perf
+
+        log.perf = unreported_perf(session.items)
     if state.settings.json is None:
         return
     from pytest_sharedkv import report_json

@@ -27,6 +27,17 @@ from pytest_sharedkv.report_fields import (
 COUNT_KEYS = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
 
 
+def unreported_perf(items: list[pytest.Item]) -> dict[str, Any] | None:
+    """The perf screening a test attached to its item and never reported: an interrupt
+    (Ctrl-C, SIGTERM) ends the run before the test's call report, so what it measured is
+    only on the item (this process's items: an xdist worker's are its own)."""
+    for item in reversed(items):
+        for name, value in reversed(item.user_properties):
+            if name == PERF_PROPERTY and isinstance(value, dict):
+                return value
+    return None
+
+
 def count_key(category: str) -> str:
     return "errors" if category == "error" else category
 

@@ -236,3 +236,41 @@ def test_a_pool_too_small_marks_the_cross_hits_partial(
     cross = [o for o in run.observations if (o.arm, o.step) == ("ON", "cross")]
     assert cross and all(o.cached_tokens is not None for o in cross)
     assert min(o.cached_tokens or 0 for o in cross) < 3072
+
+
+def test_a_screening_ended_by_sigterm_keeps_what_it_measured(
+        pytester: pytest.Pytester) -> None:
+    """Nothing is lost to an interrupt either: SIGTERM mid-screening ends the test before
+    its call report, yet the JSON report holds the observations made so far with the
+    INCOMPLETE note, and says the run was interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log_path = pytester.path / "run.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", *STUB, "--sharedkv-json=r.json"],
+                                cwd=pytester.path, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "3k cold: 3 requests" not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    log_path.read_text(errors="replace")[-2000:]
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["interrupted"] and "SIGTERM" in report["interrupted"]
+    assert report["summary"]["passed"] == 0
+    run = from_json(report["perf"])
+    assert [n for n in run.notes if n.startswith("INCOMPLETE: the screening stopped in ")]
+    assert [o.step for o in run.observations if not o.warmup][:3] == ["cold"] * 3
