@@ -22,5 +22,4 @@ PLUGIN_NAME = "sharedkv"
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     if pluginmanager.get_plugin(PLUGIN_NAME) is None:
         from pytest_sharedkv import plugin
-
         pluginmanager.register(plugin, PLUGIN_NAME)

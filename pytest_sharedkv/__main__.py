@@ -46,11 +46,11 @@ def make_model_command(args: Sequence[str]) -> int:
     parsed = parser.parse_args(list(args))
     try:
         if parsed.kind == "copy":
-            from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, make_copy_model
+            from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
 
             digest = make_copy_model(parsed.dir, CopyModelRecipe(seed=parsed.seed)).digest
         elif parsed.kind == "geometry":
-            from pytest_sharedkv.replicas.geometry_model import (
+            from pytest_sharedkv.models.geometry_model import (
                 GeometryModelRecipe,
                 make_geometry_model,
             )
@@ -58,7 +58,7 @@ def make_model_command(args: Sequence[str]) -> int:
             digest = make_geometry_model(parsed.dir, GeometryModelRecipe(seed=parsed.seed)
                                          ).digest
         else:
-            from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
+            from pytest_sharedkv.models.tiny_model import TinyModelRecipe, make_model
 
             digest = make_model(parsed.dir, TinyModelRecipe(seed=parsed.seed)).digest
     except ImportError as exc:
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "make-model":
         return make_model_command(args[1:])
     if args and args[0] == "compare":
-        from pytest_sharedkv.perf.compare import main as compare_main
+        from pytest_sharedkv.cli.compare import main as compare_main
 
         return compare_main(args[1:])
     if args and args[0] == "run":

@@ -9,6 +9,7 @@ import pytest
 if TYPE_CHECKING:
     from pytest_sharedkv.layouts.specs import LayoutRegistry
     from pytest_sharedkv.ordering.targets import TargetRegistry
+    from pytest_sharedkv.report.terminal import TierReport
 
 
 @pytest.hookspec
@@ -29,4 +30,13 @@ def pytest_sharedkv_layouts(registry: LayoutRegistry) -> None:
     A layout is plain geometry (family, backend, generation, heads, head size, dtype, block
     sizes, layer count); the tier builds the engine's tensors from it and round-trips them
     through LMCache.
+    """
+
+
+@pytest.hookspec
+def pytest_sharedkv_tier_report() -> TierReport | None:
+    """A tier's part of the terminal summary: ``TierReport(tier, table, own_table, lines)``.
+
+    Every tier's pytest module implements it (the report layer imports no tier); a plugin
+    that adds a tier of its own under a marker returns one for it.
     """

@@ -20,25 +20,26 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv import interrupts, options
-from pytest_sharedkv.markers import GPU_MARKER, MarkerError, is_gated
-from pytest_sharedkv.markers import register as register_markers
-from pytest_sharedkv.report_fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
-from pytest_sharedkv.runtime_dir import chosen_problem
+from pytest_sharedkv.config import options
+from pytest_sharedkv.config.markers import GPU_MARKER, MarkerError, is_gated
+from pytest_sharedkv.config.markers import register as register_markers
+from pytest_sharedkv.config.tiers import is_sharedkv_item, tier_of
+from pytest_sharedkv.host.runtime_dir import chosen_problem
+from pytest_sharedkv.processes import interrupts
+from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
 from pytest_sharedkv.state import STATE, RunState, state_of
-from pytest_sharedkv.tiers import is_sharedkv_item, tier_of
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.gating import Gate
-    from pytest_sharedkv.leases import Lease
-    from pytest_sharedkv.records import Bundle, ResultSink
-
+    from pytest_sharedkv.config.gating import Gate
+    from pytest_sharedkv.host.leases import Lease
+    from pytest_sharedkv.report.records import Bundle, ResultSink
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
 pytest_plugins = [
     "pytest_sharedkv.ordering.fixtures",
-    "pytest_sharedkv.layouts.fixtures",
-    "pytest_sharedkv.pool.fixtures",
-    "pytest_sharedkv.replicas.fixtures",
+    "pytest_sharedkv.packed_page.fixtures",
+    "pytest_sharedkv.pinned_pool.fixtures",
+    "pytest_sharedkv.stack.fixtures",
+    "pytest_sharedkv.replica_pair.fixtures",
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
 ]
@@ -56,7 +57,6 @@ REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may no
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from pytest_sharedkv import hookspecs
-
     pluginmanager.add_hookspecs(hookspecs)
 
 
@@ -73,9 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "
                                 "shares for GPU leases and launch records)")
     if settings.json is not None:
-        from pytest_sharedkv import report_json
-
-        problem = report_json.check_writable(settings.json)
+        from pytest_sharedkv.report import json_report
+        problem = json_report.check_writable(settings.json)
         if problem is not None:
             raise pytest.UsageError(f"{settings.sources['json']}: cannot write {problem}")
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
@@ -89,8 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _device_problem(config: pytest.Config) -> str | None:
     """A bad device variable, or --sharedkv-gpus naming an absent device (runs discovery)."""
-    from pytest_sharedkv.devices import environment_problem
-
+    from pytest_sharedkv.host.devices import environment_problem
     problem = environment_problem()
     if problem is None and state_of(config).settings.gpus is not None:
         discovery = gate_of(config).discovery
@@ -143,8 +141,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def gate_of(config: pytest.Config) -> Gate:
     state = state_of(config)
     if state.gate is None:
-        from pytest_sharedkv.gating import Gate, worker_id
-
+        from pytest_sharedkv.config.gating import Gate, worker_id
         state.gate = Gate(state.settings, owner=worker_id())
     return state.gate
 
@@ -152,8 +149,7 @@ def gate_of(config: pytest.Config) -> Gate:
 def _environment_lines(config: pytest.Config) -> list[str]:
     state = state_of(config)
     if state.header is None:
-        from pytest_sharedkv import environment
-
+        from pytest_sharedkv.host import environment
         state.header = environment.header_lines(config, gate_of(config).discovery)
     return state.header
 
@@ -191,8 +187,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
     finally:
         state = state_of(item.config)
         if state.gate is not None:
-            from pytest_sharedkv.gating import ITEM_LEASE
-
+            from pytest_sharedkv.config.gating import ITEM_LEASE
             if ITEM_LEASE in item.stash:
                 state.gate.teardown(item)
 
@@ -215,8 +210,7 @@ def pytest_runtest_makereport(
         setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
     bundle = item.stash.get(ITEM_BUNDLE, None)
     if bundle:
-        from pytest_sharedkv.records import Bundle
-
+        from pytest_sharedkv.report.records import Bundle
         # A fresh list: report.user_properties is item.user_properties, shared by all phases.
         report.user_properties = [*report.user_properties, (USER_PROPERTY, bundle.to_data())]
         item.stash[ITEM_BUNDLE] = Bundle()
@@ -290,13 +284,12 @@ class _Collector:
         self.state.log.interrupted = f"{name}: {message}" if message else name
 
     def _write_partial(self, path: Path) -> None:
-        from pytest_sharedkv import report_json
-
+        from pytest_sharedkv.report import json_report
         if self.environment is None:
             self.environment = _environment_data(self.config)
-        data = report_json.build(self.state.log, self.environment, None)
+        data = json_report.build(self.state.log, self.environment, None)
         with contextlib.suppress(OSError):  # the final write falls back and says so
-            report_json.write(path, data)
+            json_report.write(path, data)
 
 
 def _environment_data(config: pytest.Config) -> dict[str, Any]:
@@ -318,16 +311,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         elif exitstatus == pytest.ExitCode.INTERRUPTED:
             log.interrupted = "interrupted"
     if log.perf is None and log.interrupted is not None:  # nothing measured is lost
-        from pytest_sharedkv.run_log import unreported_perf
-
+        from pytest_sharedkv.report.run_log import unreported_perf
         log.perf = unreported_perf(session.items)
     if state.settings.json is None:
         return
-    from pytest_sharedkv import report_json
-
-    data = report_json.build(log, _environment_data(session.config), int(exitstatus),
+    from pytest_sharedkv.report import json_report
+    data = json_report.build(log, _environment_data(session.config), int(exitstatus),
                              complete=True)
-    state.json_written = report_json.write_or_fallback(state.settings.json, data)
+    state.json_written = json_report.write_or_fallback(state.settings.json, data)
 
 
 def pytest_terminal_summary(
@@ -337,15 +328,14 @@ def pytest_terminal_summary(
     if state.is_worker:
         return
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-        from pytest_sharedkv.tiers import unselected_tier_lines
-
+        from pytest_sharedkv.config.tiers import unselected_tier_lines
         for line in unselected_tier_lines(config.getoption("markexpr", "") or ""):
             terminalreporter.write_line(line, yellow=True)
     if not state.has_log:
         return
-    from pytest_sharedkv import report_terminal
-
-    lines = report_terminal.summary_lines(state.log)
+    from pytest_sharedkv.report import terminal
+    reports = {r.tier: r for r in config.hook.pytest_sharedkv_tier_report() if r is not None}
+    lines = terminal.summary_lines(state.log, reports)
     if lines:
         terminalreporter.section("sharedkv summary")
         if not state.header_shown:  # an xdist run that gave no sharedkv option
@@ -372,8 +362,7 @@ def sharedkv_settings(pytestconfig: pytest.Config) -> options.Settings:
 @pytest.fixture
 def sharedkv_results(request: pytest.FixtureRequest) -> ResultSink:
     """Add check records, notes and facts; they reach the tables and the JSON report."""
-    from pytest_sharedkv.records import Bundle, ResultSink
-
+    from pytest_sharedkv.report.records import Bundle, ResultSink
     item = request.node
     bundle = item.stash.setdefault(ITEM_BUNDLE, Bundle())
     return ResultSink(item.nodeid, bundle)
@@ -385,8 +374,7 @@ def sharedkv_gpu_lease(request: pytest.FixtureRequest) -> Lease:
 
     ``lease.env()`` gives the CUDA_VISIBLE_DEVICES for subprocesses that should use them.
     """
-    from pytest_sharedkv.gating import ITEM_LEASE
-
+    from pytest_sharedkv.config.gating import ITEM_LEASE
     lease: Lease | None = request.node.stash.get(ITEM_LEASE, None)
     if lease is None:
         pytest.fail(

@@ -8,11 +8,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # loading the plugin imports neither: they come with the first use
-    from pytest_sharedkv.gating import Gate
-    from pytest_sharedkv.options import Settings
-    from pytest_sharedkv.run_log import RunLog
-
-
+    from pytest_sharedkv.config.gating import Gate
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.report.run_log import RunLog
 @dataclass
 class RunState:
     settings: Settings
@@ -29,8 +27,7 @@ class RunState:
     @property
     def log(self) -> RunLog:
         if self._log is None:
-            from pytest_sharedkv.run_log import RunLog
-
+            from pytest_sharedkv.report.run_log import RunLog
             self._log = RunLog()
         return self._log
 

@@ -16,9 +16,7 @@ import pytest
 if TYPE_CHECKING:  # torch stays out of collection: the session module imports it
     from pytest_sharedkv.ordering.cells import Cell
     from pytest_sharedkv.ordering.session import OrderingSession
-    from pytest_sharedkv.records import ResultSink
-
-
+    from pytest_sharedkv.report.records import ResultSink
 @pytest.mark.ordering
 @pytest.mark.sharedkv_gpu
 @pytest.mark.sharedkv_requires("torch")

@@ -14,10 +14,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # torch stays out of collection
-    from pytest_sharedkv.layouts.fixtures import PackedCase, PackedPageRunner
-    from pytest_sharedkv.records import ResultSink
-
-
+    from pytest_sharedkv.packed_page.fixtures import PackedCase, PackedPageRunner
+    from pytest_sharedkv.report.records import ResultSink
 @pytest.mark.packed_page
 @pytest.mark.sharedkv_requires("torch", "lmcache")
 def test_every_byte_survives_the_round_trip(

@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.perf.blocks import BlockRunner
     from pytest_sharedkv.perf.observations import PerfRun
-    from pytest_sharedkv.records import ResultSink
-
+    from pytest_sharedkv.report.records import ResultSink
 pytestmark = pytest.mark.perf
 TIER = "perf"
 OVERHEAD_LIMIT = 1.3  # screening wall time / (request latencies + restarts), on a GPU

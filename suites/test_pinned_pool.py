@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.pool.predict import LMCACHE_ROUTES, ROUTES, gib, next_power_of_two
+from pytest_sharedkv.pinned_pool.predict import LMCACHE_ROUTES, ROUTES, gib, next_power_of_two
 
 if TYPE_CHECKING:  # torch stays out of collection
-    from pytest_sharedkv.pool.fixtures import PinnedPool
-    from pytest_sharedkv.records import ResultSink
-
+    from pytest_sharedkv.pinned_pool.fixtures import PinnedPool
+    from pytest_sharedkv.report.records import ResultSink
 ROUTE_PARAMS = [
     pytest.param(r, id=r, marks=[pytest.mark.sharedkv_requires("torch", "lmcache")]
                  if r in LMCACHE_ROUTES else [pytest.mark.sharedkv_requires("torch")])
@@ -37,7 +36,7 @@ REMEDY = ("remedy: size pools at exactly 2^k bytes, or pin through cudaHostRegis
 def test_pool_is_fully_pinned_at_the_size_asked(
     route: str, sharedkv_pinned_pool: PinnedPool, sharedkv_results: ResultSink
 ) -> None:
-    from pytest_sharedkv.pool.fixtures import record
+    from pytest_sharedkv.pinned_pool.fixtures import record
 
     report = sharedkv_pinned_pool.route(route)
     if report.skip:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.options import Settings
-    from pytest_sharedkv.records import ResultSink
-    from pytest_sharedkv.replicas.namespaces import Namespaces
-    from pytest_sharedkv.replicas.pair import ReplicaPair
-    from pytest_sharedkv.replicas.transfer import TransferCase
-    from pytest_sharedkv.service.cases import CaseSet
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.report.records import ResultSink
+    from pytest_sharedkv.stack.namespaces import Namespaces
+    from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.transfer_provider import TransferCase
 
 PROMPTS = 3
 
@@ -32,8 +32,8 @@ def test_cross_replica_hits_give_exact_answers(
     sharedkv_replica_pair: ReplicaPair, sharedkv_kv_namespace: Namespaces,
     sharedkv_results: ResultSink, sharedkv_settings: Settings, sharedkv_case_set: CaseSet,
 ) -> None:
-    from pytest_sharedkv.replicas.pair import ReplicaError
-    from pytest_sharedkv.replicas.pair_check import cross_replica_round
+    from pytest_sharedkv.replica_pair.round import cross_replica_round
+    from pytest_sharedkv.stack.pair import ReplicaError
 
     pair = sharedkv_replica_pair
     settle_s = sharedkv_settings.settle_for(pair.delay_cycles)
@@ -55,8 +55,8 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     """The transfer provider: two processes, no model, the real LMCache server (CPU, or the
     leased GPU per allocator, undelayed and delayed): A stores, B (a fresh process) finds
     every token, a fresh salt finds none, and every byte B retrieves equals A's."""
-    from pytest_sharedkv.replicas.delay_hook import cycles_label
-    from pytest_sharedkv.replicas.transfer import NUM_TOKENS, run_pair
+    from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
+    from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, run_pair
 
     transfer_case = sharedkv_transfer_case
     outcome = run_pair(tmp_path, sharedkv_kv_namespace("transfer").salt,

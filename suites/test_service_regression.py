@@ -20,12 +20,12 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_sharedkv.options import Settings
-    from pytest_sharedkv.records import ResultSink
-    from pytest_sharedkv.replicas.pair import ReplicaPair
-    from pytest_sharedkv.service.cases import Case
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.corpus.cases import Case
+    from pytest_sharedkv.report.records import ResultSink
+    from pytest_sharedkv.service.answers import ServiceRun
     from pytest_sharedkv.service.execute import Pass
-    from pytest_sharedkv.service.runner import ServiceRun
+    from pytest_sharedkv.stack.pair import ReplicaPair
 
 pytestmark = pytest.mark.service_regression
 TIER = "service_regression"
@@ -100,9 +100,9 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                                      sharedkv_results: ResultSink) -> None:
     """One record per size x step (exact answers, the engines' hit counters, wall time);
     fails when a step's hits are not the one kind that step may have."""
+    from pytest_sharedkv.service.answers import STEPS
     from pytest_sharedkv.service.checks import step_problems, totals_problems
     from pytest_sharedkv.service.execute import SESSIONS
-    from pytest_sharedkv.service.runner import STEPS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
     steps = {s.name: s for s in STEPS}
@@ -202,7 +202,6 @@ def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: st
     import json
 
     from pytest_sharedkv.service import references
-
     pytest.importorskip("syrupy", reason="stored references are syrupy snapshots")
     pair = sharedkv_replica_pair
     case = _case(sharedkv_service_pass, sharedkv_service_case)
@@ -238,14 +237,13 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
     chunk and zeroed or stale Gated DeltaNet state change its answers; 1-ulp noise,
     another chunk lost and chunks permuted within the prompt do not. Runs without a GPU,
     so any machine shows that the tier's model can see what it is meant to catch."""
-    from pytest_sharedkv.replicas.copy_matrix import EXPECTED_CHANGE, run_matrix
-    from pytest_sharedkv.replicas.copy_model import is_copy_model
-    from pytest_sharedkv.service import corpus
-
+    from pytest_sharedkv.corpus import copy_corpus
+    from pytest_sharedkv.models.copy_matrix import EXPECTED_CHANGE, run_matrix
+    from pytest_sharedkv.models.copy_model import is_copy_model
     if not is_copy_model(sharedkv_model_dir):
         pytest.skip("the corruption matrix is the copy model's; a user's model is judged by "
                     "the sensitivity gate of a launched run")
-    made = corpus.build(32, plan=(("3k", 3000, 3, 0),), sessions=0)
+    made = copy_corpus.build(32, plan=(("3k", 3000, 3, 0),), sessions=0)
     requests = [(r.id, [0, *made.words(r)], r.source_chunk, r.source) for r in made.measured()]
     rows = run_matrix(sharedkv_model_dir, requests, chunk=32)
     wrong = []
@@ -272,9 +270,9 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
     matched against the chunks the audit caught."""
-    from pytest_sharedkv.service import kv_audit
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.stack import kv_audit
 
     pair = sharedkv_replica_pair
     if not sharedkv_settings.kv_audit:

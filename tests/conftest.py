@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_sharedkv.devices import FAKE_GPUS_ENV
-from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
+from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
+from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV
 from tests.process_tags import TAG_ENV
 
 # A runner that starts the self-tests in the background without job control (bash's `cmd &`

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pytest_sharedkv.replicas.process import free_port, http_ok
+from pytest_sharedkv.processes.managed import free_port, http_ok
 
 
 @contextmanager
@@ -20,7 +20,7 @@ def external_stubs(*extra: str) -> Iterator[str]:
         for name in ("A", "B"):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port",
+                [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
                  str(port), "--name", name, *extra],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")

@@ -158,8 +158,7 @@ def test_fake_discovery_reads_cuda_visible_devices_like_cuda(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An entry that names no device ends the list (as CUDA does): never leased as 'unknown'."""
-    from pytest_sharedkv import devices
-
+    from pytest_sharedkv.host import devices
     smi = (devices.Gpu("0", "H200", uuid="GPU-aaaa"), devices.Gpu("1", "H200", uuid="GPU-bbbb"))
     monkeypatch.setattr(devices, "query_nvidia_smi", lambda *a, **k: smi)
     found = devices.discover(environ={"CUDA_VISIBLE_DEVICES": "1,7,0"})

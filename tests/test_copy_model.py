@@ -20,13 +20,13 @@ DIGEST = "0413a8badd4d96cf"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pytest_sharedkv.replicas.copy_model import make_copy_model
+    from pytest_sharedkv.models.copy_model import make_copy_model
 
     return make_copy_model(tmp_path_factory.mktemp("copy")).path
 
 
 def test_digest_is_stable(model_dir: Path, tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, digest_of, make_copy_model
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, digest_of, make_copy_model
 
     assert digest_of(model_dir) == DIGEST
     assert make_copy_model(tmp_path / "again").digest == DIGEST
@@ -34,7 +34,7 @@ def test_digest_is_stable(model_dir: Path, tmp_path: Path) -> None:
 
 
 def test_codes_share_at_most_one_dimension() -> None:
-    from pytest_sharedkv.replicas.copy_model import codes
+    from pytest_sharedkv.models.copy_model import codes
 
     table = [set(c) for c in codes()]
     assert len(table) == 64 and all(len(c) == 4 for c in table)
@@ -44,7 +44,7 @@ def test_codes_share_at_most_one_dimension() -> None:
 def test_tokenizer_round_trips_words(model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from pytest_sharedkv.replicas.copy_model import (
+    from pytest_sharedkv.models.copy_model import (
         CopyModelRecipe,
         ids_of,
         text_of,
@@ -61,14 +61,13 @@ def test_tokenizer_round_trips_words(model_dir: Path) -> None:
 
 
 def _requests(count: int) -> list[tuple[str, list[int], int, int]]:
-    from pytest_sharedkv.service import corpus
-
-    made = corpus.build(32, plan=(("3k", 3000, count, 0),), sessions=0)
+    from pytest_sharedkv.corpus import copy_corpus
+    made = copy_corpus.build(32, plan=(("3k", 3000, count, 0),), sessions=0)
     return [(r.id, [0, *made.words(r)], r.source_chunk, r.source) for r in made.measured()]
 
 
 def test_corruption_matrix(model_dir: Path) -> None:
-    from pytest_sharedkv.replicas.copy_matrix import EXPECTED_CHANGE, run_matrix, table
+    from pytest_sharedkv.models.copy_matrix import EXPECTED_CHANGE, run_matrix, table
 
     rows = run_matrix(model_dir, _requests(3), chunk=32)
     print("\n".join(table(rows)))
@@ -81,7 +80,7 @@ def test_corruption_matrix(model_dir: Path) -> None:
 
 
 def test_fp32_gives_the_bf16_answers(model_dir: Path) -> None:
-    from pytest_sharedkv.replicas.copy_matrix import run_matrix
+    from pytest_sharedkv.models.copy_matrix import run_matrix
 
     requests = _requests(2)
     bf16 = run_matrix(model_dir, requests, 32, corruptions=("clean",))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.replicas import corrupt_hook
+from pytest_sharedkv.engine_hooks import corrupt_hook
 
 
 class FakeObj:

@@ -3,7 +3,7 @@ escapes and comments are Prometheus's business, not a hand-written split."""
 
 from __future__ import annotations
 
-from pytest_sharedkv.replicas.pair import EXTERNAL_HITS, LOCAL_HITS, parse_counters
+from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, parse_counters
 
 # What vLLM serves (through prometheus_client), one sample with a timestamp.
 EXPOSITION = """\

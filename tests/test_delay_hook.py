@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.replicas import delay_hook
+from pytest_sharedkv.engine_hooks import delay_hook
 
 
 def test_targets_wrapped_on_import_and_called_after_the_delay(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_delay_that_never_reached_the_server_voids_the_result() -> None:
 
 
 def test_delayed_launches_run_without_cuda_launch_blocking(tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.providers import LaunchSpec, process_env
 
     base = {"CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin"}
     assert process_env(LaunchSpec(tmp_path), base=base)["CUDA_LAUNCH_BLOCKING"] == "1"
@@ -101,6 +101,5 @@ def test_delayed_launches_run_without_cuda_launch_blocking(tmp_path: Path) -> No
 
 
 def test_the_fixtures_module_names_the_same_targets_variable() -> None:
-    from pytest_sharedkv.replicas import fixtures
-
+    from pytest_sharedkv.stack import fixtures
     assert fixtures.TARGETS_ENV == delay_hook.TARGETS_ENV

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_sharedkv.environment import torch_build
-from pytest_sharedkv.lmcache_status import LMCacheStatus
+from pytest_sharedkv.host.environment import torch_build
+from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 
 def test_header_on_a_machine_without_gpus(pytester: pytest.Pytester,
@@ -65,7 +65,7 @@ def test_fallback_is_said_plainly() -> None:
 
 def test_status_probe_runs_as_a_subprocess() -> None:
     pytest.importorskip("lmcache", reason="the probe reports on an installed lmcache")
-    out = subprocess.run([sys.executable, "-m", "pytest_sharedkv.lmcache_status"],
+    out = subprocess.run([sys.executable, "-m", "pytest_sharedkv.host.lmcache_status"],
                          capture_output=True, text=True, timeout=300, check=True)
     line = next(x for x in out.stdout.splitlines() if x.startswith("SHAREDKV-STATUS "))
     status = LMCacheStatus.from_json(line.split(" ", 1)[1])

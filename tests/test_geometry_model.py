@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.perf.floor import kv_geometry
-from pytest_sharedkv.perf.geometry_27b import QWEN35_27B_GEOMETRY
-from pytest_sharedkv.replicas.geometry_model import (
+from pytest_sharedkv.models.geometry_27b import QWEN35_27B_GEOMETRY
+from pytest_sharedkv.models.geometry_model import (
     GEOMETRY_FIELDS,
     GeometryModelRecipe,
     config_dict,
     shapes,
     weight_bytes,
 )
+from pytest_sharedkv.perf.floor import kv_geometry
 
 pytest.importorskip("safetensors", reason="the generator writes safetensors")
 pytest.importorskip("torch", reason="the generator draws weights with torch")
@@ -29,7 +29,7 @@ CUT = GeometryModelRecipe(layers=4)
 
 @pytest.fixture(scope="module")
 def cut_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pytest_sharedkv.replicas.geometry_model import make_geometry_model
+    from pytest_sharedkv.models.geometry_model import make_geometry_model
 
     return make_geometry_model(tmp_path_factory.mktemp("geometry"), CUT).path
 
@@ -59,7 +59,7 @@ def test_a_cut_must_keep_the_layer_pattern() -> None:
 
 
 def test_the_digest_depends_only_on_the_recipe(cut_dir: Path, tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.geometry_model import (
+    from pytest_sharedkv.models.geometry_model import (
         digest_of,
         is_geometry_model,
         make_geometry_model,
@@ -102,8 +102,7 @@ def test_make_model_writes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     import functools
 
     from pytest_sharedkv import __main__
-    from pytest_sharedkv.replicas import geometry_model
-
+    from pytest_sharedkv.models import geometry_model
     monkeypatch.setattr(geometry_model, "GeometryModelRecipe",
                         functools.partial(GeometryModelRecipe, layers=4))
     assert __main__.make_model_command(["--kind", "geometry", str(tmp_path / "m")]) == 0

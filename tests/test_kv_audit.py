@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.service import kv_audit
+from pytest_sharedkv.stack import kv_audit
 
 torch = pytest.importorskip("torch")
 
@@ -99,7 +99,7 @@ TOKENS = list(range(1000, 1000 + 4 * CHUNK + 1))  # 4 chunks and one token to re
 def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0) -> list[dict[str, Any]]:
     """A stores 4 chunks; B's pages get A's bytes (then CORRUPT(b_kv, a_blocks, b_blocks))
     and B loads them."""
-    from pytest_sharedkv.replicas.kv_audit_hook import AuditLog, patch_connector
+    from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
 
     a_blocks = list(range(1, 9))
     b_blocks = list(range(20, 28))
@@ -199,7 +199,7 @@ def test_an_audit_that_compared_nothing_is_void(tmp_path: Path) -> None:
 
 
 def test_the_hook_never_breaks_the_engine(tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.kv_audit_hook import AuditLog, patch_connector
+    from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
 
     cls = patch_connector(connector_class(), AuditLog(tmp_path, "A"))
     conn = cls(kv_tensors(1))
@@ -234,11 +234,11 @@ def test_gate_mismatches_are_the_audits_positive_control() -> None:
 def test_the_replica_tier_round_fails_on_an_audited_mismatch(tmp_path: Path) -> None:
     """The replica tier's round reads the same audit: exact answers (this tiny stand-in
     answers alike) do not pass a round whose bytes differed, and an empty audit is VOID."""
-    from pytest_sharedkv.records import Bundle, ResultSink
-    from pytest_sharedkv.replicas.namespaces import Namespaces
-    from pytest_sharedkv.replicas.pair import Reply
-    from pytest_sharedkv.replicas.pair_check import cross_replica_round
-    from pytest_sharedkv.service.cases import Case, CaseSet
+    from pytest_sharedkv.corpus.cases import Case, CaseSet
+    from pytest_sharedkv.replica_pair.round import cross_replica_round
+    from pytest_sharedkv.report.records import Bundle, ResultSink
+    from pytest_sharedkv.stack.namespaces import Namespaces
+    from pytest_sharedkv.stack.pair import Reply
 
     class Pair:
         labels = {"provider": "vllm", "allocator": "lazy", "delay": "0"}
@@ -288,8 +288,7 @@ def test_a_connector_without_the_entry_points_is_recorded_unsupported(
     import sys
     import types
 
-    from pytest_sharedkv.replicas import kv_audit_hook
-
+    from pytest_sharedkv.engine_hooks import kv_audit_hook
     class Renamed:  # no wait_for_save / get_finished
         def register_kv_caches(self, kv: Any) -> None:
             return None

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv import launch_registry
-from pytest_sharedkv.replicas.process import ManagedProcess, group_members
-from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV
-from pytest_sharedkv.supervise import is_watchdog, running, start_time
+from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV
+from pytest_sharedkv.processes import reaper
+from pytest_sharedkv.processes.managed import ManagedProcess, group_members
+from pytest_sharedkv.processes.supervise import is_watchdog, running, start_time
 
 SLEEPER = ("import os, subprocess, sys, time; "
            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
@@ -27,7 +27,7 @@ SLEEPER = ("import os, subprocess, sys, time; "
 
 OWNER = """
 import subprocess, sys, time
-from pytest_sharedkv.launch import spawn
+from pytest_sharedkv.processes.spawn import spawn
 launch = spawn([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
 leader, child = launch.proc.stdout.readline().split()
 print(leader, child, flush=True)
@@ -117,7 +117,7 @@ def test_a_later_run_reaps_only_what_it_can_prove(tmp_path: Path) -> None:
                 "owner_start": start_time(os.getpid())}
         (registry / "live-1.json").write_text(json.dumps(mine))
         try:
-            lines = launch_registry.reap()
+            lines = reaper.reap()
             assert not running(child)
             assert len(lines) == 1 and f"[{child}]" in lines[0] and "which is gone" in lines[0]
             assert running(stranger.pid)
@@ -147,7 +147,8 @@ def test_sigterm_is_left_alone_where_sharedkv_is_not_used(pytester: pytest.Pytes
 def test_sigterm_becomes_ctrl_c_where_sharedkv_is_used(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SIGNAL_STATE.replace("(pytestconfig)", "(sharedkv_settings)"))
     result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*SIGTERM handler: <pytest_sharedkv.interrupts._Handler *>"])
+    result.stdout.fnmatch_lines(
+        ["*SIGTERM handler: <pytest_sharedkv.processes.interrupts._Handler *>"])
 
 
 def test_a_projects_own_sigterm_handler_is_kept(pytester: pytest.Pytester) -> None:
@@ -185,7 +186,7 @@ def test_a_launch_from_a_short_lived_thread_outlives_the_thread(tmp_path: Path) 
 
 POOL_OWNER = """
 import sys
-from pytest_sharedkv.pool.runner import child_env, run_child
+from pytest_sharedkv.pinned_pool.runner import child_env, run_child
 run_child([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); "
            "time.sleep(600)"], child_env(None), 600, "held pool")
 """
@@ -214,9 +215,8 @@ def test_a_launch_works_without_a_usable_shared_directory(tmp_path: Path,
     """The record is lost (the next run cannot reap it), the supervision is not."""
     (tmp_path / "not-a-dir").write_text("")
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "not-a-dir"))
-    from pytest_sharedkv import launch
-
-    monkeypatch.setattr(launch, "_REAPED", set())
+    from pytest_sharedkv.processes import spawn as spawn_module
+    monkeypatch.setattr(spawn_module, "_REAPED", set())
     proc = ManagedProcess("sleeper", [sys.executable, "-c", SLEEPER], tmp_path / "n.log")
     proc.start()
     try:

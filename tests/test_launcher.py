@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.replicas.process import (
+from pytest_sharedkv.processes.managed import (
     ManagedProcess,
     ProcessFailed,
     free_port,
     group_members,
     http_ok,
 )
-from pytest_sharedkv.supervise import is_watchdog
+from pytest_sharedkv.processes.supervise import is_watchdog
 
 
 def _stub(tmp_path: Path, *extra: str) -> tuple[ManagedProcess, str]:
     port = free_port()
-    argv = [sys.executable, "-m", "pytest_sharedkv.replicas.stub_openai", "--port", str(port),
+    argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port", str(port),
             "--name", "A", *extra]
     return ManagedProcess("stub replica A", argv, tmp_path / "a.log"), f"http://127.0.0.1:{port}"
 
@@ -106,7 +106,7 @@ def test_crash_mid_test_is_reported(tmp_path: Path) -> None:
 @pytest.mark.parametrize("allocator", ["lazy", "mixed"])
 def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: str) -> None:
     pytest.importorskip("lmcache")
-    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=160),
                            tmp_path)
@@ -126,8 +126,8 @@ def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: 
 
 
 def test_restart_gives_a_fresh_process_that_still_reaches_the_pool(tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.pair import ReplicaError
-    from pytest_sharedkv.replicas.providers import LaunchSpec, external_pair, stub_pair
+    from pytest_sharedkv.stack.pair import ReplicaError
+    from pytest_sharedkv.stack.providers import LaunchSpec, external_pair, stub_pair
 
     pair = stub_pair(LaunchSpec(log_dir=tmp_path))
     try:
@@ -164,7 +164,7 @@ def test_a_failed_engine_registration_stops_the_replicas_wait(tmp_path: Path) ->
     """On an H200 pair one replica per GPU, the server (which saw one GPU) logged a failed
     register_kv_cache and replica B waited for it until the run's limit; now the wait ends
     at once with LMCache's own reason."""
-    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     server = LMCacheServer(ServerConfig(), tmp_path)
     server.process.alive = lambda: True  # type: ignore[method-assign]
@@ -188,8 +188,7 @@ def test_a_failed_engine_registration_stops_the_replicas_wait(tmp_path: Path) ->
 
 
 def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas import providers
-
+    from pytest_sharedkv.stack import providers
     seen: dict[str, str] = {}
 
     class Server:
@@ -219,8 +218,8 @@ def test_each_arm_launches_vllm_with_its_own_cache_path(
         tmp_path: Path, arm: str, wanted: list[str], unwanted: list[str]) -> None:
     """ON: LMCache's MP connector; OFF: GPU prefix caching alone; NATIVE: vLLM's own CPU
     offloading at the pool's size (per replica, not shared)."""
-    from pytest_sharedkv.replicas.lmcache_server import LMCacheServer, ServerConfig
-    from pytest_sharedkv.replicas.providers import LaunchSpec, vllm_argv
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+    from pytest_sharedkv.stack.providers import LaunchSpec, vllm_argv
 
     spec = LaunchSpec(log_dir=tmp_path, arm=arm, l1_size_gb=16.0)
     server = LMCacheServer(ServerConfig(), tmp_path) if arm == "ON" else None

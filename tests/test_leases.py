@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.devices import Gpu
-from pytest_sharedkv.leases import LEASE_DIR_NAME, LeaseManager, LeaseTimeout
-from pytest_sharedkv.runtime_dir import RUNTIME_DIR_ENV, RuntimeDirError, runtime_dir
+from pytest_sharedkv.host.devices import Gpu
+from pytest_sharedkv.host.leases import LEASE_DIR_NAME, LeaseManager, LeaseTimeout
+from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV, RuntimeDirError, runtime_dir
 
 LOGGING_TESTS = """
 import json, os, time
@@ -146,8 +146,8 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from pytest_sharedkv.devices import Gpu
-        from pytest_sharedkv.leases import LeaseManager
+        from pytest_sharedkv.host.devices import Gpu
+        from pytest_sharedkv.host.leases import LeaseManager
         m = LeaseManager(Path({str(tmp_path)!r}), [Gpu("0", "fake")], owner="doomed")
         lease = m.acquire(1, timeout=5, what="crashing test")
         print("held", flush=True)

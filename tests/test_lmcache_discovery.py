@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv import lmcache_source
-from pytest_sharedkv.replicas import delay_hook
+from pytest_sharedkv.engine_hooks import delay_hook
+from pytest_sharedkv.host import lmcache_source
 
 NEWER_GPU_OPS = '''
 import torch
@@ -76,7 +76,7 @@ def test_discovery_reads_source_and_finds_every_helper(tmp_path: Path,
 def test_discovery_on_the_installed_lmcache_imports_nothing() -> None:
     if importlib.util.find_spec("lmcache") is None:
         pytest.skip("lmcache not installed")
-    code = ("import sys; from pytest_sharedkv.lmcache_source import memcpy_helpers; "
+    code = ("import sys; from pytest_sharedkv.host.lmcache_source import memcpy_helpers; "
             "print(sorted(h.name for h in memcpy_helpers())); "
             "print(sorted(m for m in ('torch', 'lmcache') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -105,7 +105,7 @@ def test_ordering_tier_and_hook_follow_a_newer_lmcache(pytester: pytest.Pytester
         "*lmcache-mixed-h2d-range *under-test*MixedMemoryAllocator object*[[]H2D only[]]*",
     ])
     hook = subprocess.run(
-        [sys.executable, "-c", "from pytest_sharedkv.replicas.delay_hook import parse_targets;"
+        [sys.executable, "-c", "from pytest_sharedkv.engine_hooks.delay_hook import parse_targets;"
          " print(parse_targets(None)['lmcache.v1.gpu_connector.gpu_ops'])"],
         capture_output=True, text=True, check=True, timeout=60,
         env={**__import__("os").environ, "PYTHONPATH": str(fake)}).stdout

@@ -57,8 +57,7 @@ def test_xdist_run_without_autoload(tmp_path: Path) -> None:
 
 
 def test_a_tier_with_no_tests_yet_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sharedkv import tiers
-
+    from pytest_sharedkv.config import tiers
     monkeypatch.setattr(tiers, "suite_tiers", lambda: {"ordering", "packed_page"})
     assert tiers.unselected_tier_lines("perf") == [
         "sharedkv: -m 'perf' selected no test: the perf tier has no tests yet (this "

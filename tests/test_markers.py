@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sharedkv.markers import TIER_MARKERS
+from pytest_sharedkv.config.markers import TIER_MARKERS
 
 
 def test_markers_listed_with_signatures(pytester: pytest.Pytester) -> None:

@@ -4,7 +4,7 @@ H200; the stub refuses it too, so the CPU self-tests catch a salt that would).""
 
 from __future__ import annotations
 
-from pytest_sharedkv.replicas.namespaces import UNSAFE_SALT, Namespaces
+from pytest_sharedkv.stack.namespaces import UNSAFE_SALT, Namespaces
 
 
 def test_labels_with_slashes_give_safe_distinct_salts() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sharedkv.options import (
+from pytest_sharedkv.config.options import (
     OPTIONS,
     OptionError,
     format_size,

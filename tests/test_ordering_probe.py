@@ -7,13 +7,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from pytest_sharedkv.options import Settings
+from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
 from pytest_sharedkv.ordering.probe import Prober, compare
 from pytest_sharedkv.ordering.session import OrderingSession
 from pytest_sharedkv.ordering.simulated import SimOrderedCopy, SimRawCopy, SimulatedBackend
 from pytest_sharedkv.ordering.targets import builtin_registry
-from pytest_sharedkv.records import Bundle, ResultSink
+from pytest_sharedkv.report.records import Bundle, ResultSink
 
 DELAY = 5_000_000  # 5 ms on the simulated 1 GHz clock
 SIZES = (4096, 65536)

@@ -158,8 +158,7 @@ def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
     """Where the probe itself runs with CUDA_LAUNCH_BLOCKING set, the VOID says why and what
     to do, rather than "raise --sharedkv-delay-cycles"."""
     from pytest_sharedkv.ordering.summary import sensitivity_line
-    from pytest_sharedkv.records import Check
-
+    from pytest_sharedkv.report.records import Check
     blind = Check("ordering", {"target": "raw-cudamemcpy"}, 3, 3, role="negative-control",
                   detail={"delay_cycles": 5, "launch_blocking": True})
     sensitive, line = sensitivity_line([blind])
@@ -193,13 +192,12 @@ def test_a_plugins_own_target_reaches_the_child(pytester: pytest.Pytester,
 def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.ordering.cells import Cell
     from pytest_sharedkv.ordering.session import OrderingSession
     from pytest_sharedkv.ordering.simulated import SimulatedBackend
     from pytest_sharedkv.ordering.targets import builtin_registry
-    from pytest_sharedkv.records import Bundle, ResultSink
-
+    from pytest_sharedkv.report.records import Bundle, ResultSink
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")  # as if the probe ran in such a process
     session = OrderingSession(SimulatedBackend(), builtin_registry(),
                               Settings(trials=2, delay_cycles=2_000_000, sizes=(4096,)))

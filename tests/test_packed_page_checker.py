@@ -11,9 +11,9 @@ pytest.importorskip("lmcache", reason="the checker is exercised on LMCache's own
 import torch
 
 from pytest_sharedkv.layouts.build import Replica, plain_replica
-from pytest_sharedkv.layouts.check import check_round_trip
 from pytest_sharedkv.layouts.specs import LayoutSpec, default_registry
-from pytest_sharedkv.layouts.transfer import (
+from pytest_sharedkv.packed_page.check import check_round_trip
+from pytest_sharedkv.packed_page.round_trip import (
     block_ids,
     hybrid_round_trip,
     plain_moves,

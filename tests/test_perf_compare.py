@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.perf import compare
+from pytest_sharedkv.cli import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENING = ROOT / "fixtures" / "perf" / "screening.json"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.models.geometry_27b import QWEN35_27B_GEOMETRY
 from pytest_sharedkv.perf.floor import (
     FloorError,
     below_floor,
@@ -19,7 +20,6 @@ from pytest_sharedkv.perf.floor import (
     layer_counts,
     measure_h2d_gb_s,
 )
-from pytest_sharedkv.perf.geometry_27b import QWEN35_27B_GEOMETRY
 from pytest_sharedkv.perf.observations import Floor, Observation
 
 # 48 Gated DeltaNet layers x (state 48 x 128 x 128 in float32 + conv 3 x (2 x 16 x 128 +

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.perf.geometry_27b import QWEN35_27B_GEOMETRY
+from pytest_sharedkv.models.geometry_27b import QWEN35_27B_GEOMETRY
 from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb, stored_bytes_per_token
 
 H200_X2 = 256 * 2**30

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.perf.timing import stream_timing
-from pytest_sharedkv.replicas.pair import Replica, ReplicaError
+from pytest_sharedkv.stack.pair import Replica, ReplicaError
 
 
 def _event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.pool.budget import HostBudget, Reservation
-from pytest_sharedkv.pool.fixtures import RouteReport, _judge
-from pytest_sharedkv.pool.predict import next_power_of_two, predicted_reservation
-from pytest_sharedkv.pool.runner import ChildResult, child_env, run_child
+from pytest_sharedkv.pinned_pool.budget import HostBudget, Reservation
+from pytest_sharedkv.pinned_pool.fixtures import RouteReport, _judge
+from pytest_sharedkv.pinned_pool.predict import next_power_of_two, predicted_reservation
+from pytest_sharedkv.pinned_pool.runner import ChildResult, child_env, run_child
 
 GIB = 1 << 30
 
@@ -31,7 +31,7 @@ def test_predictions() -> None:
 
 def test_worker_samples_every_64_mib(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from pytest_sharedkv.pool.worker import SAMPLE_STRIDE, sample_offsets
+    from pytest_sharedkv.pinned_pool.worker import SAMPLE_STRIDE, sample_offsets
 
     n = 5 * SAMPLE_STRIDE + 123
     offsets = sample_offsets(n)
@@ -85,7 +85,7 @@ def test_budget_ignores_a_crashed_holder_whose_pid_was_reused(tmp_path: Path) ->
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pytest_sharedkv.pool.budget import HostBudget
+from pytest_sharedkv.pinned_pool.budget import HostBudget
 held = HostBudget(Path(sys.argv[1]), 10 << 30).reserve(6 << 30, "child pool")
 print("held" if not isinstance(held, str) else held, flush=True)
 time.sleep(60)

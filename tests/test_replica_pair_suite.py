@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_sharedkv.replicas.process import group_members
+from pytest_sharedkv.processes.managed import group_members
 from tests.process_tags import tagged
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
@@ -85,7 +85,7 @@ def test_group_members_sees_nothing_for_a_dead_group() -> None:
 
 
 def test_transfer_judge_can_fail() -> None:
-    from pytest_sharedkv.replicas.transfer import NUM_TOKENS, judge
+    from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, judge
 
     store = {"stored": True, "visible_hit_tokens": NUM_TOKENS}
     good = {"hit_tokens": NUM_TOKENS, "control_hit_tokens": 0, "retrieved": True,
@@ -104,7 +104,7 @@ def test_transfer_judge_can_fail() -> None:
 
 
 def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
-    from pytest_sharedkv.replicas.transfer import TransferOutcome, judge
+    from pytest_sharedkv.stack.transfer_provider import TransferOutcome, judge
 
     fetch = {"hit_tokens": 2048, "control_hit_tokens": 0, "retrieved": True,
              "pages_compared": 256, "mismatched_pages": 0, "untouched_pages_changed": 0}
@@ -119,8 +119,8 @@ def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
 
 
 def test_transfer_matrix_adds_gpu_cells_per_allocator_and_delay() -> None:
-    from pytest_sharedkv.options import Settings
-    from pytest_sharedkv.replicas.fixtures import transfer_cases
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.replica_pair.fixtures import transfer_cases
 
     ids = [p.id for p in transfer_cases(Settings(allocators=("lazy", "mixed")))]
     assert ids == ["cpu-mixed", "cuda-lazy", "cuda-mixed"]
@@ -129,7 +129,7 @@ def test_transfer_matrix_adds_gpu_cells_per_allocator_and_delay() -> None:
 
 
 def test_transfer_locations() -> None:
-    from pytest_sharedkv.replicas.transfer import HEAD_DIM, HEADS, where
+    from pytest_sharedkv.stack.transfer_provider import HEAD_DIM, HEADS, where
 
     per_token = HEADS * 2 * HEAD_DIM * 2
     assert where(0) == "token 0, head 0, byte 0"

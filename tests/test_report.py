@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.records import Bundle, Check
-from pytest_sharedkv.report_json import write_or_fallback
-from pytest_sharedkv.report_terminal import TableSpec, check_table
+from pytest_sharedkv.report.json_report import write_or_fallback
+from pytest_sharedkv.report.records import Bundle, Check
+from pytest_sharedkv.report.terminal import TableSpec, check_table
 
 RECORDING = """
 import os
@@ -115,9 +115,8 @@ def test_no_summary_without_sharedkv_tests(pytester: pytest.Pytester,
 
 
 def test_replica_verdicts_join_bytes_and_answers() -> None:
-    from pytest_sharedkv.replicas.summary import summary_lines
-    from pytest_sharedkv.run_log import RunLog
-
+    from pytest_sharedkv.replica_pair.summary import summary_lines
+    from pytest_sharedkv.report.run_log import RunLog
     def cell(provider: str, allocator: str, delay: str, passed: int, trials: int,
              message: str = "") -> Check:
         return Check("replica_pair", {"provider": provider, "allocator": allocator,
@@ -169,8 +168,7 @@ def test_then_killed():
 
 
 def test_a_pipe_inside_a_cell_keeps_the_table() -> None:
-    from pytest_sharedkv.markdown import markdown_table
-
+    from pytest_sharedkv.report.markdown import markdown_table
     lines = markdown_table(["layout", "path"], [["a|b", "x"], ["c", "y\\|z"]])
     # every row has exactly the header's cell separators once pipes in cells are escaped
     separators = [line.replace("\\|", "").count("|") for line in lines]

@@ -9,27 +9,27 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_sharedkv.replicas.copy_model import CopyModelRecipe
-from pytest_sharedkv.service import corpus
-from pytest_sharedkv.service.copy_rule import continue_ids, first_divergence
-from pytest_sharedkv.service.corpus_choice import bundled_manifest
+from pytest_sharedkv.corpus import copy_corpus
+from pytest_sharedkv.corpus.choice import bundled_manifest
+from pytest_sharedkv.models.copy_model import CopyModelRecipe
+from pytest_sharedkv.models.copy_rule import continue_ids, first_divergence
 
 
 @pytest.fixture(scope="module")
-def committed() -> corpus.Corpus:
-    return corpus.load(bundled_manifest(32), CopyModelRecipe())
+def committed() -> copy_corpus.Corpus:
+    return copy_corpus.load(bundled_manifest(32), CopyModelRecipe())
 
 
-def test_manifest_is_what_the_seed_generates(committed: corpus.Corpus) -> None:
-    made = corpus.build(32)
+def test_manifest_is_what_the_seed_generates(committed: copy_corpus.Corpus) -> None:
+    made = copy_corpus.build(32)
     assert json.dumps(made.to_data(), sort_keys=True) == json.dumps(committed.to_data(),
                                                                     sort_keys=True)
 
 
-def test_shape_of_the_corpus(committed: corpus.Corpus) -> None:
+def test_shape_of_the_corpus(committed: copy_corpus.Corpus) -> None:
     measured = committed.measured()
     assert len(measured) == 264
-    by_size = {size: [r for r in measured if r.size == size] for size, *_ in corpus.PLAN}
+    by_size = {size: [r for r in measured if r.size == size] for size, *_ in copy_corpus.PLAN}
     assert [len(v) for v in by_size.values()] == [200, 40, 16, 8]
     for size, requests in by_size.items():
         lengths = {r.prompt_tokens for r in requests}
@@ -41,21 +41,21 @@ def test_shape_of_the_corpus(committed: corpus.Corpus) -> None:
     chunks_128k = (by_size["128k"][0].prompt_tokens - 1) // 32
     assert {r.source_chunk for r in by_size["128k"]} >= {0, chunks_128k - 1}
     assert len({r.sha256 for r in committed.requests}) == len(committed.requests)
-    assert [len(s.turns) for s in committed.sessions] == [6] * corpus.SESSIONS
+    assert [len(s.turns) for s in committed.sessions] == [6] * copy_corpus.SESSIONS
     assert [t.replica for t in committed.sessions[0].turns] == ["A", "B"] * 3
 
 
 def test_every_payload_hashes_as_committed_and_drift_is_an_error(
-        committed: corpus.Corpus) -> None:
+        committed: copy_corpus.Corpus) -> None:
     request = committed.by_role("control")[0]
     assert len(committed.text(request).split()) == request.prompt_tokens - 1
-    drifted = corpus.Corpus(committed.chunk, committed.recipe,
+    drifted = copy_corpus.Corpus(committed.chunk, committed.recipe,
                             [replace(request, seed=request.seed + "x")])
-    with pytest.raises(corpus.CorpusError, match="does not hash to the committed"):
+    with pytest.raises(copy_corpus.CorpusError, match="does not hash to the committed"):
         drifted.words(drifted.requests[0])
 
 
-def test_session_turns_never_carry_their_own_answer(committed: corpus.Corpus) -> None:
+def test_session_turns_never_carry_their_own_answer(committed: copy_corpus.Corpus) -> None:
     for session in committed.sessions[:3]:
         for turn, text in committed.session_prompts(session):
             ids = [0, *(int(w[1:]) + 5 for w in text.split())]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sharedkv.records import Check
+from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.service.sensitivity import (
     CONFOUNDED,
     PROVEN,

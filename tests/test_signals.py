@@ -45,7 +45,7 @@ import pytest
 
 @pytest.mark.replica_pair
 def test_transfer(tmp_path):
-    from pytest_sharedkv.replicas.transfer import run_pair
+    from pytest_sharedkv.stack.transfer_provider import run_pair
 
     open(os.path.join(os.environ["READY_DIR"], str(os.getpid())), "w").close()
     run_pair(tmp_path, "signal-test")

@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="the generator writes a transformers 
 
 
 def test_make_model_is_deterministic_and_hybrid(tmp_path: Path) -> None:
-    from pytest_sharedkv.replicas.tiny_model import TinyModelRecipe, make_model
+    from pytest_sharedkv.models.tiny_model import TinyModelRecipe, make_model
 
     first = make_model(tmp_path / "a")
     second = make_model(tmp_path / "b")
@@ -31,7 +31,7 @@ def test_greedy_continuation_is_reproducible(tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pytest_sharedkv.replicas.tiny_model import make_model, synthetic_corpus
+    from pytest_sharedkv.models.tiny_model import make_model, synthetic_corpus
 
     path = make_model(tmp_path / "m").path
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -1,7 +1,3 @@
-"""The packed_page tier: every byte of every KV layout survives a cross-replica round trip.
-
-Replica A's paged KV buffers (built at the exact shapes and strides vLLM registers) are
-stored through LMCache's own transfer code into memory objects and retrieved into
-replica B at other block ids; every byte of every moved page, and every page that must
-not move, is compared.
-"""
+"""KV layouts as vLLM registers them: declared without torch (specs), position-filled
+pools and their page maps (fill), and the exact tensor views over raw pools (build). Shared
+by the packed_page tier and the model-free transfer provider."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from math import ceil, prod
 
-from pytest_sharedkv.registry import Registry
+from pytest_sharedkv.config.registry import Registry
 
 FAMILIES = ("attention", "mla", "hybrid")
 GENERATIONS = ("vllm026", "vllm025", "legacy")

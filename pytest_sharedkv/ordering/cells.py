@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_sharedkv.options import format_size
+from pytest_sharedkv.config.options import format_size
 
 
 def format_cycles(cycles: int) -> str:

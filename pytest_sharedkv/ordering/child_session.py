@@ -24,25 +24,19 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV
 from pytest_sharedkv.ordering.cells import Cell
-from pytest_sharedkv.records import Bundle, ResultSink
+from pytest_sharedkv.report.records import Bundle, ResultSink
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.launch import Launch
     from pytest_sharedkv.ordering.session import Judgement
     from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
+    from pytest_sharedkv.processes.spawn import Launch
 
-LAUNCH_BLOCKING_ENV = "CUDA_LAUNCH_BLOCKING"
 TIER = "ordering"
 NOTE = (f"{LAUNCH_BLOCKING_ENV}=1 in the environment: probes ran in a child without it (with "
         "it every launch is synchronous, the delay ends before the copy starts, and no "
         "ordering fault could show)")
-
-
-def launch_blocking(environ: dict[str, str] | None = None) -> bool:
-    """Whether CUDA_LAUNCH_BLOCKING makes CUDA launches synchronous in this environment."""
-    env = os.environ if environ is None else environ
-    return env.get(LAUNCH_BLOCKING_ENV, "").strip() not in ("", "0")
 
 
 def target_data(target: CopyTarget) -> dict[str, Any]:
@@ -59,8 +53,7 @@ class ChildSession:
 
     def __init__(self, registry: TargetRegistry, trials: int, delay_cycles: int,
                  sizes: tuple[int, ...], simulated: str | None, log_path: Path) -> None:
-        from pytest_sharedkv.launch import spawn
-
+        from pytest_sharedkv.processes.spawn import spawn
         env = {k: v for k, v in os.environ.items() if k != LAUNCH_BLOCKING_ENV}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # plugins' modules
         self.log_path = log_path
@@ -149,7 +142,7 @@ def _registry(targets: list[dict[str, Any]]) -> TargetRegistry:
 
 
 def _serve(setup: dict[str, Any], requests: IO[str], replies: IO[str]) -> None:
-    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.ordering.session import OrderingSession
 
     backend: Any

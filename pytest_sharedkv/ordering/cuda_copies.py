@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from pytest_sharedkv.ordering.cuda_backend import CUDA_MEMCPY_DEFAULT, check, cudart
+from pytest_sharedkv.host.cudart import CUDA_MEMCPY_DEFAULT, check, cudart
 from pytest_sharedkv.ordering.probe import StreamBackend, SymmetricCopy
 
 

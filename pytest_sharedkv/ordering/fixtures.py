@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_sharedkv.config.tiers import parametrizes
 from pytest_sharedkv.state import state_of
-from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.options import Settings
+    from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.ordering.cells import Cell
     from pytest_sharedkv.ordering.child_session import ChildSession
     from pytest_sharedkv.ordering.session import OrderingSession
     from pytest_sharedkv.ordering.targets import TargetRegistry
+    from pytest_sharedkv.report.terminal import TierReport
 
 TIER = "ordering"
 CELL_FIXTURE = "sharedkv_ordering_cell"
@@ -130,8 +131,7 @@ def sharedkv_ordering_cell(request: pytest.FixtureRequest) -> Cell:
 
 
 def _require_cuda() -> None:
-    from pytest_sharedkv.cuda_check import cuda_unavailable_reason
-
+    from pytest_sharedkv.host.cuda_check import cuda_unavailable_reason
     reason = cuda_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -156,7 +156,7 @@ def sharedkv_ordering_session(pytestconfig: pytest.Config,
                               ) -> Iterator[OrderingSession | ChildSession]:
     """The process's probe: backend, buffers per size, copy paths, sensitivity gate (in a
     child process when CUDA_LAUNCH_BLOCKING would make every launch synchronous here)."""
-    from pytest_sharedkv.ordering.child_session import launch_blocking
+    from pytest_sharedkv.host.cuda_check import launch_blocking
 
     settings = state_of(pytestconfig).settings
     registry = registry_of(pytestconfig)
@@ -176,13 +176,21 @@ def sharedkv_ordering_session(pytestconfig: pytest.Config,
         backend = _simulated_backend() if simulated else _cuda_backend()
         session = OrderingSession(backend, registry, settings)
     if not simulated:
-        from pytest_sharedkv.environment import dist_version
-
+        from pytest_sharedkv.host.environment import dist_version
         if dist_version("lmcache") is not None:
-            from pytest_sharedkv.lmcache_status import probe
-
+            from pytest_sharedkv.host.lmcache_status import probe
             session.pending_facts.append(("lmcache in the test process", probe().describe()))
     try:
         yield session
     finally:
         session.close()
+
+
+def pytest_sharedkv_tier_report() -> TierReport:
+    """The ordering tier's part of the terminal summary."""
+    from pytest_sharedkv.ordering import summary
+    from pytest_sharedkv.report.terminal import TableSpec, TierReport
+
+    table = TableSpec(rows=("target", "role", "direction", "size"), column="delay",
+                      column_label="delay=", numeric_columns=True)
+    return TierReport("ordering", table=table, lines=summary.summary_lines)

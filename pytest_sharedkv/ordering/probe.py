@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pytest_sharedkv.options import format_size
+from pytest_sharedkv.config.options import format_size
 
 MAX_MISMATCHES_KEPT = 3
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_sharedkv.options import Settings, format_size
+from pytest_sharedkv.config.options import Settings, format_size
+from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV, launch_blocking
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
-from pytest_sharedkv.ordering.child_session import LAUNCH_BLOCKING_ENV, launch_blocking
 from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
 from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
-from pytest_sharedkv.records import ResultSink
+from pytest_sharedkv.report.records import ResultSink
 
 TIER = "ordering"
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pytest_sharedkv.ordering.child_session import launch_blocking
+from pytest_sharedkv.host.cuda_check import launch_blocking
 from pytest_sharedkv.ordering.probe import StreamBackend, SymmetricCopy
 
 SIMULATED_ENV = "SHAREDKV_SIMULATED_STREAMS"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_sharedkv.ordering.child_session import LAUNCH_BLOCKING_ENV
-from pytest_sharedkv.records import Check
-from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV
+from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.run_log import RunLog
 
 TIER = "ordering"
 

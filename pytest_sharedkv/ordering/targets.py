@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sharedkv.lmcache_source import memcpy_helpers
-from pytest_sharedkv.records import ROLES
-from pytest_sharedkv.registry import Registry
+from pytest_sharedkv.config.registry import Registry
+from pytest_sharedkv.host.lmcache_source import memcpy_helpers
+from pytest_sharedkv.report.records import ROLES
 
 DIRECTIONS = ("D2H", "H2D")
 

@@ -32,11 +32,11 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import blocks_per_pair
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
-from pytest_sharedkv.replicas.pair import ReplicaError, ReplicaPair
+from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 
 Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
 Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
-STORE_S_PER_TOKEN = 40e-6  # LMCache's store time per prompt token on an H200, with margin
 STEP_REPLICA = {"cold": "A", "local": "A", "cross": "B", "receiver-local": "B"}
 PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
 

@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.options import Settings
-from pytest_sharedkv.progress import progress_logger
-from pytest_sharedkv.report_fields import PERF_PROPERTY
+from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.report.fields import PERF_PROPERTY
+from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
-from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:
     from pytest_sharedkv.perf.blocks import BlockRunner
     from pytest_sharedkv.perf.observations import Floor, PerfRun
     from pytest_sharedkv.perf.payloads import PayloadSet
-    from pytest_sharedkv.replicas.pair import ReplicaPair
+    from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.stack.pair import ReplicaPair
 
 TIER = "perf"
 PROVIDER = "sharedkv_perf_provider"
@@ -39,7 +40,7 @@ VLLM_MAX_TOKENS = 16  # answer length on launched vLLM: decode rate from 15 inte
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not parametrizes(metafunc, PROVIDER, TIER):
         return
-    from pytest_sharedkv.replicas.fixtures import provider_marks, resolve_provider
+    from pytest_sharedkv.stack.fixtures import provider_marks, resolve_provider
 
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
@@ -62,7 +63,7 @@ def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
     if settings.model is not None:
         return settings.model
     try:
-        from pytest_sharedkv.replicas.geometry_model import (
+        from pytest_sharedkv.models.geometry_model import (
             GeometryModelRecipe,
             make_geometry_model,
         )
@@ -80,8 +81,8 @@ def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
 
 def _uses_copy_words(model: Path) -> bool:
     """The copy model and the geometry model speak the copy vocabulary (so does the stub)."""
-    from pytest_sharedkv.replicas.copy_model import is_copy_model
-    from pytest_sharedkv.replicas.geometry_model import is_geometry_model
+    from pytest_sharedkv.models.copy_model import is_copy_model
+    from pytest_sharedkv.models.geometry_model import is_geometry_model
 
     return is_copy_model(model) or is_geometry_model(model)
 
@@ -98,7 +99,6 @@ def _context(model: Path | None) -> int:
 def _payloads(settings: Settings, words: bool, model: Path | None, chunk: int,
               max_tokens: int) -> PayloadSet:
     from pytest_sharedkv.perf import payloads
-
     generate = payloads.word_generator(chunk) if words else payloads.text_generator(model)
     return payloads.build(payloads.WORDS if words else payloads.TEXT, perf_sizes(settings),
                           chunk, generate, limit=_context(model) - max_tokens - 16)
@@ -118,8 +118,7 @@ def _versions(provider: str, gpu: str) -> dict[str, str]:
 
 
 def _gpu_name(item: pytest.Item) -> str:
-    from pytest_sharedkv.gating import ITEM_LEASE
-
+    from pytest_sharedkv.config.gating import ITEM_LEASE
     lease = item.stash.get(ITEM_LEASE, None)
     if lease is None or not lease.gpus:
         return "none"
@@ -129,7 +128,7 @@ def _gpu_name(item: pytest.Item) -> str:
 def _model_digest(model: Path) -> str:
     import hashlib
 
-    from pytest_sharedkv.replicas.copy_model import digest_of
+    from pytest_sharedkv.models.copy_model import digest_of
 
     if _uses_copy_words(model):  # written by the suite: config, weights, tokenizer spec
         return digest_of(model)
@@ -189,7 +188,7 @@ class _Setup:
 
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
                 tmp_path_factory: pytest.TempPathFactory) -> _Setup:
-    from pytest_sharedkv.replicas.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
 
     chunk = settings.chunk_size or STUB_CHUNK
 
@@ -207,7 +206,7 @@ def _stub_setup(settings: Settings, arms: tuple[str, ...],
 
 
 def _external_setup(settings: Settings) -> _Setup:
-    from pytest_sharedkv.replicas.providers import external_pair
+    from pytest_sharedkv.stack.providers import external_pair
 
     endpoints = settings.endpoints or ()
     pair = external_pair(endpoints)
@@ -222,10 +221,10 @@ def _external_setup(settings: Settings) -> _Setup:
 
 def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> _Setup:
-    from pytest_sharedkv.replicas.geometry_model import is_geometry_model
-    from pytest_sharedkv.replicas.providers import (
+    from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
+    from pytest_sharedkv.models.geometry_model import is_geometry_model
+    from pytest_sharedkv.stack.providers import (
         LaunchSpec,
-        derive_chunk_size,
         launch_vllm_pair,
     )
 
@@ -260,8 +259,9 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     """The block runner for this run's provider: launched vLLM (OFF: prefix caching alone;
     ON: LMCache's MP connector, mixed allocator), the stub double (OFF: no shared pool), or
     external endpoints (one block as deployed). ``.run()`` gives the PerfRun."""
-    from pytest_sharedkv.perf.blocks import STORE_S_PER_TOKEN, BlockRunner, Plan, block_arms
-    from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
+    from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms
+    from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+    from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 
     settings = state_of(pytestconfig).settings
     provider = sharedkv_perf_provider
@@ -336,3 +336,11 @@ def attach_run(item: pytest.Item, run: PerfRun) -> None:
     from pytest_sharedkv.perf.observations import to_json
 
     item.user_properties.append((PERF_PROPERTY, to_json(run)))
+
+
+def pytest_sharedkv_tier_report() -> TierReport:
+    """The perf tier's part of the terminal summary."""
+    from pytest_sharedkv.perf import summary
+    from pytest_sharedkv.report.terminal import TierReport
+
+    return TierReport("perf", lines=summary.summary_lines)

@@ -76,7 +76,7 @@ Generator = Callable[[str, int], tuple[str, int | None]]  # (seed, tokens) -> te
 
 def word_generator(chunk: int) -> Generator:
     """Seeded copy-vocabulary words: exactly TOKENS tokens with <s>."""
-    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, text_of, word_ids
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, text_of, word_ids
 
     recipe = CopyModelRecipe()
     words = list(word_ids(recipe))
@@ -91,8 +91,8 @@ def word_generator(chunk: int) -> Generator:
 def text_generator(model: Path | None) -> Generator:
     """Seeded pseudo-text of about TOKENS tokens, counted by the model's tokenizer where
     one is at hand (else None: the served usage says)."""
-    from pytest_sharedkv.replicas.tiny_model import synthetic_corpus
-    from pytest_sharedkv.service.text_corpus import token_counter
+    from pytest_sharedkv.corpus.text_corpus import token_counter
+    from pytest_sharedkv.models.tiny_model import synthetic_corpus
 
     count, exact = token_counter(model)
 

@@ -3,7 +3,7 @@ verdicts (``perf.tables``), from the run the JSON report holds under "perf"."""
 
 from __future__ import annotations
 
-from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.report.run_log import RunLog
 
 
 def summary_lines(log: RunLog) -> list[str]:

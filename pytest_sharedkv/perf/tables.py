@@ -4,11 +4,11 @@ ratios with the pool hits behind them, and the sessions."""
 
 from __future__ import annotations
 
-from pytest_sharedkv.markdown import markdown_table
 from pytest_sharedkv.perf.floor import floor_ratio, invalid
 from pytest_sharedkv.perf.hits import cached_share, counted, partial_hits, pooled_cross
 from pytest_sharedkv.perf.observations import STEPS, Observation, size_order
 from pytest_sharedkv.perf.statistics import Analysis, Cell, PairedRatio, SessionRatio
+from pytest_sharedkv.report.markdown import markdown_table
 
 SHOWN_REFUSALS = 3
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sharedkv.perf.observations import Observation
-from pytest_sharedkv.replicas.pair import Replica, ReplicaError
+from pytest_sharedkv.stack.pair import Replica, ReplicaError
 
 
 @dataclass(frozen=True)

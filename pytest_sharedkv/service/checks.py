@@ -9,9 +9,9 @@ is in cache transfer or reuse, not the model.
 
 from __future__ import annotations
 
-from pytest_sharedkv.service.cases import Case
-from pytest_sharedkv.service.copy_rule import first_divergence
-from pytest_sharedkv.service.runner import STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.corpus.cases import Case
+from pytest_sharedkv.models.copy_rule import first_divergence
+from pytest_sharedkv.service.answers import STEPS, Answer, ServiceRun, Step, StepTotals
 
 SHOWN_WORDS = 8
 
@@ -23,7 +23,7 @@ def _short(text: str) -> str:
 
 
 def _words(ids: tuple[int, ...], run: ServiceRun, case: Case) -> str:
-    from pytest_sharedkv.replicas.copy_model import CopyModelRecipe, text_of
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, text_of
 
     if run.cases.kind != "copy":
         return repr(ids)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pytest_sharedkv.replicas.pair import ReplicaPair
-from pytest_sharedkv.service.cases import CaseSet
+from pytest_sharedkv.corpus.cases import CaseSet
+from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.protocol import run_protocol
-from pytest_sharedkv.service.runner import STORE_S_PER_TOKEN, Runner, Salts, ServiceRun
+from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.service.sensitivity import run_gate
+from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+from pytest_sharedkv.stack.pair import ReplicaPair
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
 

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.progress import progress_logger
+from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
-from pytest_sharedkv.tiers import parametrizes
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.replicas.pair import ReplicaPair
-    from pytest_sharedkv.service.cases import CaseSet
+    from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.service.execute import Pass
+    from pytest_sharedkv.stack.pair import ReplicaPair
 
 CASE = "sharedkv_service_case"
 SESSION = "sharedkv_service_session"
@@ -33,12 +34,12 @@ TIER = "service_regression"
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = state_of(metafunc.config).settings
     if parametrizes(metafunc, CASE, TIER):
-        from pytest_sharedkv.service.corpus_choice import measured_ids
+        from pytest_sharedkv.corpus.choice import measured_ids
 
         ids = measured_ids(settings)
         metafunc.parametrize(CASE, ids, ids=ids)
     if parametrizes(metafunc, SESSION, TIER):
-        from pytest_sharedkv.service.corpus import SESSIONS
+        from pytest_sharedkv.corpus.copy_corpus import SESSIONS
 
         ids = [f"session-{i:02d}" for i in range(SESSIONS)]
         metafunc.parametrize(SESSION, ids, ids=ids)
@@ -54,9 +55,9 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
                           ) -> Pass:
     """The corpus through this pair, once, in stages the tests ask for (``ensure``):
     warm-ups and the sensitivity gate, each size by step, sessions, protocol checks."""
-    from pytest_sharedkv.replicas.namespaces import Namespaces, run_id
     from pytest_sharedkv.service.execute import Pass
-    from pytest_sharedkv.service.runner import STORE_S_PER_TOKEN
+    from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+    from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 
     settings = state_of(pytestconfig).settings
     pair = sharedkv_replica_pair
@@ -73,3 +74,11 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     return Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
                 settings.settle_for(pair.delay_cycles), concurrency=settings.concurrency,
                 log=progress, store_s_per_token=per_token)
+
+
+def pytest_sharedkv_tier_report() -> TierReport:
+    """The service_regression tier's part of the terminal summary."""
+    from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.service import summary
+
+    return TierReport("service_regression", own_table=True, lines=summary.summary_lines)

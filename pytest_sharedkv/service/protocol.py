@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sharedkv.replicas.pair import ReplicaError
-from pytest_sharedkv.service.cases import Case
+from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.service.runner import Runner, body
+from pytest_sharedkv.stack.pair import ReplicaError
 
 LOGPROB_TOLERANCE = 0.1  # nats: A's cold and B's pool-served chosen-token logprobs
 

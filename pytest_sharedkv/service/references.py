@@ -15,15 +15,15 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.replicas.pair import ReplicaPair
-from pytest_sharedkv.service.cases import Case
-from pytest_sharedkv.service.runner import STEPS, ServiceRun
+from pytest_sharedkv.corpus.cases import Case
+from pytest_sharedkv.service.answers import STEPS, ServiceRun
+from pytest_sharedkv.stack.pair import ReplicaPair
 
 REFERENCES = "snapshots"  # under pytest_sharedkv.fixtures (the repository's fixtures/)
 
 
 def default_root() -> Path:
-    from pytest_sharedkv.service.corpus_choice import fixtures_dir
+    from pytest_sharedkv.corpus.choice import fixtures_dir
 
     return fixtures_dir() / REFERENCES
 
@@ -32,7 +32,7 @@ def model_key(model: Path | None, kind: str) -> str:
     """copy-<digest> for the copy model; <dir>-<config hash> for a user's checkpoint."""
     if model is None:
         return "copy-rule" if kind == "copy" else "unknown-model"
-    from pytest_sharedkv.replicas.copy_model import digest_of, is_copy_model
+    from pytest_sharedkv.models.copy_model import digest_of, is_copy_model
 
     if is_copy_model(model):
         return f"copy-{digest_of(model)}"
@@ -41,8 +41,7 @@ def model_key(model: Path | None, kind: str) -> str:
 
 
 def engine_key(pair: ReplicaPair) -> str:
-    from pytest_sharedkv.environment import dist_version
-
+    from pytest_sharedkv.host.environment import dist_version
     provider = pair.labels.get("provider", "")
     if provider == "vllm":
         return f"vllm-{dist_version('vllm')}+lmcache-{dist_version('lmcache')}"

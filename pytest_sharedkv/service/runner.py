@@ -15,125 +15,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_sharedkv.replicas.pair import (
+from pytest_sharedkv.corpus.cases import Case, CaseSet
+from pytest_sharedkv.service.answers import OTHER, STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+from pytest_sharedkv.stack.pair import (
     EXTERNAL_HITS,
     LOCAL_HITS,
     ReplicaError,
     ReplicaPair,
     counter_delta,
 )
-from pytest_sharedkv.service.cases import Case, CaseSet
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    replica: str
-    hits: str  # the only kind of hit this step may have: none | local | external
-
-
-STEPS = (Step("cold", "A", "none"), Step("local", "A", "local"),
-         Step("cross", "B", "external"), Step("receiver-local", "B", "local"))
-OTHER = {"A": "B", "B": "A"}
-STORE_S_PER_TOKEN = 40e-6  # LMCache MP server store time per prompt token, with margin
-
-
-@dataclass(frozen=True)
-class Answer:
-    case: str
-    step: str
-    replica: str
-    text: str = ""
-    ids: tuple[int, ...] | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    logprobs: tuple[float, ...] | None = None
-    seconds: float = 0.0
-    error: str | None = None
-
-    def to_data(self) -> dict[str, Any]:
-        return {"text": self.text, "ids": list(self.ids) if self.ids is not None else None,
-                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "finish_reason": self.finish_reason, "seconds": round(self.seconds, 3),
-                "error": self.error}
-
-
-@dataclass(frozen=True)
-class StepTotals:
-    """One step of one group: counter deltas on both replicas, requests, wall time."""
-
-    group: str
-    step: str
-    replica: str
-    requests: int
-    local: int | None  # on the step's replica
-    external: int | None
-    other_local: int | None  # on the other replica: must stay 0
-    other_external: int | None
-    wall_s: float
-    cached: int  # sum of the requests' usage.cached_tokens
-
-
-@dataclass
-class ServiceRun:
-    """Everything one pass of the corpus produced (per replica pair)."""
-
-    cases: CaseSet
-    pair: str
-    answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
-    totals: list[StepTotals] = field(default_factory=list)
-    sessions: dict[str, list[Answer]] = field(default_factory=dict)
-    controls: dict[tuple[str, str], Answer] = field(default_factory=dict)
-    gate: Any = None  # sensitivity.GateResult
-    protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
-    wall_s: float = 0.0
-    error: str | None = None  # a replica died: every result says so
-
-    def answer(self, case: str, step: str) -> Answer | None:
-        return self.answers.get((case, step))
-
-    def _answered(self) -> list[Answer]:
-        everything = [*self.answers.values(), *self.controls.values(),
-                      *(a for turns in self.sessions.values() for a in turns)]
-        return [a for a in everything if not a.error]
-
-    @property
-    def requests(self) -> int:
-        """Requests answered (steps, gate, controls, sessions; protocol checks aside)."""
-        return len(self._answered())
-
-    @property
-    def request_seconds(self) -> float:
-        """The sum of those requests' latencies."""
-        return sum(a.seconds for a in self._answered())
-
+from pytest_sharedkv.stack.request_tags import request_tag
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
-
-
-REQUEST_TAG = "sharedkv"  # X-Request-Id: sharedkv.<case>.<step>.<replica>
-
-
-def request_tag(case_id: str, step: str, replica: str) -> str:
-    """The X-Request-Id the runner sends: vLLM names its engine request after it
-    (cmpl-<tag>-<n>-<suffix>), so the in-engine KV audit can name the request."""
-    return f"{REQUEST_TAG}.{case_id}.{step}.{replica}"
-
-
-def parse_request_tag(engine_request_id: str) -> tuple[str, str, str] | None:
-    """(case, step, replica) from an engine request id, or None for untagged requests."""
-    at = engine_request_id.find(REQUEST_TAG + ".")
-    if at < 0:
-        return None
-    parts = engine_request_id[at:].split(".")
-    if len(parts) < 4:
-        return None
-    return parts[1], parts[2], parts[3].split("-")[0]
 
 
 def body(case_text: str, tokens: int, salt: str | None, logprobs: bool = True

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.service.runner import Runner, Step
+from pytest_sharedkv.service.answers import Step
+from pytest_sharedkv.service.runner import Runner
 
 PROVEN, VOID, UNPROVEN, CONFOUNDED = "proven", "VOID", "unproven", "CONFOUNDED"
 
@@ -44,7 +45,7 @@ class GateResult:
 
 
 def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResult:
-    from pytest_sharedkv.replicas.corrupt_hook import read_log
+    from pytest_sharedkv.engine_hooks.corrupt_hook import read_log
     from pytest_sharedkv.service.checks import diverged
 
     cases = runner.cases

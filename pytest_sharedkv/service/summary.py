@@ -9,10 +9,10 @@ cross-replica hits, with the remedy for the lazy allocator on LMCache's torch fa
 
 from __future__ import annotations
 
-from pytest_sharedkv.markdown import markdown_table
-from pytest_sharedkv.records import Check
-from pytest_sharedkv.replicas.summary import REMEDY
-from pytest_sharedkv.run_log import RunLog
+from pytest_sharedkv.report.markdown import markdown_table
+from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.run_log import RunLog
+from pytest_sharedkv.stack.lmcache_server import LAZY_REMEDY as REMEDY
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")

@@ -1,0 +1,1 @@
+"""``python -m pytest_sharedkv`` subcommands besides the suite itself."""

@@ -1,0 +1,90 @@
+"""Which corpus a run sends, decided from the settings alone (at collection, without
+loading a model): the copy model's committed corpus, the same generated for another chunk
+size, or a text corpus with planted codewords for a user's own model."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.corpus.cases import CaseSet
+from pytest_sharedkv.corpus.copy_corpus import PLAN
+from pytest_sharedkv.corpus.text_corpus import case_id
+
+MANIFEST = "copy-corpus-c{chunk}.json"
+
+
+def served_kind(settings: Settings) -> str:
+    """copy: the copy model (default, or --sharedkv-model pointing at one); text: any
+    other checkpoint, or external endpoints serving an unknown model."""
+    from pytest_sharedkv.models.copy_model import is_copy_model
+
+    if settings.model is not None:
+        return "copy" if is_copy_model(settings.model) else "text"
+    if settings.endpoints and settings.provider in ("auto", "external"):
+        return "text"
+    return "copy"
+
+
+def wanted(settings: Settings, size: str) -> bool:
+    return settings.service_sizes is None or size in settings.service_sizes
+
+
+def measured_ids(settings: Settings) -> list[str]:
+    kind = served_kind(settings)
+    return [case_id(kind, size, i) for size, _, count, _ in PLAN if wanted(settings, size)
+            for i in range(count)]
+
+
+
+def copy_chunk(settings: Settings) -> int:
+    from pytest_sharedkv.layouts.chunk_size import chunk_size_for_config
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+
+    if settings.chunk_size:
+        return settings.chunk_size
+    config = (json.loads((settings.model / "config.json").read_text())
+              if settings.model is not None else config_dict(CopyModelRecipe()))
+    return chunk_size_for_config(config)
+
+
+def fixtures_dir() -> Path:
+    """``pytest_sharedkv.fixtures`` as installed, or a not-installed checkout's fixtures/."""
+    try:
+        return Path(str(resources.files("pytest_sharedkv.fixtures")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def bundled_manifest(chunk: int) -> Path:
+    return fixtures_dir() / "service" / MANIFEST.format(chunk=chunk)
+
+
+def case_set(settings: Settings) -> CaseSet:
+    from pytest_sharedkv.corpus import copy_corpus
+    from pytest_sharedkv.corpus.cases import copy_case_set
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, load_card
+
+    if served_kind(settings) == "text":
+        from pytest_sharedkv.corpus.text_corpus import build_text
+
+        chunk = settings.chunk_size or 256
+        context = 131_072 + 1024
+        if settings.model is not None:
+            config = json.loads((settings.model / "config.json").read_text())
+            context = int(config.get("max_position_embeddings") or context)
+        return build_text(settings.model, chunk, context, sizes=settings.service_sizes)
+    recipe = (load_card(settings.model).recipe if settings.model is not None
+              else CopyModelRecipe())
+    chunk = copy_chunk(settings)
+    manifest = bundled_manifest(chunk)
+    if manifest.exists() and recipe == CopyModelRecipe():
+        corpus = copy_corpus.load(manifest, recipe)
+        source = f"committed manifest {manifest.name} (payload SHA-256s checked)"
+    else:
+        corpus = copy_corpus.build(chunk, recipe)
+        source = f"generated for chunk {chunk} (no committed manifest for it)"
+    return copy_case_set(corpus, source, keep=lambda role, size: role not in (
+        "measured", "warmup") or wanted(settings, size))

@@ -1,0 +1,94 @@
+"""The ``--sharedkv-json`` report: every test result and every record of the run.
+
+Only the process that owns the run writes it (the xdist controller, or the single process
+without xdist); the file is written to a temporary name and renamed, so a reader never
+sees half a report. It is rewritten as the run goes (``"complete": false``, no exit
+status) and a last time at the end, so a run that is killed leaves what it had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv import __version__
+from pytest_sharedkv.report.run_log import RunLog
+
+SCHEMA = "pytest-sharedkv/1"
+
+
+def check_writable(path: Path) -> str | None:
+    """Why PATH cannot take the report (checked before the run starts), or None."""
+    if path.is_dir():
+        return f"{path} is a directory"
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
+          complete: bool = False) -> dict[str, Any]:
+    """The report; ``complete`` only for a run that ended without being interrupted."""
+    tiers = _ordered_unique(r.tier for r in log.tests.values() if r.tier is not None)
+    perf = {"perf": log.perf} if log.perf is not None else {}
+    return {
+        "schema": SCHEMA,
+        "plugin_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "complete": complete and log.interrupted is None,
+        "interrupted": log.interrupted,
+        "exitstatus": exitstatus,
+        "environment": environment,
+        "summary": log.counts(),
+        "tiers": {t: {"summary": log.counts(t), "wall_s": log.wall_s(t)} for t in tiers},
+        "tests": [{k: v for k, v in asdict(r).items() if k != "categories"}
+                  for r in log.tests.values()],
+        "collection": [{"nodeid": n, "outcome": c, "message": m} for n, c, m in log.collection],
+        "checks": [asdict(c) for c in log.bundle.checks],
+        "notes": [asdict(n) for n in log.bundle.notes],
+        "facts": [asdict(f) for f in log.bundle.facts],
+        **perf,  # the perf tier's screening (pytest_sharedkv.perf.observations.PerfRun)
+    }
+
+
+def _ordered_unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_or_fallback(path: Path, data: dict[str, Any]) -> str:
+    """Write the report; if PATH fails, write it to the temp dir instead. Returns a line to show."""
+    try:
+        write(path, data)
+        return f"JSON report: {path}"
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"sharedkv-report-{os.getpid()}.json"
+        try:
+            write(fallback, data)
+        except OSError as exc2:
+            return f"--sharedkv-json: could not write {path} ({exc}) nor {fallback} ({exc2})"
+        return f"--sharedkv-json: could not write {path} ({exc}); the report is at {fallback}"

@@ -1,0 +1,94 @@
+"""What a service pass records, as plain data: the four steps, every answer with its
+counters, and the per-step totals. The runner fills it; checks, references and the
+summary read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_sharedkv.corpus.cases import CaseSet
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    replica: str
+    hits: str  # the only kind of hit this step may have: none | local | external
+
+
+STEPS = (Step("cold", "A", "none"), Step("local", "A", "local"),
+         Step("cross", "B", "external"), Step("receiver-local", "B", "local"))
+OTHER = {"A": "B", "B": "A"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    case: str
+    step: str
+    replica: str
+    text: str = ""
+    ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    logprobs: tuple[float, ...] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        return {"text": self.text, "ids": list(self.ids) if self.ids is not None else None,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "finish_reason": self.finish_reason, "seconds": round(self.seconds, 3),
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """One step of one group: counter deltas on both replicas, requests, wall time."""
+
+    group: str
+    step: str
+    replica: str
+    requests: int
+    local: int | None  # on the step's replica
+    external: int | None
+    other_local: int | None  # on the other replica: must stay 0
+    other_external: int | None
+    wall_s: float
+    cached: int  # sum of the requests' usage.cached_tokens
+
+
+@dataclass
+class ServiceRun:
+    """Everything one pass of the corpus produced (per replica pair)."""
+
+    cases: CaseSet
+    pair: str
+    answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
+    totals: list[StepTotals] = field(default_factory=list)
+    sessions: dict[str, list[Answer]] = field(default_factory=dict)
+    controls: dict[tuple[str, str], Answer] = field(default_factory=dict)
+    gate: Any = None  # sensitivity.GateResult
+    protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
+    wall_s: float = 0.0
+    error: str | None = None  # a replica died: every result says so
+
+    def answer(self, case: str, step: str) -> Answer | None:
+        return self.answers.get((case, step))
+
+    def _answered(self) -> list[Answer]:
+        everything = [*self.answers.values(), *self.controls.values(),
+                      *(a for turns in self.sessions.values() for a in turns)]
+        return [a for a in everything if not a.error]
+
+    @property
+    def requests(self) -> int:
+        """Requests answered (steps, gate, controls, sessions; protocol checks aside)."""
+        return len(self._answered())
+
+    @property
+    def request_seconds(self) -> float:
+        """The sum of those requests' latencies."""
+        return sum(a.seconds for a in self._answered())

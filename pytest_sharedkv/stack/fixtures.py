@@ -1,0 +1,204 @@
+"""The stack's pytest side, shared by the tiers that send through a pair (replica_pair,
+service_regression, perf): the served model, the LMCache server, replica pairs and cache
+namespaces as fixtures, and the (allocator x delay) matrix of the tests that use a pair.
+Every fixture is named ``sharedkv_*`` and the matrix parametrizes only tests of the
+replica and service tiers (``tiers.parametrizes``), so a project's own ``replica_pair``
+fixture is never parametrized or shadowed by the plugin. Imports stay
+light: this module loads with the plugin in every pytest run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.state import state_of
+
+if TYPE_CHECKING:  # runtime imports stay lazy
+    from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer
+    from pytest_sharedkv.stack.namespaces import Namespaces
+    from pytest_sharedkv.stack.pair import ReplicaPair
+
+
+TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad SHAREDKV_INJECT_TARGETS stops the run now, not as a VOID result at the end."""
+    text = os.environ.get(TARGETS_ENV)
+    if text:
+        from pytest_sharedkv.engine_hooks.delay_hook import check_targets
+
+        problems = check_targets(text)
+        if problems:
+            raise pytest.UsageError(
+                f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
+                "naming the functions the fault-sensitivity delay wraps)")
+
+
+def resolve_provider(settings: Settings) -> str:
+    if settings.provider != "auto":
+        return settings.provider
+    if settings.endpoints:
+        return "external"
+    if importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    return "vllm-missing"
+
+
+def provider_marks(provider: str, gpus: int = 1) -> list[Any]:
+    if provider in ("vllm", "vllm-missing"):
+        return [pytest.mark.sharedkv_gpu(count=gpus),
+                pytest.mark.sharedkv_requires("vllm", "lmcache")]
+    return []
+
+
+PAIR = "sharedkv_replica_pair"
+PAIR_TIERS = ("replica_pair", "service_regression")  # the tiers that send through a pair
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not any(parametrizes(metafunc, PAIR, tier) for tier in PAIR_TIERS):
+        return
+    from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
+
+    settings = state_of(metafunc.config).settings
+    provider = resolve_provider(settings)
+    launched = provider in ("vllm", "vllm-missing")
+    allocators = settings.allocators if launched else ("n/a",)
+    delays = settings.delays if launched else (0,)  # only launched processes get the hook
+    metafunc.parametrize(
+        PAIR,
+        [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
+                                     pytest.mark.xdist_group(
+            f"sharedkv-pair-{a}-{d}")],
+                      id=(a if launched else provider) + (f"-delay{cycles_label(d)}" if d else ""))
+         for a in allocators for d in delays],
+        indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def sharedkv_model_dir(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--sharedkv-model, or the copy model (KV-sensitive by construction) generated once
+    per run (xdist-safe)."""
+    settings = state_of(pytestconfig).settings
+    if settings.model is not None:
+        if not (settings.model / "config.json").exists():
+            pytest.fail(f"--sharedkv-model {settings.model}: no config.json there",
+                        pytrace=False)
+        return settings.model
+    try:
+        from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
+    except ImportError as exc:
+        pytest.skip(f"the copy model needs torch, transformers and safetensors: {exc}")
+    from filelock import FileLock
+
+    recipe = CopyModelRecipe()
+    root = tmp_path_factory.getbasetemp().parent
+    path = root / f"sharedkv-copy-model-{recipe.key()}"
+    with FileLock(str(path) + ".lock"):
+        if not (path / "model.safetensors").exists():
+            make_copy_model(path, recipe)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sharedkv_case_set(pytestconfig: pytest.Config) -> CaseSet:
+    """What the service tier (and the replica tier's round) sends: the copy model's corpus,
+    or a text corpus for a user's model (reference: replica A's cold answer)."""
+    from pytest_sharedkv.corpus.choice import case_set
+
+    try:
+        return case_set(state_of(pytestconfig).settings)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def sharedkv_lmcache_server(request: pytest.FixtureRequest, tmp_path: Path
+                            ) -> Iterator[LMCacheServer]:
+    """A real LMCache server on free 127.0.0.1 ports (allocator: the param, else mixed);
+    its process group is killed at teardown and nothing of it may survive."""
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+
+    allocator = getattr(request, "param", "mixed")
+    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25), tmp_path)
+    server.start()
+    yield server
+    leftovers = server.stop()
+    if leftovers:
+        pytest.fail(f"LMCache server processes {leftovers} survived teardown", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPair]:
+    """Two replicas over one LMCache pool: launched (vllm), external endpoints, or the
+    stub test double; torn down (replicas, then the server) with no process left."""
+    from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
+    from pytest_sharedkv.stack.providers import (
+        LaunchSpec,
+        external_pair,
+        launch_vllm_pair,
+        stub_pair,
+    )
+
+    settings = state_of(pytestconfig).settings
+    provider = resolve_provider(settings)
+    if getattr(request, "param", None) is None:
+        pytest.fail(f"{PAIR} is parametrized only for tests marked "
+                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
+    allocator, delay = request.param
+    log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
+    if provider == "external":
+        pair = external_pair(settings.endpoints or ())
+    elif provider == "stub":
+        cases = request.getfixturevalue("sharedkv_case_set")
+        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
+                                    kv_audit=settings.kv_audit))
+    elif provider == "vllm":
+        model = request.getfixturevalue("sharedkv_model_dir")
+        cases = request.getfixturevalue("sharedkv_case_set")
+        devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
+        pair = launch_vllm_pair(LaunchSpec(
+            log_dir=log_dir, allocator=allocator, model=model, devices=devices,
+            inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
+            chunk_size=settings.chunk_size or derive_chunk_size(model),
+            kv_audit=settings.kv_audit))
+    elif provider == "vllm-missing":
+        pytest.skip("vllm not importable: the launched provider needs it "
+                    "(or pass --sharedkv-endpoints for an existing deployment)")
+    else:
+        pytest.skip(f"replica provider {provider!r} is not available in this version")
+    yield pair
+    leftovers = pair.close()
+    if leftovers:
+        pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
+
+
+def max_model_len(model: Path, cases: CaseSet) -> int:
+    """The longest prompt the corpus sends plus its answer, within the model's context."""
+    import json
+
+    longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
+    longest = max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
+    need = max(4096, longest + cases.answer_tokens + 64)
+    context = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    return min(need, int(context)) if isinstance(context, int) else need
+
+
+@pytest.fixture
+def sharedkv_kv_namespace(request: pytest.FixtureRequest) -> Namespaces:
+    """``sharedkv_kv_namespace(label)`` -> a fresh cache_salt for this case (and label)."""
+    from pytest_sharedkv.stack.namespaces import Namespaces, run_id
+
+    return Namespaces(run_id(request.config), request.node.nodeid)
+

@@ -1,0 +1,142 @@
+"""The real LMCache multiprocess server, launched on 127.0.0.1 with free ports.
+
+``lmcache server`` (lmcache 0.5.6 CLI): ``--l1-use-lazy`` (the default: LazyMemoryAllocator,
+whose copies go through ``lmcache_memcpy_async``) or ``--no-l1-use-lazy``
+(MixedMemoryAllocator, stream-aware tensor copies). The chunk size must be a multiple of
+the engine's block size. Where pinning is unsupported (no CUDA) LMCache itself turns lazy
+off; the server's effective allocator is read from its log and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_sharedkv.processes.managed import ManagedProcess, free_port, http_ok, tcp_open
+
+ALLOCATORS = ("lazy", "mixed")
+LAZY_DISABLED = "Disabling l1-use-lazy"
+SERVER_ENV = {
+    "LMCACHE_DISABLE_BANNER": "1",
+    "LMCACHE_TRACK_USAGE": "false",  # no usage telemetry from test servers
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+# LMCache's MP server stores asynchronously after the engine answers: time per prompt token
+# on an H200, with margin (a cross-replica request sent sooner finds a partial entry).
+STORE_S_PER_TOKEN = 40e-6
+
+# What a run that found the lazy allocator's fault suggests (the mixed allocator is what
+# the service tier measured exact on the fallback).
+LAZY_REMEDY = ("remedy: start the server with --no-l1-use-lazy, or install an lmcache.cuda_ops "
+          "build that loads against this torch")
+
+
+
+def chunk_size_for(block_size: int, blocks: int = 2) -> int:
+    """LMCache chunks must be whole engine blocks (160 for the tiny hybrid's 80)."""
+    return block_size * blocks
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    allocator: str = "mixed"
+    l1_size_gb: float = 1.0
+    chunk_size: int = 256
+    eviction_policy: str = "LRU"
+    ready_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {ALLOCATORS}, not {self.allocator!r}")
+
+
+REGISTER_FAILED = "Error handling operation register_kv_cache"  # LMCache 0.5.6 mq.py
+
+
+class LMCacheServer:
+    def __init__(self, config: ServerConfig, log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.port = free_port()
+        self.http_port = free_port()
+        argv = [
+            sys.executable, "-c", "from lmcache.cli.main import main; main()", "server",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--l1-size-gb", f"{config.l1_size_gb:g}",
+            "--eviction-policy", config.eviction_policy,
+            "--chunk-size", str(config.chunk_size),
+            "--l1-use-lazy" if config.allocator == "lazy" else "--no-l1-use-lazy",
+            "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
+            "--disable-observability", "--disable-metrics",
+        ]
+        full_env = {**(os.environ if env is None else env), **SERVER_ENV}
+        self.process = ManagedProcess(f"lmcache server ({config.allocator})", argv,
+                                      log_dir / f"lmcache-server-{self.port}.log", env=full_env)
+        self.startup_s: float | None = None
+        self._scanned = 0  # bytes of the log fatal_error has already read
+        self._failure_seen = False
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def _ready(self) -> bool:
+        # the zmq port accepting and the HTTP API answering (log levels may hide the
+        # "cache server is running" line, so it is not required)
+        return tcp_open(self.port) and http_ok(self.http_url + "/")
+
+    def start(self) -> LMCacheServer:
+        self.process.start()
+        self.startup_s = self.process.wait_ready(self._ready, self.config.ready_timeout,
+                                                 "ready (HTTP / and the zmq server)")
+        return self
+
+    def fatal_error(self) -> str | None:
+        """Why an engine cannot register with this server, or None: LMCache logs a failed
+        ``register_kv_cache`` and goes on serving, while the engine waits for an answer
+        forever (seen on an H200 pair: the server could not see the second replica's GPU).
+        Reads only what the log gained since the last call (server logs reach 30 MB)."""
+        if not self.process.alive():
+            return f"the LMCache server exited (log: {self.process.log_path})"
+        try:
+            with self.process.log_path.open("rb") as log:
+                log.seek(self._scanned)
+                new = log.read()
+        except OSError:
+            return None
+        at = new.find(REGISTER_FAILED.encode())
+        if at < 0:
+            # keep a pattern's length so one split across two reads is still found
+            self._scanned += max(0, len(new) - len(REGISTER_FAILED))
+            return None
+        after = new[at:].decode(errors="replace").splitlines()[1:]
+        cause = next((line.strip() for line in after
+                      if line[:1].isalpha() and ("Error" in line or "Exception" in line)), None)
+        if cause is None and not self._failure_seen:
+            self._failure_seen = True  # its traceback may be half written: look once more
+            return None
+        return (f"the LMCache server failed register_kv_cache: {cause or 'see its log'} "
+                f"(log: {self.process.log_path})")
+
+    def effective_allocator(self) -> str:
+        if self.config.allocator == "lazy" and LAZY_DISABLED in self.process.log_text():
+            return "mixed (LMCache disabled lazy: pinning unsupported here)"
+        return self.config.allocator
+
+    def health(self) -> dict[str, object]:
+        with urllib.request.urlopen(self.http_url + "/", timeout=5) as response:
+            data: dict[str, object] = json.loads(response.read())
+        return data
+
+    def stop(self) -> list[int]:
+        return self.process.stop()

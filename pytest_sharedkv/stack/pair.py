@@ -1,0 +1,290 @@
+"""One interface over two OpenAI-compatible replicas that share one LMCache pool.
+
+``send("A" | "B", prompt, ...)`` returns the continuation and the request's hit counts:
+``cached_tokens`` as the engine reports it in ``usage``, split into local (the engine's
+own prefix cache) and external (LMCache) hit tokens from the engine's Prometheus counters,
+read before and after each request (requests go one at a time, so the deltas are the
+request's). Replicas are launched (``ManagedProcess``) or external (nothing is started or
+stopped); ``restart`` and ``logs`` work on launched ones.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
+
+LOCAL_HITS = "vllm:prefix_cache_hits"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+REPLICAS = ("A", "B")
+
+
+class ReplicaError(RuntimeError):
+    """A request failed; the message names the replica and, if launched, its log tail."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    replica: str
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    local_hit_tokens: int | None
+    external_hit_tokens: int | None
+    seconds: float
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name without _total: value summed over labels}.
+
+    prometheus_client's own parser reads it (a sample's optional timestamp is not its value;
+    label values may hold spaces and braces); text that stops parsing yields what came before.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                totals[name] = totals.get(name, 0.0) + float(sample.value)
+    except ValueError:
+        pass
+    return totals
+
+
+def _one_line(exc: BaseException) -> str:
+    """urllib's errors wrap the socket's: '[Errno 111] Connection refused', one line."""
+    reason = getattr(exc, "reason", None)
+    text = str(reason if isinstance(exc, urllib.error.URLError) and reason else exc)
+    return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float], name: str
+                  ) -> int | None:
+    """How much counter NAME grew between two reads (None: the engine has no such counter)."""
+    if name not in after:
+        return None
+    return int(after[name] - before.get(name, 0.0))
+
+
+@dataclass
+class Replica:
+    name: str
+    base_url: str
+    process: ManagedProcess | None = None
+    ready_path: str = "/health"
+    ready_timeout: float = 600.0
+    model: str | None = None
+    reports_external: bool = False  # usage.cached_tokens includes connector (LMCache) hits
+    start_seconds: list[float] = field(default_factory=list)
+    # why this replica can never become ready although its process lives (a peer failed)
+    abort: Callable[[], str | None] | None = None
+
+    def _ready(self) -> bool:
+        return http_ok(self.base_url + self.ready_path)
+
+    def start(self) -> None:
+        if self.process is None:
+            raise ReplicaError(f"replica {self.name} is external: the suite does not start it")
+        self.process.start()
+        self.start_seconds.append(
+            self.process.wait_ready(self._ready, self.ready_timeout, f"serving {self.ready_path}",
+                                    abort=self.abort))
+
+    def restart(self) -> None:
+        if self.process is None:
+            raise ReplicaError(f"replica {self.name} is external: the suite cannot restart it")
+        leftovers = self.process.stop()
+        if leftovers:
+            raise ReplicaError(f"replica {self.name}: processes {leftovers} survived the stop")
+        self.start()
+
+    def stop(self) -> list[int]:
+        return self.process.stop() if self.process is not None else []
+
+    def logs(self) -> str:
+        return self.process.log_text() if self.process is not None else "(external replica)"
+
+    def _get(self, path: str) -> str:
+        """GET PATH; a failure is a ReplicaError that names the replica and its URL in one
+        line (not urllib's chained traceback)."""
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=30) as response:
+                return str(response.read().decode())
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._failure(f"request failed: GET {path}: {_one_line(exc)}") from None
+
+    def counters(self) -> dict[str, float]:
+        """The engine's Prometheus counters, empty when they cannot be read: metrics are
+        optional, and a replica that is down fails the request that follows, which names
+        it (and, once its process has died, says so)."""
+        try:
+            return parse_counters(self._get("/metrics"))
+        except ReplicaError:
+            return {}
+
+    def served_model(self) -> str:
+        if self.model is None:
+            text = self._get("/v1/models")
+            try:
+                self.model = str(json.loads(text)["data"][0]["id"])
+            except (ValueError, LookupError, TypeError) as exc:
+                raise self._failure(f"GET /v1/models: no model id in the answer "
+                                    f"({_one_line(exc)}): {text[:200]!r}") from None
+        return self.model
+
+    def complete(self, prompt: str, max_tokens: int, cache_salt: str | None,
+                 request_id: str | None = None) -> Reply:
+        before = self.counters()
+        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens,
+                                   "temperature": 0.0}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        request = self._completion_request(body, request_id)
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                data = json.loads(response.read())
+        except (urllib.error.URLError, OSError) as exc:
+            raise self._failure(f"request failed: {exc}") from None
+        seconds = time.perf_counter() - started
+        after = self.counters()
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+
+        cached = int(details.get("cached_tokens") or 0)
+        local = counter_delta(before, after, LOCAL_HITS)
+        external = counter_delta(before, after, EXTERNAL_HITS)
+        if external is None and local is not None and self.reports_external:
+            external = cached - local  # the engine's cached tokens count both kinds
+        return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
+                     prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
+                     local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
+
+    def _completion_request(self, body: dict[str, object], request_id: str | None = None
+                            ) -> urllib.request.Request:
+        payload = {"model": self.served_model(), **body}
+        headers = {"Content-Type": "application/json"}
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id  # vLLM names the engine request after it
+        return urllib.request.Request(self.base_url + "/v1/completions",
+                                      data=json.dumps(payload).encode(), headers=headers)
+
+    def post(self, body: dict[str, object], timeout: float = 600.0,
+             request_id: str | None = None) -> dict[str, Any]:
+        """POST /v1/completions (the served model filled in); the JSON answer, or a
+        ReplicaError naming the replica. Safe to call from many threads at once.
+        REQUEST_ID (X-Request-Id) lets the in-engine KV audit name the request."""
+        request = self._completion_request(body, request_id)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                data: dict[str, Any] = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise self._failure(f"HTTP {exc.code} for /v1/completions: {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise self._failure(f"request failed: {exc}") from None
+        return data
+
+    def stream(self, body: dict[str, object], timeout: float = 600.0
+               ) -> list[dict[str, Any]]:
+        """POST /v1/completions with stream=true; the server-sent events, in order."""
+        request = self._completion_request({**body, "stream": True})
+        events = []
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        events.append(json.loads(line[5:]))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise self._failure(f"streamed request failed: {exc}") from None
+        return events
+
+    def _failure(self, why: str) -> ReplicaError:
+        if self.process is None:
+            return ReplicaError(f"replica {self.name} ({self.base_url}): {why}")
+        state = "running" if self.process.alive() else "DEAD"
+        return ReplicaError(f"replica {self.name} ({state}): {why}\n--- last lines of "
+                            f"{self.process.log_path} ---\n{self.process.tail()}")
+
+
+class ReplicaPair:
+    """Two replicas (A, B) and, when launched, the LMCache server they share."""
+
+    def __init__(self, a: Replica, b: Replica, stop_server: Callable[[], list[int]] | None = None,
+                 description: str = "", model: Path | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        self.replicas = {"A": a, "B": b}
+        self._stop_server = stop_server
+        self.description = description
+        self.model = model  # the served checkpoint, when the suite launched it
+        self.labels = dict(labels or {})  # provider, allocator, delay: the report's key
+        self.delay_cycles = 0  # fault-sensitivity mode: the delay the launched processes got
+        self.inject_log: Path | None = None  # where they log each delayed call
+        # the service tier's sensitivity gate: the control file the LMCache server's hook
+        # reads and the log it writes (None where nothing can be injected: external)
+        self.gate_control: Path | None = None
+        self.gate_log: Path | None = None
+        self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Replica:
+        if name not in self.replicas:
+            raise KeyError(f"replica must be one of {REPLICAS}, not {name!r}")
+        return self.replicas[name]
+
+    def send(self, name: str, prompt: str, max_tokens: int = 16,
+             cache_salt: str | None = None, request_id: str | None = None) -> Reply:
+        with self._lock:  # one request at a time: counter deltas belong to it
+            return self[name].complete(prompt, max_tokens, cache_salt, request_id)
+
+    def restart(self, name: str) -> None:
+        self[name].restart()
+
+    def logs(self, name: str) -> str:
+        return self[name].logs()
+
+    def close(self) -> list[int]:
+        """Stop everything started, replicas first; returns PIDs that survived (must be none)."""
+        leftovers: list[int] = []
+        for replica in self.replicas.values():
+            leftovers += replica.stop()
+        if self._stop_server is not None:
+            leftovers += self._stop_server()
+        return leftovers
+
+
+def start_all(pair: ReplicaPair, together: bool = False) -> None:
+    """Start launched replicas: one after the other where they share a GPU (two engines
+    started together on one GPU profile each other's memory and the second finds no room
+    for its cache), TOGETHER where each has its own (two fresh engines on an H200 took
+    161 s each, mostly Triton JIT); if one fails, stop everything the pair started before
+    raising."""
+    launched = [r for r in pair.replicas.values() if r.process is not None]
+    try:
+        if together and len(launched) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(launched)) as pool:
+                for future in [pool.submit(r.start) for r in launched]:
+                    future.result()
+        else:
+            for replica in launched:
+                replica.start()
+    except ProcessFailed as exc:
+        pair.close()
+        raise ReplicaError(str(exc)) from None
+    except BaseException:
+        pair.close()
+        raise

@@ -1,0 +1,258 @@
+"""Replica providers: how a pair of replicas over one LMCache pool comes to exist.
+
+* ``vllm`` (launched): an LMCache server and two ``vllm serve`` processes with the
+  LMCache MP connector, prefix caching on; one GPU each when two are leased, else both on
+  one GPU, started one after the other with a memory cap each. The perf tier's OFF arm
+  (``LaunchSpec.arm``) starts the two engines alone: GPU prefix caching, no connector, no
+  pool.
+* ``external``: two URLs (``--sharedkv-endpoints``); nothing is started or stopped.
+* ``stub``: two stub OpenAI servers: a TEST DOUBLE for the launcher's own tests, never a
+  result about a KV stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook
+from pytest_sharedkv.engine_hooks.delay_hook import (
+    CYCLES_ENV,
+    LOG_ENV,
+    ROLE_ENV,
+    SERVER_ROLE,
+    cycles_label,
+)
+from pytest_sharedkv.processes.managed import ManagedProcess, free_port
+from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
+
+PROVIDERS = ("auto", "vllm", "transfer", "external", "stub")
+INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
+SERVED_NAME = "sharedkv-model"
+# with the shared LMCache pool / GPU prefix caching alone / vLLM's own CPU offloading
+# (one pool of l1_size_gb per replica, not shared)
+LAUNCH_ARMS = ("ON", "OFF", "NATIVE")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launched pair needs: where to log, which devices, which model, faults."""
+
+    log_dir: Path
+    allocator: str = "mixed"
+    model: Path | None = None
+    devices: tuple[str, ...] = ()
+    inject_delay_cycles: int = 0
+    chunk_size: int = 256
+    l1_size_gb: float = 8.0
+    max_model_len: int = 4096
+    max_num_seqs: int = 16
+    gpu_memory_utilization: float = 0.35
+    ready_timeout: float = 900.0
+    gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
+    kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
+    arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
+    stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
+
+    def __post_init__(self) -> None:
+        if self.arm not in LAUNCH_ARMS:
+            raise ValueError(f"arm must be one of {LAUNCH_ARMS}, not {self.arm!r}")
+
+
+def gate_paths(log_dir: Path) -> tuple[Path, Path]:
+    """(control file, log) of the sensitivity gate's hook in the LMCache server."""
+    return log_dir / "gate-control.json", log_dir / "gate-zeroed.log"
+
+
+def audit_dir(log_dir: Path) -> Path:
+    """Where the replicas' in-engine KV audit writes its digest logs."""
+    return log_dir / "kv-audit"
+
+
+def inject_log(log_dir: Path) -> Path:
+    """Where the launched processes log each delayed call (fault-sensitivity mode)."""
+    return log_dir / "inject-delay.log"
+
+
+def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
+                base: Mapping[str, str] | None = None, role: str = "process") -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    hooked = False
+    if spec.inject_delay_cycles:
+        # With synchronous launches the delay is over before the copy starts: a delayed
+        # cell would pass whatever the copy path does.
+        env.pop("CUDA_LAUNCH_BLOCKING", None)
+        env[CYCLES_ENV] = str(spec.inject_delay_cycles)
+        env[LOG_ENV] = str(inject_log(spec.log_dir))
+        env[ROLE_ENV] = role
+        hooked = True
+    if spec.gate and role == SERVER_ROLE:
+        control, log = gate_paths(spec.log_dir)
+        env[corrupt_hook.CONTROL_ENV] = str(control)
+        env[corrupt_hook.LOG_ENV] = str(log)
+        hooked = True
+    if spec.kv_audit and role.startswith("replica "):
+        env[kv_audit_hook.DIR_ENV] = str(audit_dir(spec.log_dir))
+        env[kv_audit_hook.ROLE_ENV] = role.removeprefix("replica ")
+        hooked = True
+    if hooked:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(INJECT_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: LaunchSpec
+              ) -> list[str]:
+    """``vllm serve`` for vLLM 0.26 with LMCache's MP connector (see shared/gpu-host), or
+    with no connector at all when there is no SERVER (GPU prefix caching alone)."""
+    argv = [
+        sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve",
+        str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
+        "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
+        "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}",
+    ]
+    ssm = _ssm_dtype(model)
+    if ssm is not None:  # the geometry model's float32 state, as the 27B keeps it
+        argv += ["--mamba-ssm-cache-dtype", ssm]
+    if spec.arm == "NATIVE":  # vLLM's OffloadingConnector, the pool's size per replica
+        argv += ["--kv-offloading-size", f"{spec.l1_size_gb:g}",
+                 "--kv-offloading-backend", "native"]
+    if server is not None:
+        transfer = {
+            "kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
+                                          "lmcache.mp.port": server.port},
+        }
+        argv += ["--kv-transfer-config", json.dumps(transfer)]
+    return [*argv, "--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]
+
+
+def _ssm_dtype(model: Path) -> str | None:
+    """The Gated DeltaNet state dtype a config.json names (Qwen3.5: float32), which the
+    engine must keep too: the LMCache chunk size is derived from it."""
+    try:
+        value = json.loads((model / "config.json").read_text()).get("mamba_ssm_dtype")
+    except (OSError, ValueError):
+        return None
+    text = str(value).removeprefix("torch.") if value is not None else None
+    return text if text in ("float32", "float16", "bfloat16") else None
+
+
+def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
+    if spec.model is None:
+        raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
+    # The server maps every engine's KV cache through CUDA IPC: it must see every leased
+    # device (on one GPU only, it failed register_kv_cache for the replica on the other).
+    server: LMCacheServer | None = None
+    if spec.arm == "ON":
+        server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
+        server = LMCacheServer(ServerConfig(allocator=spec.allocator,
+                                            l1_size_gb=spec.l1_size_gb,
+                                            chunk_size=spec.chunk_size,
+                                            ready_timeout=spec.ready_timeout),
+                               spec.log_dir, env=server_env)
+        server.start()
+    replicas = {}
+    for index, name in enumerate(("A", "B")):
+        devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
+        port = free_port()
+        env = process_env(spec, devices, role=f"replica {name}")
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        process = ManagedProcess(f"vllm replica {name}", vllm_argv(spec.model, port, server, spec),
+                                 spec.log_dir / f"vllm-{name}-{port}.log", env=env)
+        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
+                                 ready_timeout=spec.ready_timeout, model=SERVED_NAME,
+                                 reports_external=True,
+                                 abort=server.fatal_error if server is not None else None)
+    allocator = (server.effective_allocator() if server is not None else
+                 f"native offloading ({spec.l1_size_gb:g} GB each)" if spec.arm == "NATIVE"
+                 else "none (no pool)")
+    pair = ReplicaPair(replicas["A"], replicas["B"],
+                       stop_server=server.stop if server is not None else None,
+                       description=(f"vllm x2 + lmcache server ({allocator})"
+                                    if server is not None else f"vllm x2 ({allocator})"
+                                    if spec.arm == "NATIVE" else "vllm x2 (no pool)"),
+                       model=spec.model,
+                       labels={"provider": "vllm", "allocator": allocator,
+                               "delay": cycles_label(spec.inject_delay_cycles)})
+    if spec.inject_delay_cycles:
+        pair.delay_cycles = spec.inject_delay_cycles
+        pair.inject_log = inject_log(spec.log_dir)
+    if spec.gate and server is not None:
+        pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
+    if spec.kv_audit:
+        pair.kv_audit_dir = audit_dir(spec.log_dir)
+    start_all(pair, together=len(spec.devices) > 1)  # one GPU each: no shared profiling
+    return pair
+
+
+# self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
+# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
+# "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
+# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits
+STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
+
+
+def stub_pair(spec: LaunchSpec) -> ReplicaPair:
+    fault = os.environ.get(STUB_FAULT_ENV, "")
+    pool = spec.log_dir / "stub-pool"
+    control, log = gate_paths(spec.log_dir)
+    replicas = {}
+    for name in ("A", "B"):
+        port = free_port()
+        argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
+                str(port), "--name", name, "--block", str(spec.chunk_size)]
+        if spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
+            argv += ["--pool", str(pool)]
+        elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
+            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}"))]
+        if spec.stub_prefill_us:
+            argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
+        if name == "B" and fault == "corrupt-external":
+            argv.append("--corrupt-external")
+        if name == "B" and fault.startswith("crash-after="):
+            argv += ["--crash-after", fault.split("=", 1)[1]]
+        if fault == "leak":
+            argv.append("--ignore-salt")
+        if fault.startswith("pool-blocks=") and spec.arm != "OFF":
+            argv += ["--pool-blocks", fault.split("=", 1)[1]]
+        if name == "B" and fault == "diverge":
+            argv.append("--diverge")
+        if name == "B" and fault != "no-gate":
+            argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
+        if spec.kv_audit:  # the audit's records, written by the stub (a test double)
+            argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
+        process = ManagedProcess(f"stub replica {name}", argv,
+                                 spec.log_dir / f"stub-{name}-{port}.log")
+        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
+                                 reports_external=True)
+    pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
+                       labels={"provider": "stub (test double)",
+                               "allocator": {"ON": "n/a", "NATIVE": "native (own pool)"}.get(
+                                   spec.arm, "none (no pool)"),
+                               "delay": fault or "0"})
+    pair.gate_control, pair.gate_log = control, log
+    if spec.kv_audit:
+        pair.kv_audit_dir = audit_dir(spec.log_dir)
+    start_all(pair, together=True)
+    return pair
+
+
+def external_pair(endpoints: tuple[str, ...]) -> ReplicaPair:
+    if len(endpoints) != 2:
+        raise ValueError(f"--sharedkv-endpoints needs two URLs (A,B), got {len(endpoints)}")
+    a, b = (Replica(name, url.rstrip("/")) for name, url in zip(("A", "B"), endpoints,
+                                                                 strict=True))
+    return ReplicaPair(a, b, description=f"external {endpoints[0]}, {endpoints[1]}",
+                       labels={"provider": "external", "allocator": "unknown", "delay": "0"})
+
+

@@ -1,0 +1,365 @@
+"""A stub OpenAI-compatible completion server: a TEST DOUBLE for the suite's own logic.
+
+It is not an inference engine. It answers ``/health``, ``/v1/models``, ``/metrics`` and
+``/v1/completions`` (streamed or not, with usage, ``cached_tokens``, logprobs, stop
+strings and vLLM's ``return_token_ids``) and counts prompt-prefix hits per ``cache_salt``
+the way a prefix cache would, in whole blocks. ``--pool DIR`` makes two stubs share a
+directory the way two engines share an LMCache pool (blocks found there count as external
+hits); without it a stub keeps only its own cache (the perf tier's OFF arm).
+``--prefill-us U`` waits U microseconds per prompt token that no cache held before it
+answers (before the first streamed token), so hits are faster than cold prefill, as in an
+engine.
+
+Prompts in the copy model's words (``w00 w01 ...``) are answered with the copy rule the
+copy model implements in its weights (``service.copy_rule``); a prompt counts ``<s>`` as
+its first token, and hits stop one token short of the prompt, as vLLM's do. Other prompts
+get a deterministic hash continuation.
+
+It can misbehave on purpose: ``--crash-after N`` exits after N completions,
+``--never-ready`` keeps /health failing, ``--corrupt-external`` changes the answer whenever
+a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak),
+``--pool-blocks N`` keeps at most N blocks in the pool, oldest out (a pool too small),
+``--diverge`` answers copy prompts one word off even cold (a model fault, not a cache
+fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every pool hit
+(the service tier's sensitivity gate, as the launched server's hook does; ``--corrupt-log``
+gets a line per zeroed chunk). Every response
+carries ``X-Sharedkv-Test-Double: 1``.
+
+``--kv-audit DIR`` writes the in-engine KV audit's records (``kv_audit_hook``'s format,
+read by ``service.kv_audit``) so the suite's audit test runs on CPU: a ``store`` digest
+per block the stub puts in the pool and a ``load`` digest per block it takes from it, keyed
+as the hook keys chunks (cache salt and token ids up to the chunk's end; a stub token's
+id is a hash of its word). The stub holds no KV: a block's "bytes" are a function of its
+key, and what it loads is what it stored unless the gate zeroed that chunk (zeros) or
+``--corrupt-external`` is on (other bytes), as the answers it gives.
+
+    python -m pytest_sharedkv.stack.stub_openai --port P [--pool DIR] [--block N] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
+
+BLOCK = 16
+COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
+
+
+class _State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.name: str = args.name
+        self.pool: Path | None = args.pool
+        self.completions = 0
+        self.hits = 0
+        self.external_hits = 0
+        self.queries = 0
+        self.blocks: set[str] = set()
+        self.lock = threading.Lock()
+        self.audit: AuditLog | None = None
+        if args.kv_audit is not None:
+            self.audit = AuditLog(args.kv_audit, self.name)
+            self.audit.write([
+                {"kind": "installed", "pid": os.getpid(), "test_double": True},
+                {"kind": "registered", "test_double": True, "chunk": args.block,
+                 "groups": [{"layers": [0], "tokens_per_block": args.block,
+                             "recurrent": False}], "tensors": {"stub": []}}])
+
+    def lookup(self, salt: str, tokens: list[str], block: int, limit: int
+               ) -> tuple[int, int, list[int]]:
+        """(local, external) hit tokens: whole blocks of the first LIMIT tokens, in order;
+        and the indices of the blocks this call put in the pool."""
+        if self.args.ignore_salt:
+            salt = ""
+        keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
+        for end in range(block, limit + 1, block):  # a prefix hash chain, block by block
+            chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
+                                   ).hexdigest()
+            keys.append((end, chain))
+        local = external = 0
+        pooled = set()
+        for end, key in keys:
+            if key in self.blocks and external == 0:
+                local = end
+            elif self.pool is not None and (self.pool / key).exists():
+                external = end - local
+                pooled.add(key)
+            else:
+                break
+        stored = []
+        for index, (_, key) in enumerate(keys):
+            if key not in self.blocks:  # stored once (creating files is slow on some disks)
+                self.blocks.add(key)
+                if self.pool is not None and key not in pooled:
+                    (self.pool / key).touch()
+                    stored.append(index)
+        if stored and self.args.pool_blocks is not None:
+            self.evict(self.args.pool_blocks)
+        return local, external, stored
+
+    def evict(self, capacity: int) -> None:
+        """A pool of CAPACITY blocks: the oldest stored go first, as an LRU pool's would
+        when nothing reads them (the perf tier's partial-hit fault)."""
+        assert self.pool is not None
+        aged = []
+        for path in self.pool.iterdir():
+            try:  # the other stub may evict the same file first
+                aged.append((path.stat().st_mtime_ns, path.name, path))
+            except FileNotFoundError:
+                continue
+        aged.sort()
+        for _, _, old in aged[:max(len(aged) - capacity, 0)]:
+            old.unlink(missing_ok=True)
+
+    def audit_records(self, request_id: str, salt: str, tokens: list[str], block: int,
+                      stored: list[int], loaded: range, zeroed: list[int]) -> None:
+        """kv_audit_hook's store and load records for this request's pool traffic."""
+        if self.audit is None or not (stored or loaded):
+            return
+        started = time.perf_counter()
+        if self.args.ignore_salt:
+            salt = ""
+        ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little",
+                              signed=True) for t in tokens]
+        count = max([*stored, *loaded], default=-1) + 1
+        keys = chunk_keys(salt, ids, block, 0, count)
+
+        def record(kind: str, chunk: int, data: bytes) -> dict[str, Any]:
+            return {"kind": kind, "request": request_id, "chunk": chunk, "key": keys[chunk],
+                    "group": 0, "layer": "stub", "recurrent": False,
+                    "digest": hashlib.blake2b(data, digest_size=16).hexdigest()}
+
+        def kv(chunk: int) -> bytes:  # a stub block's "bytes": a function of its key
+            return hashlib.sha256(keys[chunk].encode()).digest() * 4
+
+        records = [record("store", c, kv(c)) for c in stored]
+        for c in loaded:
+            data = bytes(128) if c in zeroed else kv(c)
+            if self.args.corrupt_external:
+                data = hashlib.sha256(data + b"stale").digest() * 4
+            records.append(record("load", c, data))
+        records += [{"kind": "cost", "direction": d, "request": request_id,
+                     "tokens": n * block, "seconds": time.perf_counter() - started}
+                    for d, n in (("store", len(stored)), ("load", len(loaded))) if n]
+        self.audit.write(records)
+
+
+def _continuation(prompt: str, max_tokens: int) -> list[str]:
+    digest = hashlib.sha256(prompt.encode()).hexdigest() * (1 + max_tokens // 16)
+    return [f"tok{digest[i:i + 4]}" for i in range(0, 4 * max_tokens, 4)]
+
+
+def _zeroed(control: Path | None) -> list[int]:
+    if control is None:
+        return []
+    from pytest_sharedkv.engine_hooks.corrupt_hook import chunks_to_zero
+
+    return chunks_to_zero(control)
+
+
+def _zeroed_in_retrieve(state: _State, block: int, local: int, external: int
+                        ) -> list[int]:
+    """The chunks the gate zeroes in this request's pool hit (logged, as the hook does)."""
+    from pytest_sharedkv.engine_hooks.corrupt_hook import log_zeroed
+
+    chunks = [c for c in _zeroed(state.args.corrupt_control) if external
+              and local <= c * block < local + external]
+    for chunk in chunks:
+        log_zeroed(state.args.corrupt_log, 0, chunk, 0)
+    return chunks
+
+
+def _copy_answer(words: list[str], max_tokens: int, zeroed: list[int], block: int,
+                 diverge: bool) -> list[str]:
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of, vocabulary
+    from pytest_sharedkv.models.copy_rule import continue_ids
+
+    recipe = CopyModelRecipe()
+    vocab = vocabulary(recipe)
+    miss = vocab.index("\u2581<miss>")
+    ids = [0, *(i if i >= 0 else miss for i in ids_of(" ".join(words), recipe))]
+    hidden = {t for chunk in zeroed for t in range(chunk * block, (chunk + 1) * block)}
+    answer = continue_ids(ids, max_tokens, miss, hidden)
+    if diverge:
+        answer = [answer[-1], *answer[:-1]]
+    return [vocab[i].removeprefix("\u2581") for i in answer]
+
+
+def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            print(f"[{state.name}] {self.command} {self.path}", flush=True)
+
+        def _headers(self, code: int, content_type: str, length: int | None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            if length is not None:
+                self.send_header("Content-Length", str(length))
+            else:
+                self.send_header("Connection", "close")
+            self.send_header("X-Sharedkv-Test-Double", "1")
+            self.end_headers()
+
+        def _send(self, code: int, body: object, content_type: str = "application/json"
+                  ) -> None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self._headers(code, content_type, len(data))
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                never = state.args.never_ready
+                self._send(503 if never else 200, {"ok": not never})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+            elif self.path == "/metrics":
+                text = (f"vllm:prefix_cache_queries_total {state.queries}\n"
+                        f"vllm:prefix_cache_hits_total {state.hits}\n"
+                        f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
+                self._send(200, text, "text/plain")
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            if self.path != "/v1/completions":
+                self._send(404, {"error": "not found"})
+                return
+            length = int(self.headers.get("Content-Length", "0"))
+            request: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+            prompt = str(request.get("prompt", ""))
+            salt = str(request.get("cache_salt", ""))
+            if "/" in salt:  # as LMCache 0.5.6's IPCCacheServerKey refuses it
+                self._send(400, {"error": {"message": f"cache_salt must not contain '/' "
+                                                      f"(got {salt!r})", "code": 400}})
+                return
+            max_tokens = int(request.get("max_tokens", 16))
+            words = prompt.split()
+            copy = len(words) > 5 and all(COPY_WORD.match(w) for w in words)
+            tokens = ["<s>", *words] if copy else words
+            with state.lock:
+                limit = len(tokens) - 1 if copy else len(tokens)
+                block = state.args.block if copy else BLOCK
+                local, external, stored = state.lookup(salt, tokens, block, limit)
+                cached = local + external
+                state.queries += len(tokens)
+                state.hits += local
+                state.external_hits += external
+                state.completions += 1
+                done = state.completions
+            if state.args.prefill_us:
+                time.sleep(state.args.prefill_us * 1e-6 * (len(tokens) - cached))
+            zeroed = _zeroed_in_retrieve(state, block, local, external) if copy else []
+            state.audit_records(self.headers.get("X-Request-Id") or f"cmpl-stub-{done}",
+                                salt, tokens, block, stored,
+                                range(local // block, (local + external) // block), zeroed)
+            if copy:
+                out = _copy_answer(words, max_tokens, zeroed, block, state.args.diverge)
+            else:
+                out = _continuation(prompt, max_tokens)
+            if external and state.args.corrupt_external:
+                out = _continuation(prompt + " stale", max_tokens)
+            finish = "length"
+            for stop in request.get("stop") or []:
+                text_so_far = ""
+                for i, word in enumerate(out):
+                    text_so_far += " " + word
+                    if stop in text_so_far:
+                        out, finish = out[:i], "stop"
+                        break
+                if finish == "stop":
+                    break
+            usage = {"prompt_tokens": len(tokens), "completion_tokens": len(out),
+                     "total_tokens": len(tokens) + len(out),
+                     "prompt_tokens_details": {"cached_tokens": cached}}
+            choice: dict[str, Any] = {"index": 0, "text": "".join(" " + w for w in out),
+                                      "finish_reason": finish}
+            if request.get("logprobs") is not None:
+                choice["logprobs"] = {
+                    "tokens": [" " + w for w in out], "token_logprobs": [0.0] * len(out),
+                    "top_logprobs": [{" " + w: 0.0} for w in out],
+                    "text_offset": [4 * i for i in range(len(out))]}
+            if request.get("return_token_ids") and copy:
+                from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of
+
+                choice["token_ids"] = ids_of(" ".join(out), CopyModelRecipe())
+            if request.get("stream"):
+                self._stream(done, out, choice, usage, request)
+            else:
+                self._send(200, {"id": f"cmpl-{done}", "object": "text_completion",
+                                 "model": "stub", "choices": [choice], "usage": usage})
+            if state.args.crash_after is not None and done >= state.args.crash_after:
+                print(f"[{state.name}] crashing on purpose after {done} completions",
+                      flush=True)
+                os._exit(3)
+
+        def _stream(self, done: int, out: list[str], choice: dict[str, Any],
+                    usage: dict[str, Any], request: dict[str, Any]) -> None:
+            self._headers(200, "text/event-stream", None)
+            base = {"id": f"cmpl-{done}", "object": "text_completion", "model": "stub"}
+            for i, word in enumerate(out):
+                last = i == len(out) - 1
+                part = {**base, "choices": [{"index": 0, "text": " " + word,
+                                             "finish_reason": choice["finish_reason"]
+                                             if last else None}]}
+                self.wfile.write(f"data: {json.dumps(part)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.001)
+            if (request.get("stream_options") or {}).get("include_usage"):
+                tail = {**base, "choices": [], "usage": usage}
+                self.wfile.write(f"data: {json.dumps(tail)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    # the default backlog of 5 drops a burst of connections (a client's SYN is then
+    # retried a second later): the perf tier opens 8 sessions at once
+    request_queue_size = 128
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", default="stub")
+    parser.add_argument("--crash-after", type=int, default=None)
+    parser.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--pool", type=Path, default=None)
+    parser.add_argument("--block", type=int, default=32,
+                        help="hit granularity of copy-model prompts (tokens)")
+    parser.add_argument("--prefill-us", type=float, default=0.0,
+                        help="simulated prefill: microseconds per uncached prompt token")
+    parser.add_argument("--pool-blocks", type=int, default=None,
+                        help="keep at most this many blocks in the pool (oldest out)")
+    parser.add_argument("--corrupt-external", action="store_true")
+    parser.add_argument("--ignore-salt", action="store_true")
+    parser.add_argument("--diverge", action="store_true")
+    parser.add_argument("--corrupt-control", type=Path, default=None)
+    parser.add_argument("--corrupt-log", default=None)
+    parser.add_argument("--kv-audit", type=Path, default=None,
+                        help="write kv_audit_hook's digest records into this directory")
+    args = parser.parse_args(argv)
+    if args.pool is not None:
+        args.pool.mkdir(parents=True, exist_ok=True)
+    server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
+    print(f"[{args.name}] TEST DOUBLE serving on 127.0.0.1:{args.port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,406 @@
+"""The ``transfer`` replica provider: two processes that own paged KV (vLLM 0.26
+FlashAttention NHD, position-coded) and move it through a real LMCache MP server with
+LMCache's own client (the adapters vLLM's LMCacheMPConnector drives), no model and no vLLM.
+
+Replica A registers its KV, stores a token sequence from its block ids (under a cache
+salt) and dumps the pages it stored. Replica B, a fresh process with other bytes,
+registers, looks the tokens up (all must hit), looks them up under a fresh salt (none may
+hit: the zero-hit control), retrieves into other block ids and compares every byte of
+every retrieved page with A's, and every other page with its own. On ``cpu`` it runs
+without a GPU (the processes see no CUDA device), so CPU CI exercises the real server; on
+``cuda`` the KV lives on the leased GPU, the server reaches it through CUDA IPC and runs its
+GPU copy path (lazy or mixed L1), and an injected delay (fault-sensitivity mode) shows
+whether that path is stream-ordered: 8 chunks, more than the server's 4 staging buffers,
+so both a stale store (D2H) and an overwritten retrieve (H2D) can show.
+
+    python -m pytest_sharedkv.stack.transfer_provider store|fetch --url URL --model NAME
+        --workdir DIR --salt SALT [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv.engine_hooks.delay_hook import (
+    SERVER_ROLE,
+    cycles_label,
+    read_log,
+    void_problem,
+)
+
+LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
+NUM_BLOCKS = 160
+NUM_TOKENS = 2048  # 8 chunks of 256
+SEED_A, SEED_B = 11, 22
+FAULT_ENV = "SHAREDKV_TRANSFER_FAULT"  # self-test seam: "off-by-one" retrieves one block over
+DEVICES = ("cpu", "cuda")
+BYTES_WRONG = "wrong bytes"
+REPLICA_ENV = {
+    "LMCACHE_MP_TRANSFER_MODE": "lmcache_driven",  # what the default server serves
+    "LMCACHE_TRACK_USAGE": "false",
+    "DO_NOT_TRACK": "1",
+    "LMCACHE_DISABLE_BANNER": "1",
+    "LMCACHE_LOG_LEVEL": "WARNING",
+}
+
+
+def tokens() -> list[int]:
+    return [(i * 7919 + 13) % 32000 for i in range(NUM_TOKENS)]
+
+
+def block_plan() -> tuple[list[int], list[int]]:
+    """Source ids in A, destination ids in B; block 0 is vLLM's null block, never used."""
+    count = NUM_TOKENS // BLOCK
+    ids = list(range(1, NUM_BLOCKS))
+    a, b = ids[:], ids[:]
+    random.Random(1).shuffle(a)
+    random.Random(2).shuffle(b)
+    return a[:count], b[:count]
+
+
+def page_bytes() -> int:
+    return BLOCK * HEADS * 2 * HEAD_DIM * 2  # bf16 (BS, H, 2D)
+
+
+def make_kv(seed: int, device: str = "cpu") -> dict[str, Any]:
+    """vLLM 0.26 FlashAttention NHD: (NB, H, BS, 2D) over physical (NB, BS, H, 2D)."""
+    import torch
+
+    from pytest_sharedkv.layouts.build import FUSED_ORDER, attention_view
+    from pytest_sharedkv.layouts.fill import fill_position_coded
+
+    kv = {}
+    for layer in range(LAYERS):
+        raw = torch.empty(NUM_BLOCKS * page_bytes(), dtype=torch.int8)
+        fill_position_coded(raw, seed, layer)
+        raw = raw.to(device)
+        kv[f"model.layers.{layer}.self_attn.attn"] = attention_view(
+            raw, torch.bfloat16, (NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD_DIM), FUSED_ORDER["NHD"])
+    return kv
+
+
+def page(tensor: Any, block: int) -> Any:
+    """One block's physical bytes through the tensor's current storage (registration moves
+    the pool into shared memory and re-points the tensor)."""
+    import torch
+
+    u8 = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    u8.set_(tensor.untyped_storage())
+    base = tensor.storage_offset() * tensor.element_size()
+    return u8[base + block * page_bytes(): base + (block + 1) * page_bytes()]
+
+
+def where(offset: int) -> str:
+    """The packed_page tier's page geometry, for the NHD page (BS, H, 2D) in bf16."""
+    from pytest_sharedkv.layouts.fill import Region
+
+    page = Region("k|v", 0, (("token", BLOCK), ("head", HEADS), ("byte", 2 * HEAD_DIM * 2)))
+    return ", ".join(f"{k} {v}" for k, v in page.coordinates(offset).items())
+
+
+class Client:
+    """LMCacheMPWorkerAdapter + LMCacheMPSchedulerAdapter, called as the connector does."""
+
+    def __init__(self, url: str, model: str) -> None:
+        import zmq
+        from lmcache.integration.vllm.vllm_multi_process_adapter import (
+            LMCacheMPSchedulerAdapter,
+            LMCacheMPWorkerAdapter,
+            ParallelStrategy,
+        )
+
+        strategy = ParallelStrategy(mla_only=False, vllm_world_size=1, vllm_worker_id=0,
+                                    tp_size=1, pp_size=1, n_servers=1)
+        extra = {"lmcache.mp.mp_transfer_mode": "lmcache_driven", "lmcache.mp.mq_timeout": 30.0}
+        context: Any = zmq.Context.instance()
+        self.worker = LMCacheMPWorkerAdapter(url, context, model, BLOCK, strategy,
+                                             extra_config=extra)
+        self.scheduler = LMCacheMPSchedulerAdapter([url], context, model, BLOCK, strategy,
+                                                   extra_config=extra)
+        self.chunk = int(self.worker.lmcache_tokens_per_chunk)
+
+    def register(self, kv: dict[str, Any]) -> None:
+        from types import SimpleNamespace
+
+        from lmcache.integration.vllm.kv_cache_groups import create_engine_group_infos_from_vllm
+
+        class AttentionSpec:  # LMCache matches vLLM's spec classes by name
+            pass
+
+        class FullAttentionSpec(AttentionSpec):
+            block_size = BLOCK
+
+        config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+            layer_names=list(kv), kv_cache_spec=FullAttentionSpec())])
+        hints = {"kv_layout": "NHD"}  # without vLLM the CPU server would assume HND
+        infos = create_engine_group_infos_from_vllm(config, kv, layout_hints=hints, dcp_size=1)
+        self.worker.register_kv_caches(kv, engine_group_infos=infos, layout_hints=hints)
+
+    def store(self, rid: str, ids: list[int], salt: str) -> bool:
+        from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
+
+        op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=NUM_TOKENS)
+        self.worker.submit_store_request(rid, op, self.worker.create_recorded_event(),
+                                         cache_salt=salt)
+        ok = bool(self.worker.store_futures[rid].result(timeout=60))
+        self.worker.get_finished({rid})
+        return ok
+
+    def lookup(self, rid: str, salt: str, timeout: float = 30.0) -> int:
+        self.scheduler.maybe_submit_lookup_request(rid, tokens(), cache_salt=salt)
+        deadline = time.monotonic() + timeout
+        while (hit := self.scheduler.check_lookup_result(rid)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"lookup {rid} got no answer in {timeout}s")
+            time.sleep(0.002)
+        return int(hit)
+
+    def release(self, rid: str, hit: int, salt: str) -> None:
+        self.scheduler.cleanup_lookup_result(rid)
+        if hit > 0:
+            self.scheduler.free_lookup_locks(tokens(), 0, hit, rid, cache_salt=salt)
+        self.scheduler.end_session(rid)
+
+    def retrieve(self, rid: str, ids: list[int], hit: int, salt: str) -> bool:
+        from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
+
+        self.scheduler.cleanup_lookup_result(rid)
+        op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=hit)
+        self.worker.submit_retrieve_request(rid, op, self.worker.create_recorded_event(),
+                                            cache_salt=salt)
+        ok = bool(self.worker.retrieve_futures[rid][0].result(timeout=60))
+        self.worker.get_finished(set())
+        self.scheduler.end_session(rid)
+        return ok
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+        self.worker.shutdown()
+
+
+def store_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
+    import torch
+
+    a_ids, _ = block_plan()
+    kv = make_kv(SEED_A, device)
+    client.register(kv)
+    started = time.perf_counter()
+    stored = client.store("sharedkv-a-store", a_ids, salt)
+    hit, attempts = 0, 0
+    while hit < NUM_TOKENS and time.perf_counter() - started < 60:  # stores land async
+        attempts += 1
+        rid = f"sharedkv-a-visible-{attempts}"
+        hit = client.lookup(rid, salt)
+        client.release(rid, hit, salt)
+    pages = torch.stack([torch.stack([page(t, b).cpu() for b in a_ids]) for t in kv.values()])
+    torch.save(pages, workdir / "a-pages.pt")
+    return {"stored": stored, "visible_hit_tokens": hit, "lookups_until_visible": attempts,
+            "store_s": round(time.perf_counter() - started, 4)}
+
+
+def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
+    import torch
+
+    a_ids, b_ids = block_plan()
+    a_pages = torch.load(workdir / "a-pages.pt")
+    kv = make_kv(SEED_B, device)
+    client.register(kv)
+    before = [[page(t, b).cpu() for b in range(NUM_BLOCKS)] for t in kv.values()]
+    control = client.lookup("sharedkv-b-control", salt + "-control")
+    client.release("sharedkv-b-control", control, salt + "-control")
+    hit = client.lookup("sharedkv-b-fetch", salt)
+    moved = b_ids[: hit // BLOCK]
+    into = moved
+    if os.environ.get(FAULT_ENV) == "off-by-one":  # self-tests: the checker must see it
+        into = [b % (NUM_BLOCKS - 1) + 1 for b in moved]
+    retrieved = client.retrieve("sharedkv-b-fetch", into, hit, salt) if hit else False
+    if device == "cuda":
+        torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
+    mismatches: list[str] = []
+    mismatched_pages = untouched_changed = 0
+    target = {b: j for j, b in enumerate(moved)}
+    for layer, tensor in enumerate(kv.values()):
+        for block in range(NUM_BLOCKS):
+            now = page(tensor, block).cpu()
+            want = a_pages[layer, target[block]] if block in target else before[layer][block]
+            if torch.equal(now, want):
+                continue
+            diff = now.ne(want)
+            first = int(diff.nonzero()[0, 0])
+            if block in target:
+                mismatched_pages += 1
+            else:
+                untouched_changed += 1
+            if len(mismatches) < 5:
+                source = (f"<- A block {a_ids[target[block]]}" if block in target
+                          else "(must not change)")
+                source += holds(a_pages[layer], now, a_ids)
+                mismatches.append(
+                    f"layer {layer}, B block {block} {source}: {int(diff.count_nonzero())} of "
+                    f"{page_bytes()} bytes differ, first at {where(first)}: expected "
+                    f"0x{int(want[first]):02x}, observed 0x{int(now[first]):02x}")
+    return {"hit_tokens": hit, "control_hit_tokens": control, "retrieved": retrieved,
+            "pages_compared": LAYERS * len(moved), "mismatched_pages": mismatched_pages,
+            "untouched_pages_changed": untouched_changed, "mismatches": mismatches}
+
+
+def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
+    """Whose bytes a wrong page holds, when they are another of A's pages (a stale or
+    overwritten staging buffer moves a neighbouring chunk's bytes)."""
+    import torch
+
+    for j, candidate in enumerate(pages):
+        if torch.equal(candidate, observed):
+            return f", holds A block {a_ids[j]}'s bytes (token block {j})"
+    return ""
+
+
+@dataclass
+class TransferOutcome:
+    store: dict[str, Any] = field(default_factory=dict)
+    fetch: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    server: str = ""
+    allocator: str = ""
+    delayed_calls: dict[str, int] | None = None
+
+    def score(self) -> tuple[int, int]:
+        """(pages right, pages compared) for the report; a failure of anything but the
+        bytes (no hits, a dead process, a void delay) counts every page as not passed."""
+        compared = int(self.fetch.get("pages_compared") or 0)
+        if not self.problems:
+            return compared or 1, compared or 1
+        if compared and all(p.startswith(BYTES_WRONG) for p in self.problems):
+            wrong = int(self.fetch.get("mismatched_pages", 0))
+            return max(compared - wrong, 0), compared
+        return 0, compared or 1
+
+
+@dataclass(frozen=True)
+class TransferCase:
+    """One cell of the transfer provider's matrix."""
+
+    device: str = "cpu"
+    allocator: str = "mixed"
+    delay: int = 0
+
+    @property
+    def id(self) -> str:
+        delay = f"-delay{cycles_label(self.delay)}" if self.delay else ""
+        return f"{self.device}-{self.allocator}{delay}"
+
+
+def _cleanup_shm(pid: int) -> None:
+    """Shared-memory segments a killed replica leaves (/dev/shm/lmcache_kv_<pid>_<n>)."""
+    for leftover in Path("/dev/shm").glob(f"lmcache_kv_{pid}_*"):
+        leftover.unlink(missing_ok=True)
+
+
+def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mixed",
+             delay_cycles: int = 0, timeout: float = 300.0) -> TransferOutcome:
+    """A real LMCache server and replicas A then B; always torn down.
+
+    ``cpu``: nobody sees a GPU (LMCache turns lazy L1 off there: the effective allocator
+    is reported). ``cuda``: the server and both replicas share the leased GPU; with
+    ``delay_cycles`` all three load the fault-sensitivity hook.
+    """
+    from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+    from pytest_sharedkv.stack.providers import LaunchSpec, inject_log, process_env
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    outcome = TransferOutcome()
+    spec = LaunchSpec(log_dir=workdir, allocator=allocator, inject_delay_cycles=delay_cycles)
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=256),
+                           workdir, env={**process_env(spec, role=SERVER_ROLE), **hidden})
+    try:
+        server.start()
+        outcome.allocator = server.effective_allocator()
+        outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
+        for role in ("store", "fetch"):
+            name = "A" if role == "store" else "B"
+            argv = [sys.executable, "-m", "pytest_sharedkv.stack.transfer_provider", role, "--url",
+                    server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
+                    "--salt", salt, "--device", device]
+            env = {**process_env(spec, role=f"replica {name}"), **REPLICA_ENV, **hidden}
+            replica = ManagedProcess(f"transfer replica {name}", argv,
+                                     workdir / f"replica-{role}.log", env=env)
+            replica.start()
+            try:
+                code = replica.wait_exit(timeout, f"finish its {role}")
+            finally:
+                replica.stop()
+                _cleanup_shm(replica.pid)
+            result = workdir / f"{role}.json"
+            if code != 0 or not result.exists():
+                raise replica.failure(f"exited with status {code} without a result")
+            setattr(outcome, role, json.loads(result.read_text()))
+    except ProcessFailed as exc:
+        outcome.problems.append(str(exc))
+    finally:
+        leftovers = server.stop()
+        if leftovers:
+            outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
+    if delay_cycles:
+        outcome.delayed_calls = dict(read_log(inject_log(workdir)))
+    if not outcome.problems:
+        outcome.problems.extend(judge(outcome.store, outcome.fetch))
+        void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
+        if void:
+            outcome.problems.insert(0, void)
+    return outcome
+
+
+def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
+    problems = []
+    if not store.get("stored") or store.get("visible_hit_tokens") != NUM_TOKENS:
+        problems.append(f"replica A's store did not become visible: {store}")
+    if fetch.get("control_hit_tokens"):
+        problems.append(f"a fresh cache_salt hit {fetch['control_hit_tokens']} tokens: "
+                        "salts do not separate namespaces")
+    if fetch.get("hit_tokens") != NUM_TOKENS:
+        problems.append(f"replica B hit {fetch.get('hit_tokens')} of {NUM_TOKENS} tokens")
+    if fetch.get("hit_tokens") and not fetch.get("retrieved"):
+        problems.append("replica B's retrieve reported failure")
+    if fetch.get("mismatched_pages") or fetch.get("untouched_pages_changed"):
+        problems.append(
+            f"{BYTES_WRONG}: {fetch['mismatched_pages']} of {fetch.get('pages_compared')} "
+            f"retrieved page(s) differ from replica A's and "
+            f"{fetch['untouched_pages_changed']} other page(s) changed; first: "
+            + "; ".join(fetch.get("mismatches", [])[:2]))
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=("store", "fetch"))
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--salt", default="")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    args = parser.parse_args(argv)
+    client = Client(args.url, args.model)
+    try:
+        run = store_role if args.role == "store" else fetch_role
+        result = {"role": args.role, "chunk": client.chunk,
+                  **run(client, args.workdir, args.salt, args.device)}
+    finally:
+        client.close()
+    (args.workdir / f"{args.role}.json").write_text(json.dumps(result, indent=1))
+    sys.stdout.write("SHAREDKV-TRANSFER " + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
