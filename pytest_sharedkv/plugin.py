@@ -32,6 +32,7 @@ from pytest_sharedkv.state import STATE, RunState, state_of
 if TYPE_CHECKING:
     from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.host.leases import Lease
+    from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import Bundle, ResultSink
 # The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
 pytest_plugins = [
@@ -150,8 +151,16 @@ def _environment_lines(config: pytest.Config) -> list[str]:
     state = state_of(config)
     if state.header is None:
         from pytest_sharedkv.host import environment
-        state.header = environment.header_lines(config, gate_of(config).discovery)
+        state.header, state.lmcache = environment.header(config, gate_of(config).discovery)
     return state.header
+
+
+def lmcache_status_of(config: pytest.Config) -> LMCacheStatus | str:
+    """LMCache's version and kernel path in this run (probed once, in a child)."""
+    state = state_of(config)
+    _environment_lines(config)
+    assert state.lmcache is not None
+    return state.lmcache
 
 
 def _show_header(config: pytest.Config) -> list[str]:
@@ -293,7 +302,10 @@ class _Collector:
 
 
 def _environment_data(config: pytest.Config) -> dict[str, Any]:
-    return {"header": _environment_lines(config), "settings": {
+    from pytest_sharedkv.host.environment import lmcache_data
+
+    return {"header": _environment_lines(config),
+            "lmcache": lmcache_data(lmcache_status_of(config)), "settings": {
         k: (str(v) if isinstance(v, Path) else v)
         for k, v in vars(state_of(config).settings).items() if k != "sources"
     }}
@@ -382,3 +394,10 @@ def sharedkv_gpu_lease(request: pytest.FixtureRequest) -> Lease:
             pytrace=False,
         )
     return lease
+
+
+@pytest.fixture(scope="session")
+def sharedkv_lmcache_status(pytestconfig: pytest.Config) -> LMCacheStatus | str:
+    """LMCache's version and kernel path (compiled, torch fallback, unknown), as the header
+    says it; a line saying why when it was not checked."""
+    return lmcache_status_of(pytestconfig)

@@ -10,6 +10,7 @@ import pytest
 if TYPE_CHECKING:  # loading the plugin imports neither: they come with the first use
     from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.run_log import RunLog
 @dataclass
 class RunState:
@@ -20,6 +21,7 @@ class RunState:
     active: bool = False
     gate: Gate | None = None
     header: list[str] | None = None
+    lmcache: LMCacheStatus | str | None = None  # behind the header's LMCache line
     header_shown: bool = False
     json_written: str | None = None
     _log: RunLog | None = None

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import Case
+    from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import ResultSink
     from pytest_sharedkv.service.answers import ServiceRun
     from pytest_sharedkv.service.execute import Pass
@@ -195,6 +196,7 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
 @pytest.mark.filterwarnings(r"ignore:\s*Can not relate snapshot:UserWarning")
 def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: str,
                           sharedkv_replica_pair: ReplicaPair, sharedkv_settings: Settings,
+                          sharedkv_lmcache_status: LMCacheStatus | str,
                           request: pytest.FixtureRequest) -> None:
     """Replica A's cold answer (tokens, text, chosen-token logprobs) and every step's hits
     equal the stored reference for this model and engine: a difference is engine drift,
@@ -212,7 +214,7 @@ def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: st
     snapshot = request.getfixturevalue("snapshot")
     root = sharedkv_settings.snapshot_dir or references.default_root()
     model = references.model_key(pair.model, run.cases.kind)
-    engine = references.engine_key(pair)
+    engine = references.engine_key(pair, sharedkv_lmcache_status)
     directory = root / model / engine
     if not snapshot.session.update_snapshots and not (directory / f"{case.id}.json").exists():
         other = references.baseline(root, model, engine)

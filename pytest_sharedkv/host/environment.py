@@ -119,13 +119,36 @@ def probe_lmcache(config: pytest.Config, versions: Versions, discovery: Discover
     return f"lmcache.cuda_ops: probe failed (exit {out.returncode}: {tail[0][:200]})"
 
 
-def header_lines(config: pytest.Config, discovery: Discovery | str) -> list[str]:
+def header(config: pytest.Config, discovery: Discovery | str
+           ) -> tuple[list[str], LMCacheStatus | str]:
+    """The header lines, and LMCache's status behind them (or the line saying why it was
+    not checked): the JSON report and the reference key read the status, not the text."""
     versions = Versions.read()
     lines = [f"sharedkv: {versions.line()}"]
     if isinstance(discovery, str):
         lines.append(f"sharedkv: GPUs: {discovery}")
-        return lines
+        return lines, "lmcache.cuda_ops: not checked (no usable device discovery)"
     lines.append(f"sharedkv: GPUs: {discovery.describe()}")
     status = probe_lmcache(config, versions, discovery)
     lines.append(f"sharedkv: {status if isinstance(status, str) else status.describe()}")
-    return lines
+    return lines, status
+
+
+def header_lines(config: pytest.Config, discovery: Discovery | str) -> list[str]:
+    return header(config, discovery)[0]
+
+
+def lmcache_data(status: LMCacheStatus | str) -> dict[str, object]:
+    """LMCache as the JSON report keeps it: version, kernel path (compiled, torch-fallback,
+    unknown, not-installed, not-checked), the compiled extension, and why."""
+    if isinstance(status, str):
+        return {"version": dist_version("lmcache"), "kernel_path": "not-checked",
+                "kernel_module": None, "key": None, "why": status}
+    return status.data()
+
+
+def lmcache_key(status: LMCacheStatus | str) -> str:
+    """lmcache-<version>-<kernel path>, or lmcache-<version>-not-checked."""
+    if isinstance(status, str):
+        return f"lmcache-{dist_version('lmcache') or 'none'}-not-checked"
+    return status.key()

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.service.answers import STEPS, ServiceRun
 from pytest_sharedkv.stack.pair import ReplicaPair
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 REFERENCES = "snapshots"  # under pytest_sharedkv.fixtures (the repository's fixtures/)
 
@@ -40,11 +43,13 @@ def model_key(model: Path | None, kind: str) -> str:
     return f"{model.name}-{config}"
 
 
-def engine_key(pair: ReplicaPair) -> str:
-    from pytest_sharedkv.host.environment import dist_version
+def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
+    """vllm-<version>+lmcache-<version>-<kernel path> for launched engines: references
+    recorded on LMCache's torch fallback and on its compiled kernels never mix."""
+    from pytest_sharedkv.host.environment import dist_version, lmcache_key
     provider = pair.labels.get("provider", "")
     if provider == "vllm":
-        return f"vllm-{dist_version('vllm')}+lmcache-{dist_version('lmcache')}"
+        return f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}"
     return "stub" if provider.startswith("stub") else provider or "unknown"
 
 
