@@ -12,10 +12,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pytest is imported only for a run: make-model and compare need none
+    import pytest
 
 DEFAULT_JSON = "sharedkv-report.json"
+PROG = "python -m pytest_sharedkv"  # what users type, and what pytest's usage errors name
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
-       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry] DIR [--seed N]
+       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry] DIR [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md]
 
@@ -27,7 +32,8 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   tier serves; --kind tiny: the random-weight tiny hybrid model;
                   --kind geometry: random weights with the KV geometry of the field
                   study's 27B hybrid model (65,536 KV bytes a token, ~0.76 GB), which the
-                  perf tier serves
+                  perf tier serves. A DIR holding another kind (or other files) is
+                  refused unless --force, which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell; exit 0 same, 1 regression or correctness
@@ -43,8 +49,17 @@ def make_model_command(args: Sequence[str]) -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kind", choices=("copy", "tiny", "geometry"), default="copy")
+    parser.add_argument("--force", action="store_true",
+                        help="replace whatever DIR holds (another kind's files included)")
     parsed = parser.parse_args(list(args))
+    from pytest_sharedkv.models import kinds
+
+    problem = kinds.refusal(parsed.dir, parsed.kind)
+    if problem is not None and not parsed.force:
+        parser.error(problem)
     try:
+        if problem is not None:
+            kinds.clear(parsed.dir)
         if parsed.kind == "copy":
             from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
 
@@ -134,6 +149,16 @@ def suite_args(extra: Sequence[str]) -> list[str]:
     return args
 
 
+class ProgName:
+    """A plugin for this wrapper's ``pytest.main`` calls: pytest names its program
+    ``pytest.main()`` there (``pytest.main(): error: unrecognized arguments``), not what
+    the user typed."""
+
+    @staticmethod
+    def pytest_addoption(parser: pytest.Parser) -> None:
+        parser.prog = PROG
+
+
 def help_command() -> int:
     """The wrapper's usage, then pytest's help with the sharedkv options (the same plugins
     a run would load)."""
@@ -142,7 +167,7 @@ def help_command() -> int:
     import pytest
 
     args = ["-p", "sharedkv"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
-    return int(pytest.main([*args, "--help"]))
+    return int(pytest.main([*args, "--help"], plugins=[ProgName()]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[1:]
     import pytest
 
-    return int(pytest.main(suite_args(args)))
+    return int(pytest.main(suite_args(args), plugins=[ProgName()]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ serialises, so ``-p no:xdist`` behaves the same.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -47,6 +48,8 @@ pytest_plugins = [
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
 ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
+# The gate skipped this item at setup: its report points at the test, not at gating.py.
+ITEM_GATE_SKIPPED: pytest.StashKey[bool] = pytest.StashKey()
 # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary; the
 # filter goes on sharedkv items only, never on a project's own tests.
 OTEL_FILTER = "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning"
@@ -81,10 +84,34 @@ def pytest_configure(config: pytest.Config) -> None:
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
                      active=options.given(settings))
     config.stash[STATE] = state
-    if not state.is_worker:
-        config.pluginmanager.register(_Collector(config, state), "sharedkv-collector")
+    if state.is_worker:
         if state.active:
-            _check_devices(config)
+            _die_with_controller(config)
+        return
+    config.pluginmanager.register(_Collector(config, state), "sharedkv-collector")
+    if state.active:
+        # Under xdist the controller collects nothing, so it is told here (or by the first
+        # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
+        interrupts.install(config)
+        _check_devices(config)
+
+
+PDEATHSIG = pytest.StashKey[bool]()
+
+
+def _die_with_controller(config: pytest.Config) -> None:
+    """An xdist worker of an active run dies with the controller, however the controller
+    died: execnet alone lets a worker sleeping in a test outlive a killed controller by
+    seconds. SIGKILL, not SIGTERM: with the controller gone nothing the worker reports can
+    arrive, what it launched is stopped by its supervisors (they watch the controller too),
+    its leases are locks the kernel drops; the Ctrl-C path would only spend seconds
+    formatting a traceback for nobody (5.7 s on a busy 2-core host). Only where sharedkv
+    is in use: in anybody else's run a worker keeps xdist's own behaviour."""
+    if PDEATHSIG not in config.stash:
+        import signal
+
+        from pytest_sharedkv.processes.supervise import die_with_parent
+        config.stash[PDEATHSIG] = die_with_parent(signal.SIGKILL)
 
 
 def _device_problem(config: pytest.Config) -> str | None:
@@ -114,6 +141,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # From here on SIGTERM (a CI time limit) tears the run down as Ctrl-C does.
     interrupts.install(config)
     state = state_of(config)
+    if state.is_worker:
+        _die_with_controller(config)
     if state.active:
         return
     state.active = True
@@ -187,6 +216,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             gate_of(item.config).setup(item)
         except MarkerError as exc:
             pytest.fail(str(exc), pytrace=False)
+        except pytest.skip.Exception:
+            item.stash[ITEM_GATE_SKIPPED] = True
+            raise
 
 
 @pytest.hookimpl(wrapper=True)
@@ -207,6 +239,12 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return str(report.longrepr)
 
 
+def _item_location(item: pytest.Item) -> tuple[str, int]:
+    """Where pytest's skip summary (``-ra``) should point: the test, as for a skip mark."""
+    path, line = item.reportinfo()[:2]
+    return os.fspath(path), (line or 0) + 1
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -223,6 +261,9 @@ def pytest_runtest_makereport(
         # A fresh list: report.user_properties is item.user_properties, shared by all phases.
         report.user_properties = [*report.user_properties, (USER_PROPERTY, bundle.to_data())]
         item.stash[ITEM_BUNDLE] = Bundle()
+    if (call.when == "setup" and report.skipped and isinstance(report.longrepr, tuple)
+            and item.stash.get(ITEM_GATE_SKIPPED, False)):
+        report.longrepr = (*_item_location(item), report.longrepr[2])
     settings = state_of(item.config).settings
     if (settings.require_gpu and report.skipped and not hasattr(report, "wasxfail")
             and is_gated(item)):
@@ -273,6 +314,7 @@ class _Collector:
                 or (state.has_log and report.nodeid in state.log.tests)):
             return
         state.log.add_report(report, self._category(report))
+        interrupts.install(self.config)  # under xdist, the first news of sharedkv items
         path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):
             return

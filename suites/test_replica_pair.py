@@ -56,6 +56,7 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     leased GPU per allocator, undelayed and delayed): A stores, B (a fresh process) finds
     every token, a fresh salt finds none, and every byte B retrieves equals A's."""
     from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
+    from pytest_sharedkv.report.records import VOID
     from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, run_pair
 
     transfer_case = sharedkv_transfer_case
@@ -69,7 +70,8 @@ def test_transfer_pair_moves_every_byte_through_the_server(
          "allocator": outcome.allocator or transfer_case.allocator,
          "delay": cycles_label(transfer_case.delay)},
         *outcome.score(), message="; ".join(outcome.problems)[:500],
-        detail={"server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
+        detail={**({"status": VOID} if outcome.void else {}),
+                "server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
                 "fetch": fetch, "delayed_calls": outcome.delayed_calls})
     if outcome.problems:
         pytest.fail("; ".join(outcome.problems), pytrace=False)

@@ -272,6 +272,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
     matched against the chunks the audit caught."""
+    from pytest_sharedkv.report.records import VOID
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import SESSIONS
     from pytest_sharedkv.stack import kv_audit
@@ -308,7 +309,8 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         TIER, {**pair.labels, "size": "audit", "step": "kv digests"},
         report.compared - len(faults), report.compared, role="check",
         message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
-        detail={"compared": report.compared, "unmatched": report.unmatched,
+        detail={**({"status": VOID} if void else {}),
+                "compared": report.compared, "unmatched": report.unmatched,
                 "mismatches": [m.line() for m in faults[:200]],
                 "chunks_per_request": report.chunks_per_request,
                 "cost_us_per_token": report.cost_us_per_token(),

@@ -129,3 +129,19 @@ def test_lease_fixture_needs_the_marker(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*sharedkv_gpu_lease needs @pytest.mark.sharedkv_gpu*"])
+
+
+def test_gated_skips_point_at_the_tests(pytester: pytest.Pytester,
+                                        fake_gpus: Callable[[str], None]) -> None:
+    """-ra groups skips by where they point: a gated skip points at its test (as a skip
+    mark does), never at the plugin's gating.py."""
+    fake_gpus("")
+    pytester.makepyfile(test_gated=GATED)
+    result = pytester.runpytest("-ra", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines([
+        "SKIPPED [[]1[]] test_gated.py:3: needs 1 CUDA device, 0 visible*",
+        "SKIPPED [[]1[]] test_gated.py:7: needs 2 CUDA devices, 0 visible*",
+        "SKIPPED [[]1[]] test_gated.py:15: sharedkv_no_such_module not importable*",
+    ], consecutive=False)
+    assert "gating.py" not in result.stdout.str()

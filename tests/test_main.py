@@ -63,3 +63,55 @@ def test_a_tier_with_no_tests_yet_says_so(monkeypatch: pytest.MonkeyPatch) -> No
         "sharedkv: -m 'perf' selected no test: the perf tier has no tests yet (this "
         "version's suite has tests for ordering, packed_page)"]
     assert tiers.unselected_tier_lines("ordering") == []
+
+
+def test_usage_errors_name_the_wrapper(tmp_path: Path) -> None:
+    """pytest.main() calls itself "pytest.main()" in usage errors; the user typed ours."""
+    out = _main(["--no-such-option", "-p", "no:cacheprovider"], tmp_path)
+    assert out.returncode == 4, out.stderr
+    assert "python -m pytest_sharedkv: error: unrecognized arguments: --no-such-option" \
+        in out.stderr, out.stderr
+    assert "pytest.main()" not in out.stderr
+
+
+def _fake_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_model writes its recipe file only (the real one needs transformers)."""
+    from types import SimpleNamespace
+
+    from pytest_sharedkv.models import tiny_model
+
+    def make_model(dst: Path, recipe: object = None) -> SimpleNamespace:
+        dst.mkdir(parents=True, exist_ok=True)
+        (dst / tiny_model.RECIPE_FILE).write_text("{}")
+        return SimpleNamespace(digest="0" * 16)
+
+    monkeypatch.setattr(tiny_model, "make_model", make_model)
+
+
+def test_make_model_refuses_a_directory_of_another_kind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from pytest_sharedkv.__main__ import make_model_command
+
+    _fake_tiny(monkeypatch)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"sharedkv": {"kind": "copy"}}))
+    (model / "sharedkv-tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        make_model_command(["--kind", "tiny", str(model)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{model} holds a copy model" in err and "--force" in err
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "sharedkv-tokenizer.json"]
+    # the same kind is rewritten in place; --force replaces another kind's files
+    assert make_model_command(["--kind", "tiny", str(model), "--force"]) == 0
+    assert [p.name for p in model.iterdir()] == ["sharedkv-recipe.json"]
+    assert make_model_command(["--kind", "tiny", str(model)]) == 0
+    (model / "notes.txt").write_text("mine")
+    (model / "sharedkv-recipe.json").unlink()
+    with pytest.raises(SystemExit):
+        make_model_command(["--kind", "tiny", str(model)])
+    assert "holds files that are no sharedkv model" in capsys.readouterr().err

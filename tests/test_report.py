@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.report.json_report import write_or_fallback
-from pytest_sharedkv.report.records import Bundle, Check
+from pytest_sharedkv.report.records import VOID, Bundle, Check
+from pytest_sharedkv.report.run_log import RunLog
+from pytest_sharedkv.report.run_log import TestResult as Result
 from pytest_sharedkv.report.terminal import TableSpec, check_table
 
 RECORDING = """
@@ -174,3 +176,38 @@ def test_a_pipe_inside_a_cell_keeps_the_table() -> None:
     separators = [line.replace("\\|", "").count("|") for line in lines]
     assert separators == [3, 3, 3, 3]
     assert lines[2].startswith("| a\\|b ")
+
+
+def _log(outcomes: dict[str, str], void: tuple[str, ...] = ()) -> RunLog:
+    log = RunLog()
+    for nodeid, outcome in outcomes.items():
+        log.tests[nodeid] = Result(nodeid, "replica_pair", outcome=outcome,
+                                       categories=[outcome])
+    for nodeid in void:  # a record that says its result proves nothing, whatever its text
+        log.bundle.checks.append(Check("replica_pair", {"k": nodeid}, 0, 1, nodeid=nodeid,
+                                       message="delay never ran",
+                                       detail={"status": VOID}))
+    return log
+
+
+def test_one_verdict_line_ends_the_summary() -> None:
+    from pytest_sharedkv.report.terminal import summary_lines
+
+    passing = _log({"a": "passed", "b": "skipped", "c": "xfailed"})
+    assert summary_lines(passing)[-1] == "sharedkv: PASS \N{EM DASH} 1 passed, 1 skipped, 1 xfailed"
+    failing = _log({"a": "passed", "b": "failed"})
+    assert summary_lines(failing)[-1].startswith("sharedkv: FAIL \N{EM DASH} 1 passed, 1 failed")
+    # a failure whose own record is VOID proves nothing; another failure still fails
+    assert summary_lines(_log({"a": "passed", "b": "failed"}, void=("b",)))[-1].startswith(
+        "sharedkv: VOID \N{EM DASH} 1 passed, 1 failed; 1 test recorded a result that proves")
+    assert summary_lines(_log({"a": "failed", "b": "failed"}, void=("b",)))[-1].startswith(
+        "sharedkv: FAIL")
+    voided_text = _log({"a": "passed"})
+    voided_text.bundle.checks.append(Check("replica_pair", {}, 1, 1, message="VOID: text"))
+    assert summary_lines(voided_text)[-1].startswith("sharedkv: PASS")
+    stopped = _log({"a": "passed"})
+    stopped.tests["b"] = Result("b", "replica_pair")
+    stopped.interrupted = "KeyboardInterrupt: SIGTERM"
+    assert summary_lines(stopped)[-1] == (
+        "sharedkv: INCOMPLETE \N{EM DASH} 1 passed; 1 test without an outcome "
+        "(KeyboardInterrupt: SIGTERM)")

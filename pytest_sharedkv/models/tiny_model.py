@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RECIPE_VERSION = 1
+RECIPE_FILE = "sharedkv-recipe.json"  # marks a directory as holding this kind
 SPECIAL = ["<|endoftext|>", "<|pad|>"]
 
 
@@ -131,6 +132,6 @@ def make_model(dst: Path, recipe: TinyModelRecipe | None = None) -> ModelCard:
     model: Any = Qwen3NextForCausalLM(config)
     model = model.to(dtype=torch.bfloat16).eval()
     model.save_pretrained(dst, safe_serialization=True)
-    (dst / "sharedkv-recipe.json").write_text(
+    (dst / RECIPE_FILE).write_text(
         json.dumps({"recipe_version": RECIPE_VERSION, **asdict(recipe)}, indent=1))
     return card(dst)

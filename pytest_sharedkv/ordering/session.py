@@ -15,7 +15,7 @@ from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV, launch_blocking
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
 from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
 from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
-from pytest_sharedkv.report.records import ResultSink
+from pytest_sharedkv.report.records import VOID, ResultSink
 
 TIER = "ordering"
 
@@ -75,7 +75,7 @@ class OrderingSession:
                     "simulated": self.backend.simulated, "sensitive": sensitive,
                     "launch_blocking": launch_blocking(),
                     "description": self.impl(target).description or target.summary,
-                    "remedy": target.remedy},
+                    "remedy": target.remedy, **({} if sensitive else {"status": VOID})},
         )
 
     def judge(self, cell: Cell, sink: ResultSink) -> Judgement:

@@ -91,6 +91,19 @@ def _prctl(option: int, arg: int | bytes) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send SIG to this process when its parent (the thread that forked it)
+    dies; if the parent died before the request took, send it now. False without prctl."""
+    parent = os.getppid()
+    try:
+        _prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
 @dataclass
 class Watched:
     """A process the watchdog waits on: a pidfd where the kernel has them, else polling."""

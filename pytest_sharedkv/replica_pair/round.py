@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.engine_hooks.delay_hook import read_log, void_problem
-from pytest_sharedkv.report.records import ResultSink
+from pytest_sharedkv.report.records import VOID, ResultSink
 from pytest_sharedkv.stack import kv_audit
 from pytest_sharedkv.stack.namespaces import Namespaces
 from pytest_sharedkv.stack.pair import ReplicaPair
@@ -88,9 +88,11 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
             problems.insert(0, audit.void)
         problems += [m.line() for m in audit.mismatches[:10]]
     wall = time.perf_counter() - started
+    proves_nothing = bool(void or (audit is not None and audit.void))
     sink.check(TIER, dict(pair.labels), exact, len(chosen),
                message="; ".join(problems[:3]),
-               detail={"requests": 2 * len(chosen), "external_hit_tokens": external,
+               detail={**({"status": VOID} if proves_nothing else {}),
+                       "requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "kv_audit": None if audit is None else {

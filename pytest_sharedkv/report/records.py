@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROLES = ("control", "negative-control", "under-test", "check")
+# detail["status"] of a check whose result proves nothing (its probe, gate or audit could
+# not have seen a fault): the run's verdict reads this, never the message.
+VOID = "VOID"
 
 
 @dataclass
@@ -40,6 +43,10 @@ class Check:
     @property
     def ok(self) -> bool:
         return self.passed == self.trials
+
+    @property
+    def void(self) -> bool:
+        return self.detail.get("status") == VOID
 
 
 @dataclass

@@ -162,4 +162,37 @@ def summary_lines(log: RunLog, reports: Mapping[str, TierReport] | None = None) 
     if facts:
         lines.append("environment as the tests saw it:")
         lines.extend(f"  {f}" for f in facts)
+    if tiers:
+        if facts:
+            lines.append("")
+        lines.append(verdict_line(log))
     return lines
+
+
+FAILED = ("failed", "error")
+
+
+def verdict(log: RunLog) -> str:
+    """The run's one word, from outcomes and records: INCOMPLETE when the run stopped early
+    or a test has no outcome; FAIL when a test failed or errored other than on a VOID
+    record (or a module failed to collect); VOID when a record says its result proves
+    nothing; else PASS (skips and xfails included)."""
+    if log.interrupted is not None or log.unfinished():
+        return "INCOMPLETE"
+    void = {c.nodeid for c in log.bundle.checks if c.void}
+    failed = {r.nodeid for r in log.tests.values() if r.outcome in FAILED}
+    if failed - void or any(category in FAILED for _, category, _ in log.collection):
+        return "FAIL"
+    return "VOID" if void else "PASS"
+
+
+def verdict_line(log: RunLog) -> str:
+    word = verdict(log)
+    line = f"sharedkv: {word} \N{EM DASH} {_counts_line(log.counts())}"
+    if word == "INCOMPLETE":
+        why = log.interrupted or "the run stopped under them"
+        line += f"; {_plural(len(log.unfinished()), 'test')} without an outcome ({why})"
+    elif word == "VOID":
+        void = {c.nodeid for c in log.bundle.checks if c.void}
+        line += f"; {_plural(len(void), 'test')} recorded a result that proves nothing (VOID)"
+    return line

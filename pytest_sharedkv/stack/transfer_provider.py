@@ -271,6 +271,7 @@ class TransferOutcome:
     server: str = ""
     allocator: str = ""
     delayed_calls: dict[str, int] | None = None
+    void: bool = False  # the injected delay never ran: the check proves nothing
 
     def score(self) -> tuple[int, int]:
         """(pages right, pages compared) for the report; a failure of anything but the
@@ -358,6 +359,7 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
         if void:
             outcome.problems.insert(0, void)
+            outcome.void = True
     return outcome
 
 
