@@ -1,13 +1,17 @@
 """The LMCache CI adoption kit (contrib/lmcache-ci/): its scripts are shellcheck-clean, the
-GPU step stops with a clear message where there is no GPU (or skips when told), the CPU
-step runs for real and leaves its JSON, logs and annotation, and the pipeline is the
-1-GPU, 20-minute lane the README describes."""
+GPU step stops with a clear message where there is no GPU (or skips when told) and runs
+every GPU tier without CUDA_LAUNCH_BLOCKING, the CPU step installs LMCache the way
+LMCache's install_lmcache_cpu.sh does and runs for real, leaving its JSON, logs and
+annotation; the pipeline is the 1-GPU, 20-minute lane on LMCache's unit-lane pod, uploaded
+through LMCache's upload-pipeline.sh, and the README's path-filter snippets classify as it
+says."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +23,24 @@ KIT = Path(__file__).resolve().parents[1] / "contrib" / "lmcache-ci"
 FAKE_AGENT = ('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
               'cat >> "$(dirname "$0")/annotation"\n')
 FAKE_UV = '#!/bin/sh\necho "uv $*" >> "$(dirname "$0")/installs"\n'  # LMCache's lanes use uv
+# Records the install's environment too (the CPU install must pin the setuptools-scm version).
+FAKE_UV_ENV = ('#!/bin/sh\necho "uv $* | SETUPTOOLS_SCM_PRETEND_VERSION='
+               '$SETUPTOOLS_SCM_PRETEND_VERSION NO_GPU_EXT=$NO_GPU_EXT"'
+               ' >> "$(dirname "$0")/installs"\n')
+FAKE_NVIDIA_SMI = '#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n'
+# A stand-in python: the import check passes, a script or module run is logged, and a
+# pytest_sharedkv run logs its CUDA_LAUNCH_BLOCKING and arguments and prints a summary.
+FAKE_PYTHON = """#!/bin/sh
+log="$(dirname "$0")/installs"
+case "$1" in
+  -) cat > /dev/null; echo "sharedkv: lmcache 0 | pytest-sharedkv 0" ;;
+  -m) if [ "$2" = pytest_sharedkv ]; then
+        echo "CUDA_LAUNCH_BLOCKING=${CUDA_LAUNCH_BLOCKING-unset} $*" >> "$(dirname "$0")/runs"
+        echo "===== sharedkv summary ====="; echo "| tier | ok |"
+      else echo "python $*" >> "$log"; fi ;;
+  *) echo "python $*" >> "$log" ;;
+esac
+"""
 
 
 def shellcheck() -> str | None:
@@ -26,18 +48,24 @@ def shellcheck() -> str | None:
     return str(beside) if beside.exists() else shutil.which("shellcheck")
 
 
-def run_kit(tmp_path: Path, mode: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """run.sh MODE from an empty 'LMCache checkout', with a recording buildkite-agent."""
+def run_kit(tmp_path: Path, mode: str, fakes: dict[str, str] | None = None,
+            **env: str) -> subprocess.CompletedProcess[str]:
+    """run.sh MODE from an 'LMCache checkout' (empty unless the test fills it), with a
+    recording buildkite-agent and uv (and the other FAKES, by name)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("buildkite-agent", FAKE_AGENT), ("uv", FAKE_UV)):
+    for name, text in {"buildkite-agent": FAKE_AGENT, "uv": FAKE_UV, **(fakes or {})}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     root = tmp_path / "lmcache"
     root.mkdir(exist_ok=True)
     path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
-    full_env = {**os.environ, "PATH": path, "LMCACHE_ROOT": str(root),
-                "PYTHON": sys.executable, "SHAREDKV_SKIP_INSTALL": "1", **env}
+    python = str(bin_dir / "python") if fakes and "python" in fakes else sys.executable
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("SETUPTOOLS_SCM_PRETEND_VERSION", "PIP_BIN")
+                 and not k.startswith("BUILDKITE_")}
+    full_env = {**inherited, "PATH": path, "LMCACHE_ROOT": str(root),
+                "PYTHON": python, "SHAREDKV_SKIP_INSTALL": "1", **env}
     return subprocess.run(["bash", str(KIT / "run.sh"), mode], env=full_env,
                           capture_output=True, text=True, timeout=600, check=False)
 
@@ -98,16 +126,146 @@ def test_cpu_step_runs_and_leaves_json_logs_and_an_annotation(tmp_path: Path) ->
     assert "JSON report" not in annotation
 
 
-def test_pipeline_is_a_one_gpu_lane_under_20_minutes() -> None:
+def test_gpu_step_runs_every_gpu_tier_without_cuda_launch_blocking(tmp_path: Path) -> None:
+    """The pod sets CUDA_LAUNCH_BLOCKING=1 as LMCache's unit lane does; with it no
+    stream-ordering fault can show, so neither GPU run may inherit it."""
+    result = run_kit(tmp_path, "gpu", fakes={"nvidia-smi": FAKE_NVIDIA_SMI, "python": FAKE_PYTHON},
+                     CUDA_LAUNCH_BLOCKING="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = (tmp_path / "bin" / "runs").read_text().splitlines()
+    artifacts = tmp_path / "lmcache" / "sharedkv-artifacts"
+    assert [r.split(" -m ")[0] for r in runs] == ["CUDA_LAUNCH_BLOCKING=unset"] * 2, runs
+    ordering, kv = runs
+    assert "-m pytest_sharedkv -m ordering --sharedkv-require-gpu" in ordering
+    assert ("-m pytest_sharedkv -m packed_page or pinned_pool or replica_pair -k not "
+            "cross_replica --sharedkv-require-gpu --sharedkv-inject-delay 1e8") in kv
+    assert f"--sharedkv-json {artifacts}/kv.json" in kv
+    calls = (tmp_path / "bin" / "calls").read_text().splitlines()
+    assert calls == ["annotate --style success --context sharedkv-ordering",
+                     "annotate --style success --context sharedkv-kv"]
+
+
+GRPC_GENERATE = "lmcache/v1/multiprocess/transport/grpc_impl/protos/generate.py"
+
+
+def lmcache_checkout(root: Path, log: Path) -> None:
+    """The parts of an LMCache checkout the CPU install reads, and a helpers.sh whose
+    merge_pr_base_branch only logs (LMCache's merges the PR base branch)."""
+    (root / "requirements").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'lmcache'\n")
+    for name in ("build", "common", "cli", "proto"):
+        (root / "requirements" / f"{name}.txt").write_text("")
+    (root / GRPC_GENERATE).parent.mkdir(parents=True)
+    (root / GRPC_GENERATE).write_text("")
+    helpers = root / ".buildkite/k3_tests/common_scripts/helpers.sh"
+    helpers.parent.mkdir(parents=True)
+    helpers.write_text(f'merge_pr_base_branch() {{ echo merge_pr_base_branch >> "{log}"; }}\n')
+
+
+def test_cpu_step_installs_lmcache_as_install_lmcache_cpu_does(tmp_path: Path) -> None:
+    """Without SETUPTOOLS_SCM_PRETEND_VERSION LMCache's non-PEP-440 tags break the build;
+    the PR base is merged before anything is installed; torch stays as the image has it."""
+    log = tmp_path / "bin" / "installs"
+    lmcache_checkout(tmp_path / "lmcache", log)
+    result = run_kit(tmp_path, "cpu", fakes={"uv": FAKE_UV_ENV, "python": FAKE_PYTHON})
+    assert result.returncode == 0, result.stdout + result.stderr
+    pinned = " | SETUPTOOLS_SCM_PRETEND_VERSION=0.0.0.dev0 NO_GPU_EXT=1"
+    assert log.read_text().splitlines() == [
+        "merge_pr_base_branch",
+        "uv pip install --upgrade pip" + pinned,
+        "uv pip install -r requirements/build.txt" + pinned,
+        "uv pip install -r requirements/common.txt" + pinned,
+        "uv pip install -r requirements/cli.txt" + pinned,
+        "uv pip install -e . --no-deps --no-build-isolation" + pinned,
+        f"python {GRPC_GENERATE}",
+    ]
+    assert (tmp_path / "bin" / "runs").read_text().count("-m pytest_sharedkv") == 1
+
+
+def test_cpu_install_keeps_a_given_version_and_pip(tmp_path: Path) -> None:
+    log = tmp_path / "bin" / "installs"
+    lmcache_checkout(tmp_path / "lmcache", log)
+    (tmp_path / "lmcache" / GRPC_GENERATE).unlink()
+    result = run_kit(tmp_path, "cpu", fakes={"uv": FAKE_UV_ENV, "python": FAKE_PYTHON},
+                     SETUPTOOLS_SCM_PRETEND_VERSION="0.5.6", PIP_BIN="uv pip")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = log.read_text().splitlines()
+    assert ("uv pip install -e . --no-deps --no-build-isolation | "
+            "SETUPTOOLS_SCM_PRETEND_VERSION=0.5.6 NO_GPU_EXT=1") in lines
+    assert not any("generate" in line for line in lines)  # an LMCache without gRPC bindings
+
+
+def load_yaml(name: str) -> dict[str, object]:
     yaml = pytest.importorskip("yaml")
-    steps = yaml.safe_load((KIT / "pipeline.yml").read_text())["steps"][0]["steps"]
+    loaded = yaml.safe_load((KIT / name).read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_pipeline_is_a_one_gpu_lane_on_the_unit_lanes_pod() -> None:
+    """LMCache's unit/pipeline.yml: queue k8s (their README), image lmcache/ci-base, the
+    kubernetes plugin's podSpec, CUDA_LAUNCH_BLOCKING=1, 32 CPU / 96Gi requested."""
+    steps = load_yaml("pipeline.yml")["steps"][0]["steps"]  # type: ignore[index]
     by_label = {s["label"]: s for s in steps}
     gpu = by_label[":microscope: sharedkv (1 GPU)"]
     assert gpu["command"] == ".buildkite/k3_tests/sharedkv/run.sh gpu"
     assert gpu["timeout_in_minutes"] <= 20
+    assert gpu["agents"] == {"queue": "k8s"}
     pod = gpu["plugins"][0]["kubernetes"]["podSpec"]["containers"][0]
-    assert pod["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["image"] == "lmcache/ci-base:latest" and pod["imagePullPolicy"] == "Never"
+    assert {"name": "CUDA_LAUNCH_BLOCKING", "value": "1"} in pod["env"]
+    assert pod["resources"] == {"requests": {"cpu": "32", "memory": "96Gi"},
+                                "limits": {"nvidia.com/gpu": "1", "cpu": "64", "memory": "200Gi"}}
     assert "sharedkv-artifacts/*.json" in gpu["artifact_paths"]
     cpu = by_label[":microscope: sharedkv (CPU)"]
-    assert cpu["command"].endswith("run.sh cpu")
+    assert cpu["command"] == ".buildkite/k3_tests/sharedkv/run.sh cpu"
+    assert cpu["agents"] == {"queue": "k8s"}
+    cpu_pod = cpu["plugins"][0]["kubernetes"]["podSpec"]["containers"][0]
+    assert cpu_pod["resources"]["requests"]["cpu"] == cpu_pod["resources"]["limits"]["cpu"]
     assert "nvidia.com/gpu" not in json.dumps(cpu)
+
+
+UPLOAD = ("bash .buildkite/k3_tests/common_scripts/upload-pipeline.sh "
+          ".buildkite/k3_tests/sharedkv/pipeline.yml")
+
+
+def test_buildkite_pipeline_uploads_through_lmcaches_upload_script() -> None:
+    """As LMCache's k3_tests/README.md asks: the Steps-editor snippet calls
+    common_scripts/upload-pipeline.sh on this lane's pipeline.yml (the docs-only skip and
+    the required-checks gate come with it), and BK_WEB_SETUP.md pastes the same snippet."""
+    snippet = load_yaml("buildkite-pipeline.yml")
+    assert snippet == {"agents": {"queue": "k8s"},
+                       "steps": [{"label": ":pipeline: Upload pipeline", "command": UPLOAD}]}
+    yaml = pytest.importorskip("yaml")
+    setup = (KIT / "BK_WEB_SETUP.md").read_text()
+    pasted = re.findall(r"```yaml\n(.*?)```", setup, re.S)
+    assert [yaml.safe_load(block) for block in pasted] == [snippet]
+
+
+def readme_bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", (KIT / "README.md").read_text(), re.S)
+
+
+def test_readme_path_filter_snippets_classify_as_it_says(tmp_path: Path) -> None:
+    """The two edits the README gives for LMCache's path-filter.sh, run in the shape of
+    _path_filter_pipeline_kind and _path_filter_should_skip_for_pipeline (0 = skip)."""
+    kind_line, case_block = readme_bash_blocks()
+    files = {"lmcache/v1/gpu_connector.py": "run", "csrc/mem_kernels.cu": "run",
+             "requirements/common.txt": "run", "setup.py": "run",
+             ".buildkite/k3_tests/sharedkv/run.sh": "run",
+             ".buildkite/k3_harness/setup-lmcache-only-env.sh": "run",
+             "tests/v1/test_gpu_connector.py": "skip", "examples/offload/run.py": "skip",
+             ".buildkite/k3_tests/unit/run.sh": "skip"}
+    script = tmp_path / "filter.sh"
+    script.write_text(
+        "set -u\n"
+        'kind() { case "$1" in\n' + kind_line + "        *) echo generic ;;\n    esac; }\n"
+        'should_skip() { local pipeline_kind="$1" changed_file="$2"\n'
+        '    case "$pipeline_kind" in\n' + case_block + "    esac\n    return 1; }\n"
+        'k="$(kind .buildkite/k3_tests/sharedkv/pipeline.yml)"; echo "kind $k"\n'
+        'for f in "$@"; do if should_skip "$k" "$f"; then echo "skip $f"; '
+        'else echo "run $f"; fi; done\n')
+    result = subprocess.run(["bash", str(script), *files], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert result.stdout.splitlines() == ["kind sharedkv", *(f"{v} {k}" for k, v in files.items())]

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # pytest-sharedkv lane for LMCache's Buildkite CI: does LMCache move KV bytes correctly?
-#   gpu: the ordering tier (every KV copy path honours the current CUDA stream, run without
-#        CUDA_LAUNCH_BLOCKING), then packed_page, pinned_pool and the transfer provider
-#        (the real LMCache server between two processes, per allocator, with a delay),
-#        all with --sharedkv-require-gpu: a lane that cannot test must not go green.
+#   gpu: the ordering tier (every KV copy path honours the current CUDA stream), then
+#        packed_page, pinned_pool and the transfer provider (the real LMCache server
+#        between two processes, per allocator, with a delay), all with
+#        --sharedkv-require-gpu (a lane that cannot test must not go green) and all with
+#        CUDA_LAUNCH_BLOCKING unset (the pod sets it, as the unit lane does).
 #   cpu: packed_page and the transfer provider on CPU (LMCache's torch fallback, the real
 #        server), no GPU needed.
-# Modelled on LMCache's .buildkite/k3_tests/unit/run.sh (source
-# setup-lmcache-only-env.sh, run pytest, `buildkite-agent annotate`) and, for the CPU
-# install, .buildkite/k3_tests/multiprocess/scripts/run-cpu-e2e-validation.sh.
+# Follows, in LMCache/LMCache: .buildkite/k3_tests/unit/run.sh (gpu: source
+# .buildkite/k3_harness/setup-lmcache-only-env.sh, which also merges the PR base branch and
+# sets the setuptools-scm version override; run pytest; `buildkite-agent annotate`) and,
+# for the cpu install, .github/scripts/install_lmcache_cpu.sh (NO_GPU_EXT=1,
+# SETUPTOOLS_SCM_PRETEND_VERSION, requirements/{build,common,cli}.txt, `-e . --no-deps
+# --no-build-isolation`, the gRPC bindings; .github/scripts/run-cpu-e2e-validation.sh runs
+# it with PIP_BIN="uv pip"), after merge_pr_base_branch from
+# .buildkite/k3_tests/common_scripts/helpers.sh, as setup-lmcache-only-env.sh does.
 #
 # usage: run.sh gpu|cpu
 # knobs: LMCACHE_ROOT (the LMCache checkout; default: this git work tree, else .),
-#        PYTHON (default python), SHAREDKV_SPEC (what to pip install; default
+#        PYTHON (default python), PIP_BIN (as in install_lmcache_cpu.sh; default "uv pip"
+#        where uv is, else "$PYTHON -m pip"), SHAREDKV_SPEC (what to pip install; default
 #        pytest-sharedkv), SHAREDKV_ARTIFACTS (default $LMCACHE_ROOT/sharedkv-artifacts),
 #        SHAREDKV_CPU_MARKERS (default "packed_page or replica_pair"),
 #        SHAREDKV_SKIP_SETUP=1 (LMCache is installed already), SHAREDKV_SKIP_INSTALL=1
@@ -35,16 +42,55 @@ mkdir -p "$artifacts"
 
 step() { echo "--- :microscope: sharedkv ($mode): $*"; }
 
-# 1. LMCache itself, installed editable as LMCache's own lanes do.
+if [ -n "${PIP_BIN:-}" ]; then
+  read -r -a pip <<< "$PIP_BIN"
+elif command -v uv >/dev/null 2>&1; then
+  pip=(uv pip)  # LMCache's lanes install with uv
+else
+  pip=("$python" -m pip)
+fi
+
+# 1. LMCache itself, from this checkout, installed editable as LMCache's own lanes do.
 if [ -n "${SHAREDKV_SKIP_SETUP:-}" ]; then
   step "LMCache setup skipped (SHAREDKV_SKIP_SETUP)"
 elif [ "$mode" = gpu ] && [ -f .buildkite/k3_harness/setup-lmcache-only-env.sh ]; then
   step "LMCache from source (setup-lmcache-only-env.sh)"
   # shellcheck source=/dev/null
   source .buildkite/k3_harness/setup-lmcache-only-env.sh
-elif [ "$mode" = cpu ] && [ -f pyproject.toml ] && ! "$python" -c 'import lmcache' 2>/dev/null; then
-  step "LMCache from source without GPU extensions"
-  NO_GPU_EXT=1 uv pip install -e . --no-build-isolation
+elif [ "$mode" = cpu ] && [ -f pyproject.toml ]; then
+  # A PR build tests the PR merged into its base, as every k3 lane does.
+  if [ -f .buildkite/k3_tests/common_scripts/helpers.sh ]; then
+    # shellcheck source=/dev/null
+    source .buildkite/k3_tests/common_scripts/helpers.sh
+  fi
+  if declare -F merge_pr_base_branch >/dev/null; then
+    merge_pr_base_branch
+  fi
+  step "LMCache from source without GPU extensions (as install_lmcache_cpu.sh)"
+  # Not install_lmcache_cpu.sh itself: it ends by importing vllm, which this lane has not.
+  export NO_GPU_EXT=1
+  # setuptools-scm would read LMCache's non-PEP-440 tags (nightly, nightly-cu13) and the
+  # build would fail; install_lmcache_cpu.sh pins the version the same way.
+  export SETUPTOOLS_SCM_PRETEND_VERSION="${SETUPTOOLS_SCM_PRETEND_VERSION:-0.0.0.dev0}"
+  "${pip[@]}" install --upgrade pip
+  for requirements in requirements/build.txt requirements/common.txt requirements/cli.txt; do
+    if [ -f "$requirements" ]; then
+      "${pip[@]}" install -r "$requirements"
+    fi
+  done
+  # --no-deps: torch stays the one the image has (the CPU ci-base torch)
+  "${pip[@]}" install -e . --no-deps --no-build-isolation
+  grpc=lmcache/v1/multiprocess/transport/grpc_impl
+  if [ -f "$grpc/protos/generate.py" ]; then
+    step "LMCache gRPC bindings ($grpc/protos/generate.py)"
+    "$python" "$grpc/protos/generate.py"
+  elif [ -f "$grpc/_proto_gen/_generate.py" ]; then
+    step "LMCache gRPC bindings ($grpc/_proto_gen/_generate.py)"
+    if [ -f requirements/proto.txt ]; then
+      "${pip[@]}" install -r requirements/proto.txt
+    fi
+    "$python" -m lmcache.v1.multiprocess.transport.grpc_impl._proto_gen._generate
+  fi
 fi
 
 # 2. The plugin, without its [lmcache] extra: the LMCache under test stays as installed.
@@ -52,11 +98,7 @@ if [ -n "${SHAREDKV_SKIP_INSTALL:-}" ]; then
   step "plugin install skipped (SHAREDKV_SKIP_INSTALL)"
 else
   step "installing $spec"
-  if command -v uv >/dev/null 2>&1; then
-    uv pip install "$spec"
-  else
-    "$python" -m pip install "$spec"
-  fi
+  "${pip[@]}" install "$spec"
 fi
 "$python" - <<'PY'
 import importlib.metadata as md
@@ -116,12 +158,14 @@ run_tiers() {
 }
 
 if [ "$mode" = gpu ]; then
-  # LMCache's unit lane sets CUDA_LAUNCH_BLOCKING=1, which makes every launch synchronous:
-  # no ordering fault could show (the plugin would move its probes to a child without it).
+  # LMCache's unit lane sets CUDA_LAUNCH_BLOCKING=1 (and so does this pod), which makes
+  # every launch synchronous: the ordering tier could not see a stream-ordering fault, and
+  # a delayed transfer would be over before its copy starts. Every GPU tier runs without it.
   run_tiers ordering env -u CUDA_LAUNCH_BLOCKING "$python" -m pytest_sharedkv -m ordering \
     --sharedkv-require-gpu
-  run_tiers kv "$python" -m pytest_sharedkv -m "packed_page or pinned_pool or replica_pair" \
-    -k "not cross_replica" --sharedkv-require-gpu --sharedkv-inject-delay 1e8
+  run_tiers kv env -u CUDA_LAUNCH_BLOCKING "$python" -m pytest_sharedkv \
+    -m "packed_page or pinned_pool or replica_pair" -k "not cross_replica" \
+    --sharedkv-require-gpu --sharedkv-inject-delay 1e8
 else
   run_tiers cpu "$python" -m pytest_sharedkv -m "${SHAREDKV_CPU_MARKERS:-packed_page or replica_pair}" \
     -k "not cross_replica"
