@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,72 @@ def test_json_path_that_is_a_directory(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--sharedkv-json=out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write out is a directory"])
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to out: it "
+                                 "is a directory"])
+
+
+@pytest.mark.parametrize(("path", "problem"), [
+    # a directory that cannot be made: root passes os.access on /proc, the write does not
+    ("/proc/nosuchdir/r.json",
+     "its directory /proc/nosuchdir cannot be made (No such file or directory)"),
+    ("/etc/hostname/r.json", "/etc/hostname is not a directory"),
+    ("{tmp}/a-file/deeper/r.json", "{tmp}/a-file is not a directory"),
+])
+@pytest.mark.parametrize("given", ["option", "ini"])
+def test_json_path_that_cannot_be_written_is_a_usage_error(
+        pytester: pytest.Pytester, path: str, problem: str, given: str) -> None:
+    """One rule before any test: a path the report cannot be written to stops the run and
+    names the option (or ini key) and the path; nothing falls back to the temp dir."""
+    (pytester.path / "a-file").write_text("")
+    path, problem = (t.replace("{tmp}", str(pytester.path)) for t in (path, problem))
+    pytester.makepyfile("def test_x(): pass")
+    if given == "ini":
+        pytester.makeini(f"[pytest]\nsharedkv_json = {path}\n")
+        result, where = pytester.runpytest(), "ini option sharedkv_json"
+    else:
+        result, where = pytester.runpytest(f"--sharedkv-json={path}"), "--sharedkv-json"
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {where}: cannot write the report to {path}: "
+                                 f"{problem}"])
+    assert "passed" not in result.stdout.str() and "sharedkv-report-" not in result.stdout.str()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write where permission bits say no")
+def test_json_path_without_permission_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    locked = pytester.mkdir("locked")
+    locked.chmod(0o500)
+    try:
+        pytester.makepyfile("def test_x(): pass")
+        result = pytester.runpytest("--sharedkv-json=locked/r.json")
+    finally:
+        locked.chmod(0o700)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to "
+                                 "locked/r.json: no file can be made in locked*"])
+
+
+def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
+        pytester: pytest.Pytester) -> None:
+    """Writable when the run began, the report's directory replaced by a file meanwhile:
+    the run's report is not lost, and the summary says where it went."""
+    pytester.makepyfile("""
+        import shutil
+        from pathlib import Path
+
+        def test_x():
+            shutil.rmtree("out")
+            Path("out").write_text("")
+    """)
+    result = pytester.runpytest("--sharedkv-json=out/r.json", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    line = next(t for t in result.stdout.lines if "the report is at" in t)
+    assert line.startswith("--sharedkv-json: could not write out/r.json (")
+    fallback = Path(line.rsplit(" ", 1)[1])
+    try:
+        assert fallback.name == f"sharedkv-report-{os.getpid()}.json"
+        assert fallback.read_text().startswith("{")
+    finally:
+        fallback.unlink()
 
 
 def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:

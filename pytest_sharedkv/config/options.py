@@ -365,7 +365,8 @@ class Settings:
         parse_gpus, metavar="0,1")
     json: Path | None = setting(
         None,
-        "write every test result and check record as JSON to PATH (xdist controller only)",
+        "write every test result and check record as JSON to PATH (xdist controller only); "
+        "a path that cannot be written is a usage error before any test",
         parse_path, metavar="PATH")
     lease_timeout: float = setting(
         1800.0,
