@@ -80,7 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_sharedkv.report import json_report
         problem = json_report.check_writable(settings.json)
         if problem is not None:
-            raise pytest.UsageError(f"{settings.sources['json']}: cannot write {problem}")
+            raise pytest.UsageError(f"{settings.source_of('json')}: cannot write the report "
+                                    f"to {settings.json}: {problem}")
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
                      active=options.given(settings))
     config.stash[STATE] = state
@@ -372,7 +373,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from pytest_sharedkv.report import json_report
     data = json_report.build(log, _environment_data(session.config), int(exitstatus),
                              complete=True)
-    state.json_written = json_report.write_or_fallback(state.settings.json, data)
+    state.json_written = json_report.write_or_fallback(
+        state.settings.json, data, named_by=state.settings.source_of("json"))
 
 
 def pytest_terminal_summary(

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from pytest_sharedkv.config.options import (
+    OPTION_KEY,
     OPTIONS,
     OptionError,
+    Settings,
     format_size,
+    options_of,
     parse_gpus,
     parse_size,
     parse_sizes,
     whole_number,
 )
+
+README = Path(__file__).parent.parent / "README.md"
 
 
 @pytest.mark.parametrize(
@@ -64,17 +75,165 @@ def test_json_path_that_is_a_directory(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--sharedkv-json=out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write out is a directory"])
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to out: it "
+                                 "is a directory"])
+
+
+@pytest.mark.parametrize(("path", "problem"), [
+    # a directory that cannot be made: root passes os.access on /proc, the write does not
+    ("/proc/nosuchdir/r.json",
+     "its directory /proc/nosuchdir cannot be made (No such file or directory)"),
+    ("/etc/hostname/r.json", "/etc/hostname is not a directory"),
+    ("{tmp}/a-file/deeper/r.json", "{tmp}/a-file is not a directory"),
+])
+@pytest.mark.parametrize("given", ["option", "ini"])
+def test_json_path_that_cannot_be_written_is_a_usage_error(
+        pytester: pytest.Pytester, path: str, problem: str, given: str) -> None:
+    """One rule before any test: a path the report cannot be written to stops the run and
+    names the option (or ini key) and the path; nothing falls back to the temp dir."""
+    (pytester.path / "a-file").write_text("")
+    path, problem = (t.replace("{tmp}", str(pytester.path)) for t in (path, problem))
+    pytester.makepyfile("def test_x(): pass")
+    if given == "ini":
+        pytester.makeini(f"[pytest]\nsharedkv_json = {path}\n")
+        result, where = pytester.runpytest(), "ini option sharedkv_json"
+    else:
+        result, where = pytester.runpytest(f"--sharedkv-json={path}"), "--sharedkv-json"
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {where}: cannot write the report to {path}: "
+                                 f"{problem}"])
+    assert "passed" not in result.stdout.str() and "sharedkv-report-" not in result.stdout.str()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write where permission bits say no")
+def test_json_path_without_permission_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    locked = pytester.mkdir("locked")
+    locked.chmod(0o500)
+    try:
+        pytester.makepyfile("def test_x(): pass")
+        result = pytester.runpytest("--sharedkv-json=locked/r.json")
+    finally:
+        locked.chmod(0o700)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to "
+                                 "locked/r.json: no file can be made in locked*"])
+
+
+def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
+        pytester: pytest.Pytester) -> None:
+    """Writable when the run began, the report's directory replaced by a file meanwhile:
+    the run's report is not lost, and the summary says where it went."""
+    pytester.makepyfile("""
+        import shutil
+        from pathlib import Path
+
+        def test_x():
+            shutil.rmtree("out")
+            Path("out").write_text("")
+    """)
+    result = pytester.runpytest("--sharedkv-json=out/r.json", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    line = next(t for t in result.stdout.lines if "the report is at" in t)
+    assert line.startswith("--sharedkv-json: could not write out/r.json (")
+    fallback = Path(line.rsplit(" ", 1)[1])
+    try:
+        assert fallback.name == f"sharedkv-report-{os.getpid()}.json"
+        assert fallback.read_text().startswith("{")
+    finally:
+        fallback.unlink()
 
 
 def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     out = result.stdout.str()
+    fields = [f.name for f in dataclasses.fields(Settings) if f.name != "sources"]
+    assert [opt.field for opt in OPTIONS] == fields  # every setting is an option
     for opt in OPTIONS:
         assert opt.flag_name in out
         assert opt.dest.startswith("sharedkv_")
+        assert opt.ini == (opt.name != "list-targets")  # only the one-shot listing has none
         if opt.ini:
-            assert f"{opt.dest} (string)" in out or opt.dest in out
+            assert f"{opt.dest} (string)" in out
+
+
+def _sections(help_text: str) -> dict[str, str]:
+    """Each --sharedkv-* option's help in ``pytest --help``, whitespace folded."""
+    flat = " ".join(help_text.split())
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r" (--sharedkv-[a-z-]+)[ =]", flat)]
+    return {name: flat[at:end] for (at, name), (end, _) in
+            zip(starts, [*starts[1:], (len(flat), "")], strict=True)}
+
+
+def test_a_default_is_written_once(pytester: pytest.Pytester) -> None:
+    """Each option's default is its Settings field's default, and the help that shows a
+    default shows that value: a default written in one place only."""
+    sections = _sections(pytester.runpytest("--help").stdout.str())
+    defaults = Settings()
+    for opt in OPTIONS:
+        field = next(f for f in dataclasses.fields(Settings) if f.name == opt.field)
+        assert opt.default == field.default == getattr(defaults, opt.field)
+        if opt.flag:
+            assert opt.default is False
+        elif opt.default is not None:
+            assert "{default}" in opt.about, f"{opt.flag_name}: its help must show the default"
+            shown = f"default {opt.show(opt.default)}"
+            assert shown in opt.help and shown in sections[opt.flag_name], opt.flag_name
+    assert "default 1e8" in sections["--sharedkv-delay-cycles"]
+    assert "default 4KiB,1MiB,16MiB" in sections["--sharedkv-sizes"]
+
+
+def test_a_changed_default_shows_in_the_help_and_the_settings() -> None:
+    """The tie itself: one field with another default (the option unchanged) moves both."""
+    spec = next(f for f in dataclasses.fields(Settings) if f.name == "trials")
+
+    @dataclasses.dataclass(frozen=True)
+    class Changed(Settings):
+        trials: int = dataclasses.field(default=3, metadata=spec.metadata)
+
+    option = next(o for o in options_of(Changed) if o.name == "trials")
+    assert Changed().trials == option.default == 3
+    assert "(default 3;" in option.help
+    assert "(default 10;" in next(o for o in OPTIONS if o.name == "trials").help
+    assert OPTION_KEY in spec.metadata
+    assert Settings(allocators=("lazy",)).allocators == ("lazy",)  # keywords, as tests use
+
+
+def test_readme_option_table_shows_the_defaults() -> None:
+    """The README's option table agrees with the option table's defaults."""
+    rows = {m.group(1): m.group(2).strip() for m in re.finditer(
+        r"^\| `(--sharedkv-[a-z-]+)[^`]*` \| [^|]* \| ([^|]*) \|", README.read_text(), re.M)}
+    for opt in OPTIONS:
+        if opt.flag and opt.ini:
+            assert rows[opt.flag_name] == "off", opt.flag_name
+        elif not opt.flag and opt.default is not None:
+            assert rows[opt.flag_name] == opt.show(opt.default), opt.flag_name
+
+
+@pytest.mark.parametrize(("ini", "args", "where", "message"), [
+    ("sharedkv_gpus = 7", ["--sharedkv-gpus=7"], "{src} names device '7', which is not among",
+     "*it takes indices or UUIDs of visible devices"),
+    ("sharedkv_provider = stub\nsharedkv_inject_delay = 1e8",
+     ["--sharedkv-provider=stub", "--sharedkv-inject-delay=1e8"],
+     "{src}: the stub provider launches no process to delay", "*"),
+])
+@pytest.mark.parametrize("given", ["ini", "option"])
+def test_an_error_names_where_the_value_came_from(
+        pytester: pytest.Pytester, fake_gpus: Callable[[str], None], ini: str, args: list[str],
+        where: str, message: str, given: str) -> None:
+    """The same bad value from an ini file names the ini key, from the command line the
+    option (--sharedkv-gpus from an ini file named the option)."""
+    fake_gpus("0,1")
+    pytester.makepyfile("import pytest\n@pytest.mark.sharedkv_gpu\ndef test_x(): pass\n")
+    key = ini.rsplit("\n", 1)[-1].split(" = ")[0]
+    if given == "ini":
+        pytester.makeini(f"[pytest]\n{ini}\n")
+        result, src = pytester.runpytest(), f"ini option {key}"
+    else:
+        result, src = pytester.runpytest(*args), "--sharedkv-" + key.removeprefix(
+            "sharedkv_").replace("_", "-")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {where.format(src=src)}{message}"])
+    assert "Traceback" not in result.stderr.str()
 
 
 def test_parsers() -> None:

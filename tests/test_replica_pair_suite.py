@@ -80,6 +80,43 @@ def test_launched_provider_skips_without_a_gpu(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
 
 
+@pytest.mark.parametrize("tier", ["replica_pair", "perf"])
+def test_transfer_provider_skips_pair_tests_with_the_real_reason(pytester: pytest.Pytester,
+                                                                  tier: str) -> None:
+    """--sharedkv-provider transfer: the transfer provider serves no completions (it is the
+    replica_pair tier's model-free transfer check), which is why a pair test skips."""
+    result = pytester.runpytest("--pyargs", "pytest_sharedkv.suites", "-m", tier, "-k",
+                                "cross_replica or screening", "--sharedkv-provider=transfer",
+                                "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*the transfer provider serves no completions: it is "
+                                 "the replica_pair tier's model-free transfer check*the tests "
+                                 "that send through a pair need vllm, external or stub"])
+    assert "not available in this version" not in result.stdout.str()
+
+
+def test_provider_resolution_is_typed_and_says_when_vllm_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto without vllm is a state of the resolution (the launched provider, missing),
+    not a provider name; the option's choices are the Provider values."""
+    import importlib.util
+
+    from pytest_sharedkv.config.options import OPTIONS, Settings
+    from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider, resolve
+
+    assert Settings().provider is Provider.AUTO
+    option = next(o for o in OPTIONS if o.name == "provider")
+    assert option.parse("transfer") is Provider.TRANSFER
+    assert PROVIDER_NAMES == ("auto", "vllm", "transfer", "external", "stub")
+    assert resolve(Provider.AUTO, ("http://a:1", "http://b:2")).provider is Provider.EXTERNAL
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    missing = resolve(Provider.AUTO, None)
+    assert missing.provider is Provider.VLLM and missing.launched
+    assert missing.serves_no_pair() == missing.missing and "vllm not importable" in str(
+        missing.missing)
+    assert resolve(Provider.STUB, None).serves_no_pair() is None
+
+
 def test_group_members_sees_nothing_for_a_dead_group() -> None:
     assert group_members(999_999_999) == []
 

@@ -52,7 +52,8 @@ class Gate:
         """The devices, or the reason the device list is unusable (a bad fake spec)."""
         if self._discovery is None:
             try:
-                self._discovery = discover(self.settings.gpus)
+                self._discovery = discover(self.settings.gpus,
+                                           named_by=self.settings.source_of("gpus"))
             except DiscoveryError as exc:
                 self._discovery = str(exc)
         return self._discovery

@@ -13,10 +13,13 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
 
 OPTION_PREFIX = "--sharedkv-"
 DEST_PREFIX = "sharedkv_"
@@ -187,6 +190,10 @@ def parse_choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
+def parse_provider(text: str) -> Provider:
+    return Provider(parse_choice(*PROVIDER_NAMES)(text))
+
+
 def parse_subset(*allowed: str) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(s for s in (p.strip() for p in text.split(",")) if s)
@@ -240,7 +247,8 @@ def parse_path(text: str) -> Path:
 
 
 def parse_model(text: str) -> Path:
-    """A checkpoint directory, checked before any test (the tiny model is the default)."""
+    """A checkpoint directory, checked before any test (unset, each tier generates its own:
+    the copy model, or the geometry model for perf)."""
     path = parse_path(text)
     takes = "it takes a model checkpoint directory holding config.json"
     if not path.exists():
@@ -267,19 +275,49 @@ MAX_WAIT_S = 7 * 24 * 3600.0
 MAX_STEP_S = 24 * 3600.0
 MAX_SETTLE_S = 3600.0
 MAX_BLOCK_PAIRS = 20
+SETTLE_S = 2.0  # replica A's answer to replica B's request, when --sharedkv-settle-s is unset
+SETTLE_DELAYED_S = 20.0  # a 1e8-cycle delay: 7.9 s per 2,976-token store (H200)
+OPTION_KEY = "sharedkv_option"  # the dataclasses field metadata that holds a field's Option
+T = TypeVar("T")
+
+
+def show_default(value: Any) -> str:
+    """A default as the help writes it: 1800, 1e8, lazy,mixed, auto."""
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float)):
+        return show_number(value)
+    if isinstance(value, tuple):
+        return ",".join(show_default(v) for v in value)
+    return str(value)
+
+
+def show_sizes(value: tuple[int, ...]) -> str:
+    return ",".join(format_size(v) for v in value)
 
 
 @dataclass(frozen=True)
 class Option:
-    """One ``--sharedkv-NAME`` option and (if ``ini``) its ``sharedkv_NAME`` ini twin."""
+    """One ``--sharedkv-NAME`` option and (if ``ini``) its ``sharedkv_NAME`` ini twin.
+
+    Options are not written on their own: each is a ``Settings`` field's metadata
+    (``setting()``), and its name and default are the field's, so a default is written
+    once. ``about`` is the help with ``{default}`` where the default is shown."""
 
     name: str
-    help: str
+    about: str
     parse: Callable[[str], Any]
     default: Any = None
     flag: bool = False
     ini: bool = True
     metavar: str | None = None
+    show: Callable[[Any], str] = show_default
+
+    @property
+    def help(self) -> str:
+        return self.about.format(default=self.show(self.default))
 
     @property
     def flag_name(self) -> str:
@@ -294,243 +332,164 @@ class Option:
         return self.name.replace("-", "_")
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "require-gpu",
-        "turn every skip of a GPU/lmcache/vllm-gated test into a failure "
-        "(for GPU CI lanes, which must not go green by skipping)",
-        parse_bool,
-        default=False,
-        flag=True,
-    ),
-    Option(
-        "gpus",
-        "comma-separated CUDA device indices or UUIDs the suite may lease (default: all visible)",
-        parse_gpus,
-        metavar="0,1",
-    ),
-    Option(
-        "json",
-        "write every test result and check record as JSON to PATH (xdist controller only)",
-        parse_path,
-        metavar="PATH",
-    ),
-    Option(
-        "lease-timeout",
-        "seconds a test waits for its GPU lease before failing (default 1800; up to a week, "
-        "604800)",
-        number_up_to(MAX_WAIT_S),
-        default=1800.0,
-        metavar="SECONDS",
-    ),
-    Option(
-        "trials",
-        f"ordering tier: trials per matrix cell (default 10; 1 to {MAX_TRIALS})",
-        whole_number(1, MAX_TRIALS),
-        default=10,
-        metavar="N",
-    ),
-    Option(
-        "delay-cycles",
-        "ordering tier: GPU cycles of the imposed delay (torch.cuda._sleep) (default 1e8; "
-        f"1 to {show_number(MAX_CYCLES)}, about a minute at 2 GHz)",
-        whole_number(1, MAX_CYCLES),
-        default=100_000_000,
-        metavar="CYCLES",
-    ),
-    Option(
-        "sizes",
-        "ordering tier: copy sizes, each once (default 4KiB,1MiB,16MiB; 1 byte to 1GiB each)",
-        parse_sizes,
-        default=(4 << 10, 1 << 20, 16 << 20),
-        metavar="4KiB,1MiB,16MiB",
-    ),
-    Option(
-        "targets",
-        "ordering tier: copy targets to probe (default: all registered; "
-        "see --sharedkv-list-targets)",
-        parse_names,
-        metavar="NAME,...",
-    ),
-    Option(
-        "layouts",
-        "packed_page tier: KV layouts to round-trip (default: all registered)",
-        parse_names,
-        metavar="NAME,...",
-    ),
-    Option(
-        "pool-gib",
-        "pinned_pool tier: pool size in GiB (default 1; 256 for the full production check; "
-        f"above 0 and up to {show_number(MAX_POOL_GIB)})",
-        number_up_to(MAX_POOL_GIB),
-        default=1.0,
-        metavar="GIB",
-    ),
-    Option(
-        "host-budget-gib",
-        "pinned_pool tier: host memory all workers together may pin (default: 90 percent of "
-        f"MemAvailable; above 0 and up to {show_number(MAX_HOST_GIB)})",
-        number_up_to(MAX_HOST_GIB),
-        metavar="GIB",
-    ),
-    Option(
-        "pool-timeout",
-        "pinned_pool tier: seconds one allocation may take before its process is killed "
-        "(default 900; up to a day, 86400)",
-        number_up_to(MAX_STEP_S),
-        default=900.0,
-        metavar="SECONDS",
-    ),
-    Option(
-        "provider",
-        "replica tiers: how the replica pair comes to exist: auto (external if endpoints are "
-        "given, else vllm), vllm, transfer, external, or stub (the launcher's test double)",
-        parse_choice("auto", "vllm", "transfer", "external", "stub"),
-        default="auto",
-        metavar="NAME",
-    ),
-    Option(
-        "model",
-        "replica tiers: model checkpoint directory holding config.json (default: the tiny "
-        "hybrid model, generated offline)",
-        parse_model,
-        metavar="PATH",
-    ),
-    Option(
-        "endpoints",
-        "replica tiers: two OpenAI-compatible http(s) URLs (A,B) of an existing deployment; "
-        "nothing is started or stopped",
-        parse_urls,
-        metavar="URL_A,URL_B",
-    ),
-    Option(
-        "allocators",
-        "replica tiers: LMCache L1 allocators to launch the server with (default lazy,mixed)",
-        parse_subset("lazy", "mixed"),
-        default=("lazy", "mixed"),
-        metavar="lazy,mixed",
-    ),
-    Option(
-        "chunk-size",
-        "replica tiers: LMCache chunk size in tokens, whole engine blocks: a multiple of 16 "
-        "(default: two engine blocks)",
-        parse_chunk_size,
-        metavar="TOKENS",
-    ),
-    Option(
-        "inject-delay",
-        "replica tiers: fault-sensitivity mode: GPU cycles of delay on the current stream "
-        "before every KV store and retrieve in the launched processes; each configuration "
-        "then also runs delayed, next to its undelayed control (0: off; up to "
-        f"{show_number(MAX_CYCLES)}); needs launched processes (provider vllm or transfer)",
-        whole_number(0, MAX_CYCLES),
-        default=0,
-        metavar="CYCLES",
-    ),
-    Option(
-        "settle-s",
-        "replica tiers: seconds between replica A's answer and replica B's request, for "
-        "LMCache's asynchronous store (default 2; 20 for delayed cells; up to 3600)",
-        number_up_to(MAX_SETTLE_S),
-        metavar="SECONDS",
-    ),
-    Option(
-        "pair-gpus",
-        "replica tiers: GPUs a launched pair leases: 1 (both replicas and the server on one "
-        "GPU) or 2 (one replica per GPU) (default 1)",
-        parse_choice("1", "2"),
-        default="1",
-        metavar="N",
-    ),
-    Option(
-        "service-sizes",
-        "service tier: document sizes to send (default 3k,8k,32k,128k: all)",
-        parse_subset("3k", "8k", "32k", "128k"),
-        metavar="3k,8k,...",
-    ),
-    Option(
-        "concurrency",
-        "service tier: requests in flight per step (default 8; 1 to 256)",
-        whole_number(1, 256),
-        default=8,
-        metavar="N",
-    ),
-    Option(
-        "blocks",
-        "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default 2: "
-        f"OFF-ON-ON-OFF; 1 to {MAX_BLOCK_PAIRS})",
-        whole_number(1, MAX_BLOCK_PAIRS),
-        default=2,
-        metavar="N",
-    ),
-    Option(
-        "native-arm",
-        "perf tier: add vLLM's native CPU offloading (--kv-offloading-backend native, the "
-        "pool's size on each replica) as a third block in every block pair: OFF-ON-NATIVE, "
-        "NATIVE-ON-OFF",
-        parse_bool,
-        default=False,
-        flag=True,
-    ),
-    Option(
-        "snapshot-dir",
-        "service tier: where stored reference answers live (default: the references "
-        "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
-        parse_path,
-        metavar="DIR",
-    ),
-    Option(
-        "kv-audit",
-        "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
-        "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
-        "when the hook finds nothing to audit)",
-        parse_bool,
-        default=False,
-        flag=True,
-    ),
-    Option(
-        "list-targets",
-        "list the ordering tier's copy targets and exit",
-        parse_bool,
-        default=False,
-        flag=True,
-        ini=False,
-    ),
-)
+def setting(default: T, about: str, parse: Callable[[str], Any], *, flag: bool = False,
+            ini: bool = True, metavar: str | None = None,
+            show: Callable[[Any], str] = show_default) -> T:
+    """A ``Settings`` field with its option: DEFAULT is the field's and the option's."""
+    option = Option("", about, parse, flag=flag, ini=ini, metavar=metavar, show=show)
+    return dataclasses.field(default=default, metadata={OPTION_KEY: option})
+
+
+def options_of(settings: type[Any]) -> tuple[Option, ...]:
+    """The option table of a settings dataclass, in field order, named and defaulted by
+    its fields."""
+    return tuple(
+        dataclasses.replace(f.metadata[OPTION_KEY], name=f.name.replace("_", "-"),
+                            default=f.default)
+        for f in dataclasses.fields(settings) if OPTION_KEY in f.metadata)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated settings of one run (kept in ``config.stash``)."""
+    """The validated settings of one run (kept in ``config.stash``); each field is one
+    option (``OPTIONS`` is built from these fields)."""
 
-    require_gpu: bool = False
-    gpus: tuple[str, ...] | None = None
-    json: Path | None = None
-    lease_timeout: float = 1800.0
-    trials: int = 10
-    delay_cycles: int = 100_000_000
-    sizes: tuple[int, ...] = (4 << 10, 1 << 20, 16 << 20)
-    targets: tuple[str, ...] | None = None
-    layouts: tuple[str, ...] | None = None
-    pool_gib: float = 1.0
-    host_budget_gib: float | None = None
-    pool_timeout: float = 900.0
-    provider: str = "auto"
-    model: Path | None = None
-    endpoints: tuple[str, ...] | None = None
-    allocators: tuple[str, ...] = ("lazy", "mixed")
-    chunk_size: int | None = None
-    inject_delay: int = 0
-    settle_s: float | None = None
-    pair_gpus: str = "1"
-    service_sizes: tuple[str, ...] | None = None
-    concurrency: int = 8
-    blocks: int = 2
-    native_arm: bool = False
-    snapshot_dir: Path | None = None
-    kv_audit: bool = False
-    list_targets: bool = False
-    # Where each value came from, for error messages and the JSON report.
+    require_gpu: bool = setting(
+        False,
+        "turn every skip of a GPU/lmcache/vllm-gated test into a failure "
+        "(for GPU CI lanes, which must not go green by skipping)",
+        parse_bool, flag=True)
+    gpus: tuple[str, ...] | None = setting(
+        None,
+        "comma-separated CUDA device indices or UUIDs the suite may lease (default: all visible)",
+        parse_gpus, metavar="0,1")
+    json: Path | None = setting(
+        None,
+        "write every test result and check record as JSON to PATH (xdist controller only); "
+        "a path that cannot be written is a usage error before any test",
+        parse_path, metavar="PATH")
+    lease_timeout: float = setting(
+        1800.0,
+        "seconds a test waits for its GPU lease before failing (default {default}; up to a "
+        f"week, {show_number(MAX_WAIT_S)})",
+        number_up_to(MAX_WAIT_S), metavar="SECONDS")
+    trials: int = setting(
+        10,
+        f"ordering tier: trials per matrix cell (default {{default}}; 1 to {MAX_TRIALS})",
+        whole_number(1, MAX_TRIALS), metavar="N")
+    delay_cycles: int = setting(
+        100_000_000,
+        "ordering tier: GPU cycles of the imposed delay (torch.cuda._sleep) (default "
+        f"{{default}}; 1 to {show_number(MAX_CYCLES)}, about a minute at 2 GHz)",
+        whole_number(1, MAX_CYCLES), metavar="CYCLES")
+    sizes: tuple[int, ...] = setting(
+        (4 << 10, 1 << 20, 16 << 20),
+        "ordering tier: copy sizes, each once (default {default}; 1 byte to "
+        f"{format_size(MAX_SIZE)} each)",
+        parse_sizes, metavar="4KiB,1MiB,16MiB", show=show_sizes)
+    targets: tuple[str, ...] | None = setting(
+        None,
+        "ordering tier: copy targets to probe (default: all registered; "
+        "see --sharedkv-list-targets)",
+        parse_names, metavar="NAME,...")
+    layouts: tuple[str, ...] | None = setting(
+        None,
+        "packed_page tier: KV layouts to round-trip (default: all registered)",
+        parse_names, metavar="NAME,...")
+    pool_gib: float = setting(
+        1.0,
+        "pinned_pool tier: pool size in GiB (default {default}; 256 for the full production "
+        f"check; above 0 and up to {show_number(MAX_POOL_GIB)})",
+        number_up_to(MAX_POOL_GIB), metavar="GIB")
+    host_budget_gib: float | None = setting(
+        None,
+        "pinned_pool tier: host memory all workers together may pin (default: 90 percent of "
+        f"MemAvailable; above 0 and up to {show_number(MAX_HOST_GIB)})",
+        number_up_to(MAX_HOST_GIB), metavar="GIB")
+    pool_timeout: float = setting(
+        900.0,
+        "pinned_pool tier: seconds one allocation may take before its process is killed "
+        f"(default {{default}}; up to a day, {show_number(MAX_STEP_S)})",
+        number_up_to(MAX_STEP_S), metavar="SECONDS")
+    provider: Provider = setting(
+        Provider.AUTO,
+        "replica tiers: how the replica pair comes to exist: auto (external if endpoints are "
+        "given, else vllm), vllm, external, or stub (the launcher's test double); transfer "
+        "serves no pair (the model-free transfer check runs whenever lmcache imports) "
+        "(default {default})",
+        parse_provider, metavar="NAME")
+    model: Path | None = setting(
+        None,
+        "replica and perf tiers: model checkpoint directory holding config.json (default: "
+        "the copy model for replica_pair and service_regression, the geometry model for "
+        "perf, each generated offline)",
+        parse_model, metavar="PATH")
+    endpoints: tuple[str, ...] | None = setting(
+        None,
+        "replica tiers: two OpenAI-compatible http(s) URLs (A,B) of an existing deployment; "
+        "nothing is started or stopped",
+        parse_urls, metavar="URL_A,URL_B")
+    allocators: tuple[str, ...] = setting(
+        ("lazy", "mixed"),
+        "replica tiers: LMCache L1 allocators to launch the server with (default {default})",
+        parse_subset("lazy", "mixed"), metavar="lazy,mixed")
+    chunk_size: int | None = setting(
+        None,
+        "replica tiers: LMCache chunk size in tokens, whole engine blocks: a multiple of "
+        f"{BLOCK_MULTIPLE} (default: two engine blocks)",
+        parse_chunk_size, metavar="TOKENS")
+    inject_delay: int = setting(
+        0,
+        "replica tiers: fault-sensitivity mode: GPU cycles of delay on the current stream "
+        "before every KV store and retrieve in the launched processes; each configuration "
+        "then also runs delayed, next to its undelayed control (default {default}: off; up to "
+        f"{show_number(MAX_CYCLES)}); needs launched processes (provider vllm or transfer)",
+        whole_number(0, MAX_CYCLES), metavar="CYCLES")
+    settle_s: float | None = setting(
+        None,
+        "replica tiers: seconds between replica A's answer and replica B's request, for "
+        f"LMCache's asynchronous store (default {show_number(SETTLE_S)}; "
+        f"{show_number(SETTLE_DELAYED_S)} for delayed cells; up to {show_number(MAX_SETTLE_S)})",
+        number_up_to(MAX_SETTLE_S), metavar="SECONDS")
+    pair_gpus: str = setting(
+        "1",
+        "replica tiers: GPUs a launched pair leases: 1 (both replicas and the server on one "
+        "GPU) or 2 (one replica per GPU) (default {default})",
+        parse_choice("1", "2"), metavar="N")
+    service_sizes: tuple[str, ...] | None = setting(
+        None,
+        "service tier: document sizes to send (default 3k,8k,32k,128k: all)",
+        parse_subset("3k", "8k", "32k", "128k"), metavar="3k,8k,...")
+    concurrency: int = setting(
+        8,
+        "service tier: requests in flight per step (default {default}; 1 to 256)",
+        whole_number(1, 256), metavar="N")
+    blocks: int = setting(
+        2,
+        "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default "
+        f"{{default}}: OFF-ON-ON-OFF; 1 to {MAX_BLOCK_PAIRS})",
+        whole_number(1, MAX_BLOCK_PAIRS), metavar="N")
+    native_arm: bool = setting(
+        False,
+        "perf tier: add vLLM's native CPU offloading (--kv-offloading-backend native, the "
+        "pool's size on each replica) as a third block in every block pair: OFF-ON-NATIVE, "
+        "NATIVE-ON-OFF",
+        parse_bool, flag=True)
+    snapshot_dir: Path | None = setting(
+        None,
+        "service tier: where stored reference answers live (default: the references "
+        "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
+        parse_path, metavar="DIR")
+    kv_audit: bool = setting(
+        False,
+        "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
+        "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
+        "when the hook finds nothing to audit)",
+        parse_bool, flag=True)
+    list_targets: bool = setting(
+        False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
+        ini=False)
+    # Where each value came from (an option, an ini key, "default"): errors name it.
     sources: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
@@ -541,7 +500,16 @@ class Settings:
     def settle_for(self, delay: int) -> float:
         if self.settle_s is not None:
             return self.settle_s
-        return 20.0 if delay else 2.0  # a 1e8-cycle delay: 7.9 s per 2,976-token store (H200)
+        return SETTLE_DELAYED_S if delay else SETTLE_S
+
+    def source_of(self, field: str) -> str:
+        """Where FIELD's value came from, as an error names it: the command-line option or
+        the ini key (the option when it was not given: that is what would change it)."""
+        where = self.sources.get(field, "default")
+        return OPTION_PREFIX + field.replace("_", "-") if where == "default" else where
+
+
+OPTIONS: tuple[Option, ...] = options_of(Settings)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -580,8 +548,7 @@ def load_settings(config: pytest.Config) -> Settings:
             if isinstance(ini_raw, str) and ini_raw.strip():
                 raw, where = ini_raw, f"ini option {opt.dest}"
         if raw is None:
-            values[opt.field] = opt.default
-            sources[opt.field] = "default"
+            sources[opt.field] = "default"  # the field's own default, which is the option's
             continue
         if raw is True:
             values[opt.field] = True
@@ -603,10 +570,10 @@ def _combination_problem(settings: Settings) -> str | None:
     being ignored without a word."""
     if settings.inject_delay:
         provider = settings.provider
-        if provider == "auto" and settings.endpoints:
-            provider = "external"
-        if provider in ("stub", "external"):
-            where = settings.sources.get("inject_delay", "--sharedkv-inject-delay")
+        if provider is Provider.AUTO and settings.endpoints:
+            provider = Provider.EXTERNAL
+        if provider in (Provider.STUB, Provider.EXTERNAL):
+            where = settings.source_of("inject_delay")
             return (f"{where}: the {provider} provider launches no process to delay (the "
                     "delay goes into launched LMCache processes: provider vllm, transfer, or "
                     "auto without endpoints); drop it or choose one of those")

@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.provider import Provider
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.corpus.copy_corpus import PLAN
 from pytest_sharedkv.corpus.text_corpus import case_id
@@ -23,7 +24,7 @@ def served_kind(settings: Settings) -> str:
 
     if settings.model is not None:
         return "copy" if is_copy_model(settings.model) else "text"
-    if settings.endpoints and settings.provider in ("auto", "external"):
+    if settings.endpoints and settings.provider in (Provider.AUTO, Provider.EXTERNAL):
         return "text"
     return "copy"
 

@@ -185,8 +185,10 @@ def _match(gpu: Gpu, token: str) -> bool:
 def discover(
     selected: tuple[str, ...] | None = None,
     environ: Mapping[str, str] | None = None,
+    named_by: str = "--sharedkv-gpus",
 ) -> Discovery:
-    """The devices this run may lease, in the order CUDA_VISIBLE_DEVICES would list them."""
+    """The devices this run may lease, in the order CUDA_VISIBLE_DEVICES would list them.
+    NAMED_BY is where SELECTED came from (the option or its ini key), for the error."""
     env = os.environ if environ is None else environ
     fake = env.get(FAKE_GPUS_ENV)
     if fake is not None:
@@ -226,12 +228,12 @@ def discover(
             match = [g for g in found.gpus if _match(g, token)]
             if not match:
                 raise DiscoveryError(
-                    f"--sharedkv-gpus names device {token!r}, which is not among the "
+                    f"{named_by} names device {token!r}, which is not among the "
                     f"visible devices ({found.describe()}); it takes indices or UUIDs of "
                     "visible devices"
                 )
             picked.append(match[0])
-        found = replace(found, gpus=tuple(picked), source=f"{found.source}, --sharedkv-gpus")
+        found = replace(found, gpus=tuple(picked), source=f"{found.source}, {named_by}")
     return found
 
 

@@ -46,7 +46,7 @@ def build_registry(config: pytest.Config, settings: Settings) -> TargetRegistry:
         unknown = [name for name in settings.targets if name not in known]
         if unknown:
             raise pytest.UsageError(
-                f"{settings.sources.get('targets', '--sharedkv-targets')}: unknown copy "
+                f"{settings.source_of('targets')}: unknown copy "
                 f"target(s) {', '.join(unknown)}; known: {', '.join(known)}"
             )
     return registry

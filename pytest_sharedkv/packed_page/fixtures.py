@@ -55,7 +55,7 @@ def build_layouts(config: pytest.Config, settings: Settings) -> LayoutRegistry:
         if unknown:
             known = ", ".join(layout.name for layout in registry)
             raise pytest.UsageError(
-                f"{settings.sources.get('layouts', '--sharedkv-layouts')}: unknown layout(s) "
+                f"{settings.source_of('layouts')}: unknown layout(s) "
                 f"{', '.join(unknown)}; known: {known}")
     return registry
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.provider import Provider, Resolved
 from pytest_sharedkv.config.tiers import parametrizes
 from pytest_sharedkv.report.fields import PERF_PROPERTY
 from pytest_sharedkv.report.progress import progress_logger
@@ -45,8 +46,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
     metafunc.parametrize(PROVIDER, [pytest.param(
-        provider, marks=provider_marks(provider, int(settings.pair_gpus)),
-        id=provider.replace("vllm-missing", "vllm"))])
+        provider, marks=provider_marks(provider, int(settings.pair_gpus)), id=provider.name)])
 
 
 def perf_sizes(settings: Settings) -> tuple[str, ...]:
@@ -254,7 +254,7 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
 
 @pytest.fixture
 def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-                            sharedkv_perf_provider: str,
+                            sharedkv_perf_provider: Resolved,
                             tmp_path_factory: pytest.TempPathFactory) -> BlockRunner:
     """The block runner for this run's provider: launched vLLM (OFF: prefix caching alone;
     ON: LMCache's MP connector, mixed allocator), the stub double (OFF: no shared pool), or
@@ -264,18 +264,16 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 
     settings = state_of(pytestconfig).settings
-    provider = sharedkv_perf_provider
-    if provider == "vllm-missing":
-        pytest.skip("vllm not importable: the perf tier launches vLLM replicas (or pass "
-                    "--sharedkv-endpoints for an existing deployment, or --sharedkv-provider "
-                    "stub to exercise the tier on its test double)")
-    if provider not in ("vllm", "stub", "external"):
-        pytest.skip(f"the {provider} provider serves no model: the perf tier needs replicas "
-                    "(vllm, external or stub)")
+    resolved = sharedkv_perf_provider
+    no_pair = resolved.serves_no_pair()
+    if no_pair is not None:
+        pytest.skip(no_pair + (" (or --sharedkv-provider stub to exercise the perf tier on "
+                               "its test double)" if resolved.missing else ""))
+    provider = resolved.provider
     arms = block_arms(settings.blocks, native=settings.native_arm)
-    if provider == "stub":
+    if provider is Provider.STUB:
         setup = _stub_setup(settings, arms, tmp_path_factory)
-    elif provider == "external":
+    elif provider is Provider.EXTERNAL:
         setup = _external_setup(settings)
     else:
         model = request.getfixturevalue("sharedkv_perf_model_dir")
@@ -284,7 +282,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                             setup.max_tokens)
     setup.max_model_len = min(_context(setup.model), _longest(payload_set) + setup.max_tokens
                               + 64)
-    if provider == "vllm" and setup.model is not None:
+    if provider is Provider.VLLM and setup.model is not None:
         setup.l1_size_gb, why = _pool_size(setup.model, payload_set)
         setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm ({why})"
                            + (f"; the NATIVE arm offloads to {setup.l1_size_gb:g} GB on each "
@@ -293,10 +291,10 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait
-    plan = Plan(arms=setup.arms, provider=provider, max_tokens=setup.max_tokens,
-                settle_s=settle, extra=setup.extra, restartable=provider != "external",
+    plan = Plan(arms=setup.arms, provider=provider.value, max_tokens=setup.max_tokens,
+                settle_s=settle, extra=setup.extra, restartable=provider is not Provider.EXTERNAL,
                 store_s_per_token=STORE_S_PER_TOKEN if per_token is None else per_token)
-    engine = _versions(provider if provider != "stub" else "stub (test double)",
+    engine = _versions(provider.value if provider is not Provider.STUB else "stub (test double)",
                        _gpu_name(request.node))
     log = progress_logger(pytestconfig, "perf")
     log(f"perf screening on {provider}: blocks {'-'.join(setup.arms)}, sizes "

@@ -24,17 +24,28 @@ SCHEMA = "pytest-sharedkv/1"
 
 
 def check_writable(path: Path) -> str | None:
-    """Why PATH cannot take the report (checked before the run starts), or None."""
+    """Why PATH cannot take the report, or None; checked before any test, so a path that
+    cannot be written is a usage error, not a report that lands elsewhere. Its directory
+    is made now (the first write would make it) and a file is made and removed there:
+    permission bits do not tell (root passes os.access on a read-only /proc)."""
     if path.is_dir():
-        return f"{path} is a directory"
-    parent = path.parent if str(path.parent) else Path(".")
+        return "it is a directory"
+    parent = path.parent
     existing = parent
-    while not existing.exists():
+    while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"
-    if not os.access(existing, os.W_OK):
-        return f"{existing} is not writable"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"its directory {parent} cannot be made ({exc.strerror or exc})"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    except OSError as exc:
+        return f"no file can be made in {parent} ({exc.strerror or exc})"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 
@@ -80,8 +91,11 @@ def write(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def write_or_fallback(path: Path, data: dict[str, Any]) -> str:
-    """Write the report; if PATH fails, write it to the temp dir instead. Returns a line to show."""
+def write_or_fallback(path: Path, data: dict[str, Any], named_by: str = "--sharedkv-json") -> str:
+    """Write the report at the end of the run; PATH was writable when the run began
+    (check_writable), so a failure now (a full disk, a directory removed meanwhile) must
+    not lose it: it goes to the temp dir instead. Returns the line that says where it is.
+    NAMED_BY is where PATH came from (the option or its ini key)."""
     try:
         write(path, data)
         return f"JSON report: {path}"
@@ -90,5 +104,5 @@ def write_or_fallback(path: Path, data: dict[str, Any]) -> str:
         try:
             write(fallback, data)
         except OSError as exc2:
-            return f"--sharedkv-json: could not write {path} ({exc}) nor {fallback} ({exc2})"
-        return f"--sharedkv-json: could not write {path} ({exc}); the report is at {fallback}"
+            return f"{named_by}: could not write {path} ({exc}) nor {fallback} ({exc2})"
+        return f"{named_by}: could not write {path} ({exc}); the report is at {fallback}"

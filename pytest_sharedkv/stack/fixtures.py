@@ -8,7 +8,6 @@ light: this module loads with the plugin in every pytest run."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.provider import Provider, Resolved, resolve
 from pytest_sharedkv.config.tiers import parametrizes
 from pytest_sharedkv.state import state_of
 
@@ -43,18 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
                 "naming the functions the fault-sensitivity delay wraps)")
 
 
-def resolve_provider(settings: Settings) -> str:
-    if settings.provider != "auto":
-        return settings.provider
-    if settings.endpoints:
-        return "external"
-    if importlib.util.find_spec("vllm") is not None:
-        return "vllm"
-    return "vllm-missing"
+def resolve_provider(settings: Settings) -> Resolved:
+    return resolve(settings.provider, settings.endpoints)
 
 
-def provider_marks(provider: str, gpus: int = 1) -> list[Any]:
-    if provider in ("vllm", "vllm-missing"):
+def provider_marks(resolved: Resolved, gpus: int = 1) -> list[Any]:
+    if resolved.launched:
         return [pytest.mark.sharedkv_gpu(count=gpus),
                 pytest.mark.sharedkv_requires("vllm", "lmcache")]
     return []
@@ -71,7 +65,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
-    launched = provider in ("vllm", "vllm-missing")
+    launched = provider.launched
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
     metafunc.parametrize(
@@ -79,7 +73,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
                                      pytest.mark.xdist_group(
             f"sharedkv-pair-{a}-{d}")],
-                      id=(a if launched else provider) + (f"-delay{cycles_label(d)}" if d else ""))
+                      id=(a if launched else provider.name)
+                      + (f"-delay{cycles_label(d)}" if d else ""))
          for a in allocators for d in delays],
         indirect=True, scope="session")
 
@@ -92,7 +87,7 @@ def sharedkv_model_dir(pytestconfig: pytest.Config,
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
-            pytest.fail(f"--sharedkv-model {settings.model}: no config.json there",
+            pytest.fail(f"{settings.source_of('model')} {settings.model}: no config.json there",
                         pytrace=False)
         return settings.model
     try:
@@ -157,14 +152,17 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         pytest.fail(f"{PAIR} is parametrized only for tests marked "
                     f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
     allocator, delay = request.param
+    no_pair = provider.serves_no_pair()
+    if no_pair is not None:
+        pytest.skip(no_pair)
     log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
-    if provider == "external":
+    if provider.provider is Provider.EXTERNAL:
         pair = external_pair(settings.endpoints or ())
-    elif provider == "stub":
+    elif provider.provider is Provider.STUB:
         cases = request.getfixturevalue("sharedkv_case_set")
         pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
                                     kv_audit=settings.kv_audit))
-    elif provider == "vllm":
+    else:
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")
         devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
@@ -173,11 +171,6 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
             inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
             kv_audit=settings.kv_audit))
-    elif provider == "vllm-missing":
-        pytest.skip("vllm not importable: the launched provider needs it "
-                    "(or pass --sharedkv-endpoints for an existing deployment)")
-    else:
-        pytest.skip(f"replica provider {provider!r} is not available in this version")
     yield pair
     leftovers = pair.close()
     if leftovers:

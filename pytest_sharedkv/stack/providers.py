@@ -31,7 +31,6 @@ from pytest_sharedkv.processes.managed import ManagedProcess, free_port
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 
-PROVIDERS = ("auto", "vllm", "transfer", "external", "stub")
 INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
 # with the shared LMCache pool / GPU prefix caching alone / vLLM's own CPU offloading
@@ -149,7 +148,8 @@ def _ssm_dtype(model: Path) -> str | None:
 
 def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
-        raise ValueError("the vllm provider needs a model (--sharedkv-model or the tiny model)")
+        raise ValueError("the vllm provider needs a model (--sharedkv-model, else the tier's "
+                         "generated one: the copy model, or the geometry model for perf)")
     # The server maps every engine's KV cache through CUDA IPC: it must see every leased
     # device (on one GPU only, it failed register_kv_cache for the replica on the other).
     server: LMCacheServer | None = None
