@@ -413,7 +413,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "chunk-size",
         "replica tiers: LMCache chunk size in tokens, whole engine blocks: a multiple of 16 "
-        "(default: two engine blocks)",
+        "(default: two engine blocks of the model: a hybrid model's raised block, vLLM's "
+        "default 16 tokens for an attention-only one)",
         parse_chunk_size,
         metavar="TOKENS",
     ),
