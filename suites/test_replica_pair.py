@@ -44,6 +44,8 @@ def test_cross_replica_hits_give_exact_answers(
         pytest.fail(str(exc), pytrace=False)
     if not verdict.ok:
         pytest.fail(verdict.message, pytrace=False)
+    if verdict.unknown:  # neither a pass nor a hit failure: the evidence is missing
+        pytest.skip(f"UNKNOWN: {verdict.unknown}")
 
 
 @pytest.mark.replica_pair

@@ -36,3 +36,29 @@ def test_what_the_stub_serves() -> None:
 
 def test_garbage_is_no_counters() -> None:
     assert parse_counters("<html>not metrics</html>\n") == {}
+
+
+def test_an_unread_or_missing_before_is_no_zero() -> None:
+    from pytest_sharedkv.stack.pair import counter_delta
+
+    after = {LOCAL_HITS: 192.0}
+    assert counter_delta({LOCAL_HITS: 96.0}, after, LOCAL_HITS) == 96
+    assert counter_delta(None, after, LOCAL_HITS) is None  # the scrape failed
+    assert counter_delta({}, after, LOCAL_HITS) is None  # not after[...] - 0
+    assert counter_delta({LOCAL_HITS: 96.0}, None, LOCAL_HITS) is None
+
+
+def test_a_failed_scrape_before_a_request_leaves_its_hits_unknown() -> None:
+    from pytest_sharedkv.stack.pair import Replica
+    from tests.stub_endpoints import external_stubs
+
+    with external_stubs("--fail-metrics", "5") as urls:
+        replica = Replica("A", urls.split(",")[0])
+        prompt = "scrape " * 100
+        replica.complete(prompt, 4, "s")  # scrapes 1, 2: cold
+        replica.complete(prompt, 4, "s")  # scrapes 3, 4: 96 local hit tokens
+        third = replica.complete(prompt, 4, "s")  # scrape 5 (before) fails
+    assert not third.counters_read
+    assert third.local_hit_tokens is None  # not 192, the engine's cumulative total
+    assert third.external_hit_tokens is None
+    assert third.cached_tokens == 96  # usage still reports the request's own

@@ -187,3 +187,16 @@ def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
                                 "A's and * other page(s) changed; first: layer 0, B block * "
                                 "<- A block *: "
                                 "* of 2048 bytes differ, first at token 0, head 0, byte 0:*"])
+
+
+def test_a_failed_scrape_is_unknown_not_a_missing_hit(pytester: pytest.Pytester,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's 2nd metrics scrape (after its first request) fails: the round does not say B
+    had no pool hits; its record says UNKNOWN."""
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "metrics-fail=2")
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*UNKNOWN: counters could not be read on replica B for "
+                                 "prompt 0, so its pool hits are unknown*"])
+    check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
+    assert check["detail"]["status"] == "unknown" and check["passed"] == 3

@@ -130,3 +130,22 @@ def test_external_endpoints_run_the_text_corpus_and_say_sensitivity_is_unproven(
         "injected*",
         "*NOTE external: sensitivity unproven*",
     ])
+
+
+def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's 19th metrics scrape (before the 3k group's receiver-local step: 8 in the
+    warm-ups' four steps, 4 in the gate's two, 6 in the 3k cold, local and cross steps)
+    fails: the step is not credited with B's cumulative pool hits (a false "came from the
+    pool" failure); its record says UNKNOWN."""
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "metrics-fail=19")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "steps_account",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*UNKNOWN: 3k receiver-local on B: counters could not be "
+                                 "read on replica B, so the step's hits are unknown*"])
+    checks = json.loads((pytester.path / "r.json").read_text())["checks"]
+    step = next(c for c in checks if c["key"].get("size") == "3k"
+                and c["key"].get("step") == "receiver-local")
+    assert step["detail"]["status"] == "unknown" and step["detail"]["external"] is None
+    assert not [c for c in checks if c["message"] and "status" not in c["detail"]]

@@ -436,7 +436,8 @@ class Settings:
     chunk_size: int | None = setting(
         None,
         "replica tiers: LMCache chunk size in tokens, whole engine blocks: a multiple of "
-        f"{BLOCK_MULTIPLE} (default: two engine blocks)",
+        f"{BLOCK_MULTIPLE} (default: two engine blocks of the model: a hybrid model's raised "
+        "block, vLLM's default 16 tokens for an attention-only one)",
         parse_chunk_size, metavar="TOKENS")
     inject_delay: int = setting(
         0,

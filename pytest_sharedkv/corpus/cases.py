@@ -32,6 +32,12 @@ class Case:
         return None if self.prompt_tokens is None else self.prompt_tokens - 1
 
 
+def prompt_size(prompt_tokens: int | None, text: str) -> int:
+    """A prompt's tokens where the corpus knows them, else its words (a lower bound that
+    needs no tokenizer): what settles and pool sizes are reckoned in."""
+    return prompt_tokens or len(text.split())
+
+
 @dataclass(frozen=True)
 class SessionTurn:
     index: int

@@ -4,7 +4,6 @@ size, or a text corpus with planted codewords for a user's own model."""
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 
@@ -41,14 +40,14 @@ def measured_ids(settings: Settings) -> list[str]:
 
 
 def copy_chunk(settings: Settings) -> int:
-    from pytest_sharedkv.layouts.chunk_size import chunk_size_for_config
+    from pytest_sharedkv.layouts.chunk_size import chunk_size_for_config, derive_chunk_size
     from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
 
     if settings.chunk_size:
         return settings.chunk_size
-    config = (json.loads((settings.model / "config.json").read_text())
-              if settings.model is not None else config_dict(CopyModelRecipe()))
-    return chunk_size_for_config(config)
+    if settings.model is not None:
+        return derive_chunk_size(settings.model)
+    return chunk_size_for_config(config_dict(CopyModelRecipe()))
 
 
 def fixtures_dir() -> Path:
@@ -70,12 +69,11 @@ def case_set(settings: Settings) -> CaseSet:
 
     if served_kind(settings) == "text":
         from pytest_sharedkv.corpus.text_corpus import build_text
+        from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
+        from pytest_sharedkv.models.config_file import max_position_embeddings
 
-        chunk = settings.chunk_size or 256
-        context = 131_072 + 1024
-        if settings.model is not None:
-            config = json.loads((settings.model / "config.json").read_text())
-            context = int(config.get("max_position_embeddings") or context)
+        chunk = settings.chunk_size or derive_chunk_size(settings.model)
+        context = max_position_embeddings(settings.model, 131_072 + 1024)
         return build_text(settings.model, chunk, context, sizes=settings.service_sizes)
     recipe = (load_card(settings.model).recipe if settings.model is not None
               else CopyModelRecipe())

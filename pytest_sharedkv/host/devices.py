@@ -98,6 +98,12 @@ def _parse_fake(spec: str) -> tuple[Gpu, ...]:
     return tuple(gpus)
 
 
+def visible_tokens(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES's device tokens (indices or UUIDs), in order; () when unset."""
+    env = os.environ if environ is None else environ
+    return tuple(t.strip() for t in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if t.strip())
+
+
 def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
     """What is wrong with the device variables (without running anything), or None.
 
@@ -115,7 +121,7 @@ def environment_problem(environ: Mapping[str, str] | None = None) -> str | None:
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None
-    tokens = [t.strip() for t in visible.split(",") if t.strip()]
+    tokens = visible_tokens(env)
     for token in tokens:
         if not _VISIBLE_TOKEN.match(token):
             return (f"CUDA_VISIBLE_DEVICES={visible!r}: {token!r} is not a device index or a "
@@ -205,7 +211,7 @@ def discover(
             )
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is not None and found.gpus:
-            tokens = [t.strip() for t in visible.split(",") if t.strip()]
+            tokens = visible_tokens(env)
             kept: list[Gpu] = []
             note = found.note
             uuids_known = any(g.uuid for g in found.gpus)

@@ -1,27 +1,28 @@
-"""LMCache's chunk in tokens for a model: whole engine blocks, derived from ``config.json``."""
+"""LMCache's chunk in tokens for a model: ``blocks`` whole engine blocks (two by default,
+as ``--sharedkv-chunk-size``'s help says), the engine block derived from ``config.json``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.layouts.specs import LayoutSpec
+from pytest_sharedkv.models.config_file import read_config
+
+# vLLM's default block size for attention-only models (CacheConfig.block_size); not
+# checked against vLLM 0.26's source here
+ATTENTION_BLOCK = 16
+BLOCKS_PER_CHUNK = 2  # as measured on the hybrid models
 
 
-def derive_chunk_size(model: Path, blocks: int = 2) -> int:
-    """LMCache's chunk must be whole engine blocks: for a hybrid model vLLM raises the
-    attention block so one page holds the Gated DeltaNet state (the packed_page tier's
-    arithmetic, LayoutSpec.logical_block_size); 2 blocks per chunk, as measured."""
-    return chunk_size_for_config(json.loads((model / "config.json").read_text()), blocks)
-
-
-def chunk_size_for_config(config: Mapping[str, Any], blocks: int = 2) -> int:
-    """derive_chunk_size from a config.json already read (or not yet written)."""
+def engine_block_size(config: Mapping[str, Any]) -> int:
+    """The block vLLM gives this model: for a hybrid model it raises the attention block
+    so one page holds the Gated DeltaNet state (the packed_page tier's arithmetic,
+    LayoutSpec.logical_block_size); an attention-only model keeps the default."""
     types = config.get("layer_types") or []
     if "linear_attention" not in types:
-        return 16 * 16
+        return ATTENTION_BLOCK
     ssm = str(config.get("mamba_ssm_dtype") or "bfloat16").replace("torch.", "")
     spec = LayoutSpec(
         "engine", "hybrid", "from the model's config.json", backend="FLASH_ATTN",
@@ -32,4 +33,18 @@ def chunk_size_for_config(config: Mapping[str, Any], blocks: int = 2) -> int:
         lin_v_dim=int(config["linear_value_head_dim"]),
         conv_kernel=int(config["linear_conv_kernel_dim"]),
         ssm_dtype=ssm if ssm in ("bfloat16", "float16", "float32") else "bfloat16")
-    return spec.logical_block_size() * blocks
+    return spec.logical_block_size()
+
+
+def chunk_size_for_config(config: Mapping[str, Any], blocks: int = BLOCKS_PER_CHUNK) -> int:
+    """BLOCKS engine blocks of the model this config.json describes (an empty config: a
+    model not known here, so the attention-only default)."""
+    return engine_block_size(config) * blocks
+
+
+def derive_chunk_size(model: Path | None, blocks: int = BLOCKS_PER_CHUNK) -> int:
+    """chunk_size_for_config from MODEL's config.json (None: no model known)."""
+    return chunk_size_for_config(read_config(model) if model is not None else {}, blocks)
+
+
+DEFAULT_CHUNK = chunk_size_for_config({})  # where no model is known: two default blocks

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_sharedkv.corpus.cases import prompt_size
 from pytest_sharedkv.perf.observations import (
     PERF_SCHEMA,
     Floor,
@@ -153,7 +154,7 @@ class BlockRunner:
             for step in ("cold", "local", "cross", "receiver-local"):
                 done = self._phase(block, arm, f"{size} {step}")
                 if step == "cross":
-                    self._settle(sum(p.prompt_tokens or len(p.text.split()) for p in group))
+                    self._settle(sum(prompt_size(p.prompt_tokens, p.text) for p in group))
                 for payload in group:
                     self._request(block, arm, step, STEP_REPLICA[step], payload, payload.id)
                 done(len(group))

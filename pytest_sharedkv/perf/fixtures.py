@@ -6,7 +6,6 @@ light: this module loads with the plugin in every pytest run."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -59,24 +58,18 @@ def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
                             tmp_path_factory: pytest.TempPathFactory) -> Path:
     """--sharedkv-model, or the geometry model (the 27B's KV geometry, small weights)
     generated once per run (xdist-safe)."""
-    settings = state_of(pytestconfig).settings
-    if settings.model is not None:
-        return settings.model
-    try:
+    from pytest_sharedkv.stack.fixtures import model_dir
+
+    def maker() -> tuple[str, Callable[[Path], object]]:
         from pytest_sharedkv.models.geometry_model import (
             GeometryModelRecipe,
             make_geometry_model,
         )
-    except ImportError as exc:
-        pytest.skip(f"the geometry model needs torch, transformers and safetensors: {exc}")
-    from filelock import FileLock
 
-    recipe = GeometryModelRecipe()
-    path = tmp_path_factory.getbasetemp().parent / f"sharedkv-geometry-model-{recipe.key()}"
-    with FileLock(str(path) + ".lock"):
-        if not (path / "model.safetensors").exists():
-            make_geometry_model(path, recipe)
-    return path
+        recipe = GeometryModelRecipe()
+        return recipe.key(), lambda path: make_geometry_model(path, recipe)
+
+    return model_dir(pytestconfig, tmp_path_factory, "geometry", maker)
 
 
 def _uses_copy_words(model: Path) -> bool:
@@ -88,12 +81,9 @@ def _uses_copy_words(model: Path) -> bool:
 
 
 def _context(model: Path | None) -> int:
-    import json
+    from pytest_sharedkv.models.config_file import max_position_embeddings
 
-    if model is None:
-        return 1 << 30
-    value = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) else 131_072
+    return max_position_embeddings(model, 131_072) if model is not None else 1 << 30
 
 
 def _payloads(settings: Settings, words: bool, model: Path | None, chunk: int,
@@ -138,16 +128,15 @@ def _model_digest(model: Path) -> str:
 
 def _floor(model: Path) -> tuple[Floor | None, str]:
     """The physical floor on this GPU: H2D measured now, geometry from config.json."""
-    import json
-
+    from pytest_sharedkv.models.config_file import ModelConfigError, read_config
     from pytest_sharedkv.perf.floor import FloorError, config_floor, measure_h2d_gb_s
 
     try:
         rate = measure_h2d_gb_s()
-        config = json.loads((model / "config.json").read_text())
+        config = read_config(model)
         floor = config_floor(config, rate, f"config.json of {model.name}; host-to-device "
                              "rate measured in this run (pinned, 1 GiB, median of 5)")
-    except FloorError as exc:
+    except (FloorError, ModelConfigError) as exc:
         return None, f"no floor: {exc}"
     finally:  # the engines about to start share this GPU: give back the copy buffers
         torch = sys.modules.get("torch")
@@ -206,11 +195,13 @@ def _stub_setup(settings: Settings, arms: tuple[str, ...],
 
 
 def _external_setup(settings: Settings) -> _Setup:
+    from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import external_pair
 
     endpoints = settings.endpoints or ()
     pair = external_pair(endpoints)
-    return _Setup(lambda arm: pair, ("ON",), settings.chunk_size or 256,
+    return _Setup(lambda arm: pair, ("ON",),
+                  settings.chunk_size or derive_chunk_size(settings.model),
                   f"external {', '.join(endpoints)}", model=settings.model, extra={},
                   chunk_known=settings.chunk_size is not None,
                   words=settings.model is not None and _uses_copy_words(settings.model),
@@ -229,7 +220,9 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
     )
 
     chunk = settings.chunk_size or derive_chunk_size(model)
-    devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
+    from pytest_sharedkv.host.devices import visible_tokens
+
+    devices = visible_tokens()
     log_root = tmp_path_factory.mktemp("perf-vllm")
 
     def launch(arm: str) -> ReplicaPair:  # ON: the validated (mixed) allocator; no gate hook
@@ -309,15 +302,15 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
 
 def _pool_size(model: Path, payload_set: PayloadSet) -> tuple[float, str]:
     """The ON arm's pool for these payloads (pool_size.pool_size_gb)."""
-    import json
-
+    from pytest_sharedkv.corpus.cases import prompt_size
+    from pytest_sharedkv.models.config_file import ModelConfigError, read_config
     from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb
 
     try:
-        config = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError) as exc:
+        config = read_config(model)
+    except ModelConfigError as exc:
         return MINIMUM_GB, f"no config.json to size it from ({exc}): the minimum"
-    tokens = {size: sum(p.prompt_tokens or len(p.text.split())
+    tokens = {size: sum(prompt_size(p.prompt_tokens, p.text)
                         for p in payload_set.of_size(size)) for size in payload_set.sizes()}
     return pool_size_gb(config, tokens)
 

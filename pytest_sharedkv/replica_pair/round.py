@@ -17,7 +17,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import read_log, void_problem
 from pytest_sharedkv.report.records import VOID, ResultSink
 from pytest_sharedkv.stack import kv_audit
 from pytest_sharedkv.stack.namespaces import Namespaces
-from pytest_sharedkv.stack.pair import ReplicaPair
+from pytest_sharedkv.stack.pair import UNREAD, ReplicaPair
 from pytest_sharedkv.stack.request_tags import request_tag
 
 TIER = "replica_pair"
@@ -34,6 +34,8 @@ def delayed_calls(pair: ReplicaPair) -> Counter[str] | None:
 class RoundVerdict:
     ok: bool
     message: str
+    # why B's pool hits are UNKNOWN (its counters could not be read), when nothing failed
+    unknown: str = ""
 
 
 def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultSink,
@@ -47,6 +49,7 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     exact = 0
     external = 0
     details = []
+    unread: list[str] = []
     chosen = cases.by_role("measured")[:prompts]
     for index, case in enumerate(chosen):
         namespace = namespaces(f"prompt-{index}")
@@ -57,6 +60,8 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
         b = pair.send("B", case.text, cases.answer_tokens, namespace.salt,
                       request_tag(case.id, "cross", "B"))
         hit = b.external_hit_tokens or 0
+        if not b.counters_read:
+            unread.append(f"prompt {index}")
         external += hit
         same = a.text == b.text
         if case.expected is not None and cases.decode is not None:
@@ -74,7 +79,7 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
         if not same:
             problems.append(f"prompt {index} ({a.prompt_tokens} tokens): B answered "
                             f"{b.text!r} from {hit} external hit tokens, A answered {a.text!r}")
-        if hit <= 0:
+        if hit <= 0 and b.counters_read:
             problems.append(f"prompt {index}: B reported no external (pool) hits, so the "
                             "cross-replica step proves nothing (is the connector on?)")
     delayed = delayed_calls(pair)
@@ -89,10 +94,13 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
         problems += [m.line() for m in audit.mismatches[:10]]
     wall = time.perf_counter() - started
     proves_nothing = bool(void or (audit is not None and audit.void))
+    unknown = (f"{UNREAD} on replica B for {', '.join(unread)}, so its pool hits are "
+               "unknown" if unread else "")
+    status = ({"status": VOID} if proves_nothing
+              else {"status": "unknown"} if unread and not problems else {})
     sink.check(TIER, dict(pair.labels), exact, len(chosen),
-               message="; ".join(problems[:3]),
-               detail={**({"status": VOID} if proves_nothing else {}),
-                       "requests": 2 * len(chosen), "external_hit_tokens": external,
+               message="; ".join(problems[:3]) or unknown,
+               detail={**status, "requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "kv_audit": None if audit is None else {
@@ -102,4 +110,5 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
                        "prompts": details})
     head = (f"{pair.description}: {exact}/{len(chosen)} exact cross-replica answers, "
             f"{external} external hit tokens")
-    return RoundVerdict(not problems, head + ("" if not problems else ": " + "; ".join(problems)))
+    return RoundVerdict(not problems, head + ("" if not problems else ": " + "; ".join(problems)),
+                        unknown)

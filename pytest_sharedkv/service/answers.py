@@ -58,6 +58,9 @@ class StepTotals:
     other_external: int | None
     wall_s: float
     cached: int  # sum of the requests' usage.cached_tokens
+    # replicas whose counters could not be read before or after the step: their deltas
+    # are None and the step's hit accounting is UNKNOWN (neither a pass nor a failure)
+    unread: tuple[str, ...] = ()
 
 
 @dataclass

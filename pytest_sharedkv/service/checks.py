@@ -120,14 +120,29 @@ def chain_failures(run: ServiceRun, case: Case) -> list[str]:
     return out
 
 
+UNKNOWN = "unknown"  # a check's detail["status"] when its evidence could not be read
+
+
+def totals_unknown(totals: StepTotals) -> str | None:
+    """Why a step's hit accounting is UNKNOWN (a replica's counters could not be read
+    before or after it), or None: a failed scrape is no evidence either way."""
+    if not totals.unread:
+        return None
+    return (f"{totals.group} {totals.step} on {totals.replica}: counters could not be read "
+            f"on replica {', '.join(totals.unread)}, so the step's hits are unknown")
+
+
 def totals_problems(totals: StepTotals, shareable: int | None) -> list[str]:
-    """What a step's counter deltas say against what the step may have.
+    """What a step's counter deltas say against what the step may have (nothing where
+    they are unknown: see totals_unknown).
 
     The pool counter (``vllm:external_prefix_cache_hits``) counts hit tokens and must equal
     the responses' ``cached_tokens``; the engine's own prefix-cache counter is only read as
     zero or not: for a hybrid model vLLM 0.26 counts it per KV-cache group and scheduling
     step (57,152 counted for 12,032 cached tokens on an H200), not per token."""
     where = f"{totals.group} {totals.step} on {totals.replica}"
+    if totals.unread:
+        return []
     if totals.local is None or totals.external is None:
         return [f"{where}: the engine exposes no {'local' if totals.local is None else 'pool'}"
                 " hit counter, so the split cannot be accounted"]

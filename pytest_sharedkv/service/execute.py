@@ -64,9 +64,3 @@ class Pass:
             runner.chain(name, group)
             runner.zero_hit_controls(group)
 
-
-def run_service(pair: ReplicaPair, cases: CaseSet, salts: Salts, settle_s: float,
-                concurrency: int = 8, log: Callable[[str], None] | None = None
-                ) -> ServiceRun:
-    """Every stage at once."""
-    return Pass(pair, cases, salts, settle_s, concurrency, log).ensure(PROTOCOL)

@@ -17,15 +17,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pytest_sharedkv.corpus.cases import Case, CaseSet
+from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import OTHER, STEPS, Answer, ServiceRun, Step, StepTotals
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
     EXTERNAL_HITS,
     LOCAL_HITS,
+    Counters,
     ReplicaError,
     ReplicaPair,
     counter_delta,
+    counters_read,
 )
 from pytest_sharedkv.stack.request_tags import request_tag
 
@@ -88,7 +90,7 @@ class Runner:
         seconds = time.perf_counter() - started
         return read_answer(data, case_id, step, replica, self.cases.decode, seconds)
 
-    def counters(self) -> dict[str, dict[str, float]]:
+    def counters(self) -> dict[str, Counters | None]:
         return {name: self.pair[name].counters() for name in ("A", "B")}
 
     def step(self, group: str, step: Step, cases: Sequence[Case]) -> StepTotals:
@@ -110,13 +112,17 @@ class Runner:
         totals = StepTotals(group, step.name, step.replica, len(cases),
                             delta(step.replica, LOCAL_HITS), delta(step.replica, EXTERNAL_HITS),
                             delta(other, LOCAL_HITS), delta(other, EXTERNAL_HITS), wall,
-                            sum(a.cached_tokens or 0 for a in answers))
+                            sum(a.cached_tokens or 0 for a in answers),
+                            tuple(r for r in ("A", "B")
+                                  if not counters_read(before[r], after[r])))
         self.run.totals.append(totals)
         exact = sum(a.ids == c.expected for a, c in zip(answers, cases, strict=True))
         errors = [a.error for a in answers if a.error]
         self.log(f"{group} {step.name} on {step.replica}: {len(cases)} requests, "
                  f"{wall:.1f}s, cached {totals.cached}, local {totals.local}, "
                  f"external {totals.external}"
+                 + (f" (counters of {', '.join(totals.unread)} could not be read)"
+                    if totals.unread else "")
                  + (f", {exact} as constructed" if self.cases.kind == "copy" else "")
                  + (f", {len(errors)} errors (first: {errors[0]})" if errors else ""))
         first = next((a for a, c in zip(answers, cases, strict=True)
@@ -136,7 +142,7 @@ class Runner:
         """The settle before B's step: the option, plus LMCache's store time for the group
         (it stores after A answers: ~34 us per token on an H200, 864 tokens in 0.029 s;
         with 2 s per million tokens, 32k and 128k groups reached B only 24-28% stored)."""
-        tokens = sum(c.prompt_tokens or len(c.text.split()) for c in cases)
+        tokens = sum(prompt_size(c.prompt_tokens, c.text) for c in cases)
         return self.settle_s + self.store_s_per_token * tokens
 
     def zero_hit_controls(self, cases: Sequence[Case]) -> None:

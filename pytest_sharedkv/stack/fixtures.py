@@ -9,7 +9,7 @@ light: this module loads with the plugin in every pytest run."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,11 +79,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         indirect=True, scope="session")
 
 
-@pytest.fixture(scope="session")
-def sharedkv_model_dir(pytestconfig: pytest.Config,
-                       tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """--sharedkv-model, or the copy model (KV-sensitive by construction) generated once
-    per run (xdist-safe)."""
+def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
+              kind: str, maker: Callable[[], tuple[str, Callable[[Path], object]]]) -> Path:
+    """--sharedkv-model (it must hold a config.json), or the KIND model that MAKER's
+    (key, make) writes, once per run: under the run's base temp and a file lock, so xdist
+    workers share one. MAKER imports what it needs; missing torch etc. is a skip."""
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
@@ -91,18 +91,31 @@ def sharedkv_model_dir(pytestconfig: pytest.Config,
                         pytrace=False)
         return settings.model
     try:
-        from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
+        key, make = maker()
     except ImportError as exc:
-        pytest.skip(f"the copy model needs torch, transformers and safetensors: {exc}")
+        pytest.skip(f"the {kind} model needs torch, transformers and safetensors: {exc}")
     from filelock import FileLock
 
-    recipe = CopyModelRecipe()
-    root = tmp_path_factory.getbasetemp().parent
-    path = root / f"sharedkv-copy-model-{recipe.key()}"
+    path = tmp_path_factory.getbasetemp().parent / f"sharedkv-{kind}-model-{key}"
     with FileLock(str(path) + ".lock"):
         if not (path / "model.safetensors").exists():
-            make_copy_model(path, recipe)
+            make(path)
     return path
+
+
+def _copy_model() -> tuple[str, Callable[[Path], object]]:
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
+
+    recipe = CopyModelRecipe()
+    return recipe.key(), lambda path: make_copy_model(path, recipe)
+
+
+@pytest.fixture(scope="session")
+def sharedkv_model_dir(pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--sharedkv-model, or the copy model (KV-sensitive by construction) generated once
+    per run (xdist-safe)."""
+    return model_dir(pytestconfig, tmp_path_factory, "copy", _copy_model)
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +178,9 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
     else:
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")
-        devices = tuple(t for t in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if t)
+        from pytest_sharedkv.host.devices import visible_tokens
+
+        devices = visible_tokens()
         pair = launch_vllm_pair(LaunchSpec(
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
             inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
@@ -179,13 +194,12 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
 
 def max_model_len(model: Path, cases: CaseSet) -> int:
     """The longest prompt the corpus sends plus its answer, within the model's context."""
-    import json
+    from pytest_sharedkv.models.config_file import max_position_embeddings
 
     longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
     longest = max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
     need = max(4096, longest + cases.answer_tokens + 64)
-    context = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
-    return min(need, int(context)) if isinstance(context, int) else need
+    return min(need, max_position_embeddings(model, need))
 
 
 @pytest.fixture

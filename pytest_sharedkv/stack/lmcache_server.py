@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port, http_ok, tcp_open
 
 ALLOCATORS = ("lazy", "mixed")
@@ -38,16 +39,11 @@ LAZY_REMEDY = ("remedy: start the server with --no-l1-use-lazy, or install an lm
 
 
 
-def chunk_size_for(block_size: int, blocks: int = 2) -> int:
-    """LMCache chunks must be whole engine blocks (160 for the tiny hybrid's 80)."""
-    return block_size * blocks
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     allocator: str = "mixed"
     l1_size_gb: float = 1.0
-    chunk_size: int = 256
+    chunk_size: int = DEFAULT_CHUNK  # the pair's launcher passes the model's
     eviction_policy: str = "LRU"
     ready_timeout: float = 120.0
 

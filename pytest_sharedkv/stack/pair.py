@@ -24,6 +24,7 @@ from typing import Any
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
 
 LOCAL_HITS = "vllm:prefix_cache_hits"
+UNREAD = "counters could not be read"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 REPLICAS = ("A", "B")
 
@@ -41,6 +42,9 @@ class Reply:
     local_hit_tokens: int | None
     external_hit_tokens: int | None
     seconds: float
+    # False: a metrics read before or after the request failed, so the hit split is
+    # unknown (local/external None), never a guess
+    counters_read: bool = True
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -69,12 +73,22 @@ def _one_line(exc: BaseException) -> str:
     return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def counter_delta(before: dict[str, float], after: dict[str, float], name: str
+Counters = dict[str, float]
+
+
+def counter_delta(before: Counters | None, after: Counters | None, name: str
                   ) -> int | None:
-    """How much counter NAME grew between two reads (None: the engine has no such counter)."""
-    if name not in after:
+    """How much counter NAME grew between two reads; None when that is unknown: a read
+    failed (None), or either read lacks the counter (the engine has none). A missing
+    "before" is never 0: one failed scrape would credit the engine's cumulative total."""
+    if before is None or after is None or name not in after or name not in before:
         return None
-    return int(after[name] - before.get(name, 0.0))
+    return int(after[name] - before[name])
+
+
+def counters_read(*reads: Counters | None) -> bool:
+    """Every one of these metrics reads succeeded."""
+    return all(read is not None for read in reads)
 
 
 @dataclass
@@ -124,14 +138,15 @@ class Replica:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise self._failure(f"request failed: GET {path}: {_one_line(exc)}") from None
 
-    def counters(self) -> dict[str, float]:
-        """The engine's Prometheus counters, empty when they cannot be read: metrics are
-        optional, and a replica that is down fails the request that follows, which names
-        it (and, once its process has died, says so)."""
+    def counters(self) -> Counters | None:
+        """The engine's Prometheus counters; None when they could not be read (an error, or
+        an answer with no counters in it): unknown, not zero. A replica that is down fails
+        the request that follows, which names it (and, once its process has died, says so)."""
         try:
-            return parse_counters(self._get("/metrics"))
+            found = parse_counters(self._get("/metrics"))
         except ReplicaError:
-            return {}
+            return None
+        return found or None
 
     def served_model(self) -> str:
         if self.model is None:
@@ -169,7 +184,8 @@ class Replica:
             external = cached - local  # the engine's cached tokens count both kinds
         return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
                      prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
-                     local_hit_tokens=local, external_hit_tokens=external, seconds=seconds)
+                     local_hit_tokens=local, external_hit_tokens=external, seconds=seconds,
+                     counters_read=counters_read(before, after))
 
     def _completion_request(self, body: dict[str, object], request_id: str | None = None
                             ) -> urllib.request.Request:

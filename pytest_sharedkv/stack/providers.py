@@ -27,6 +27,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     SERVER_ROLE,
     cycles_label,
 )
+from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
@@ -47,7 +48,7 @@ class LaunchSpec:
     model: Path | None = None
     devices: tuple[str, ...] = ()
     inject_delay_cycles: int = 0
-    chunk_size: int = 256
+    chunk_size: int = DEFAULT_CHUNK  # the launchers pass the model's (derive_chunk_size)
     l1_size_gb: float = 8.0
     max_model_len: int = 4096
     max_num_seqs: int = 16
@@ -138,9 +139,11 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: Launch
 def _ssm_dtype(model: Path) -> str | None:
     """The Gated DeltaNet state dtype a config.json names (Qwen3.5: float32), which the
     engine must keep too: the LMCache chunk size is derived from it."""
+    from pytest_sharedkv.models.config_file import ModelConfigError, read_config
+
     try:
-        value = json.loads((model / "config.json").read_text()).get("mamba_ssm_dtype")
-    except (OSError, ValueError):
+        value = read_config(model).get("mamba_ssm_dtype")
+    except ModelConfigError:
         return None
     text = str(value).removeprefix("torch.") if value is not None else None
     return text if text in ("float32", "float16", "bfloat16") else None
@@ -198,7 +201,8 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
 # self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
 # "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
 # "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
-# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits
+# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits;
+# "metrics-fail=N[,M]" makes B's Nth (and Mth) metrics scrape fail (HTTP 503)
 STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
 
 
@@ -225,6 +229,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv.append("--ignore-salt")
         if fault.startswith("pool-blocks=") and spec.arm != "OFF":
             argv += ["--pool-blocks", fault.split("=", 1)[1]]
+        if name == "B" and fault.startswith("metrics-fail="):
+            argv += ["--fail-metrics", fault.split("=", 1)[1]]
         if name == "B" and fault == "diverge":
             argv.append("--diverge")
         if name == "B" and fault != "no-gate":

@@ -22,7 +22,8 @@ a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a 
 ``--diverge`` answers copy prompts one word off even cold (a model fault, not a cache
 fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every pool hit
 (the service tier's sensitivity gate, as the launched server's hook does; ``--corrupt-log``
-gets a line per zeroed chunk). Every response
+gets a line per zeroed chunk), and ``--fail-metrics 3,7`` answers the 3rd and 7th GET
+/metrics with HTTP 503 (a failed Prometheus scrape). Every response
 carries ``X-Sharedkv-Test-Double: 1``.
 
 ``--kv-audit DIR`` writes the in-engine KV audit's records (``kv_audit_hook``'s format,
@@ -64,6 +65,7 @@ class _State:
         self.hits = 0
         self.external_hits = 0
         self.queries = 0
+        self.scrapes = 0  # GET /metrics so far
         self.blocks: set[str] = set()
         self.lock = threading.Lock()
         self.audit: AuditLog | None = None
@@ -225,6 +227,12 @@ def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
             elif self.path == "/metrics":
+                with state.lock:
+                    state.scrapes += 1
+                    scrape = state.scrapes
+                if scrape in state.args.fail_metrics:
+                    self._send(503, {"error": f"scrape {scrape} fails on purpose"})
+                    return
                 text = (f"vllm:prefix_cache_queries_total {state.queries}\n"
                         f"vllm:prefix_cache_hits_total {state.hits}\n"
                         f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
@@ -350,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diverge", action="store_true")
     parser.add_argument("--corrupt-control", type=Path, default=None)
     parser.add_argument("--corrupt-log", default=None)
+    parser.add_argument("--fail-metrics", type=lambda t: {int(n) for n in t.split(",") if n},
+                        default=set(), metavar="N,M",
+                        help="answer these GET /metrics (1-based) with HTTP 503")
     parser.add_argument("--kv-audit", type=Path, default=None,
                         help="write kv_audit_hook's digest records into this directory")
     args = parser.parse_args(argv)

@@ -38,7 +38,8 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
-NUM_TOKENS = 2048  # 8 chunks of 256
+CHUNK = 256  # the transfer's own geometry (no model): 16 blocks a chunk
+NUM_TOKENS = 8 * CHUNK  # 8 chunks
 SEED_A, SEED_B = 11, 22
 FAULT_ENV = "SHAREDKV_TRANSFER_FAULT"  # self-test seam: "off-by-one" retrieves one block over
 DEVICES = ("cpu", "cuda")
@@ -322,7 +323,7 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     outcome = TransferOutcome()
     spec = LaunchSpec(log_dir=workdir, allocator=allocator, inject_delay_cycles=delay_cycles)
     hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=256),
+    server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=CHUNK),
                            workdir, env={**process_env(spec, role=SERVER_ROLE), **hidden})
     try:
         server.start()

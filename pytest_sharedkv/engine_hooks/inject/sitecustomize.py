@@ -19,3 +19,29 @@ if os.environ.get("SHAREDKV_KV_AUDIT_DIR"):
     from pytest_sharedkv.engine_hooks.kv_audit_hook import install as audit_kv
 
     audit_kv()
+
+
+def _load_the_next_sitecustomize() -> None:
+    """This directory comes first on the launched process's PYTHONPATH, so it hides the
+    sitecustomize Python would have imported (a coverage subprocess hook, a
+    distribution's): load that one too, once, and never this file again."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    guard = "_sharedkv_next_sitecustomize"
+    if guard in sys.modules:
+        return
+    mine = os.path.realpath(__file__)
+    here = os.path.dirname(mine)
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or (
+            spec.origin is not None and os.path.realpath(spec.origin) == mine):
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[guard] = module
+    spec.loader.exec_module(module)
+
+
+_load_the_next_sitecustomize()
