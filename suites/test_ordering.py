@@ -25,5 +25,7 @@ def test_copy_path_is_stream_ordered(
     sharedkv_results: ResultSink,
 ) -> None:
     judgement = sharedkv_ordering_session.judge(sharedkv_ordering_cell, sharedkv_results)
+    if not judgement.ok and judgement.expected:  # a reference (fallback LMCache does not run)
+        pytest.xfail(f"{judgement.expected}: {judgement.message}")
     if not judgement.ok:
         pytest.fail(judgement.message, pytrace=False)

@@ -230,3 +230,65 @@ def test_each_arm_launches_vllm_with_its_own_cache_path(
     joined = " ".join(argv)
     assert " ".join(wanted) in joined
     assert not [flag for flag in unwanted if flag in argv]
+
+
+START_FAILURE_LOG = Path(__file__).parent / "data" / "vllm-A-lmcache053-start.log"
+
+
+def test_start_failure_names_the_root_cause_far_above_the_tail(tmp_path: Path) -> None:
+    """The real LMCache 0.5.3 replica log of issue 19's GPU run: its cause (LMCache's
+    ValueError) is 55 lines above the end, under the APIServer's wrapper traceback; the
+    40-line tail alone never showed it."""
+    code = ("import sys; sys.stdout.write(open(sys.argv[1]).read()); sys.stdout.flush();"
+            "sys.exit(1)")
+    proc = ManagedProcess("vllm replica A", [sys.executable, "-c", code,
+                                             str(START_FAILURE_LOG)], tmp_path / "a.log")
+    proc.start()
+    with pytest.raises(ProcessFailed) as info:
+        proc.wait_ready(lambda: False, 30, "serving /health")
+    assert proc.stop() == []
+    text = str(info.value)
+    assert text.startswith("vllm replica A: exited with status 1 before serving /health")
+    cause = ("ValueError: Mamba-hybrid models with LMCache require block_size <= "
+             "max_num_batched_tokens < 2 * block_size")
+    assert cause in text
+    assert "lmcache/integration/vllm/lmcache_mp_connector.py:172 in " in text
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above."
+    assert text.index(cause) < text.index(wrapper)
+    assert text.count(cause) == 1  # logged twice (ERROR-prefixed and raw), quoted once
+    assert "--- last lines of" in text
+    assert len(text) < 6000 and len(text.splitlines()) < 30
+
+
+def test_logged_errors_reads_chains_and_bare_lines() -> None:
+    from pytest_sharedkv.processes.log_errors import failure_context, logged_errors
+
+    log = "\n".join([
+        "starting",
+        "Traceback (most recent call last):",
+        '  File "/a/b.py", line 3, in f',
+        "    raise KeyError('x')",
+        "KeyError: 'x'",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "/a/c.py", line 9, in g',
+        "    raise lib.SetupFailed('no GPU')",
+        "    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        "lib.SetupFailed: no GPU",
+        "RuntimeError: Engine core initialization failed.",
+        "ok: not an error",
+    ])
+    found = logged_errors(log)
+    assert [(e.text, e.where) for e in found] == [
+        ("KeyError: 'x'", "/a/b.py:3 in f"),
+        ("lib.SetupFailed: no GPU", "/a/c.py:9 in g"),
+        ("RuntimeError: Engine core initialization failed.", None),
+    ]
+    quiet = failure_context("line 1\nline 2\n", "x.log", plain_tail=40)
+    assert quiet == "--- last lines of x.log ---\nline 1\nline 2"
+    many = "\n".join(f"E{i}Error: {i}" for i in range(10))
+    shown = failure_context(many, "m.log", plain_tail=40)
+    assert "6 earlier not shown" in shown and "E9Error: 9" in shown
+    assert "E5Error: 5" not in shown.split("--- last lines")[0]

@@ -4,6 +4,8 @@ buffer), it reports kernel group, layer, block, token and the byte count."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("lmcache", reason="the checker is exercised on LMCache's own transfers")
@@ -17,6 +19,7 @@ from pytest_sharedkv.packed_page.round_trip import (
     block_ids,
     hybrid_round_trip,
     plain_moves,
+    plain_round_trip,
     plain_trip,
 )
 
@@ -43,6 +46,54 @@ def test_off_by_one_block_mapping_is_named() -> None:
     assert f"block {a_ids[0]} -> {b_ids[0]}: {first.count} of {page} bytes differ" in text
     # the page written by mistake is caught too
     assert any(m.block_a is None and m.block_b == shifted[0] for m in result.mismatches)
+
+
+NON_HYBRID = [s.name for s in LAYOUTS if s.family != "hybrid"]
+
+
+def _as_compiled_binding(calls: list[tuple[object, ...]]) -> Any:
+    """A stand-in for lmcache.cuda_ops' ``multi_layer_block_kv_transfer``: it type-checks
+    its arguments as the pybind signature does (issue 19's GPU run: ``paged_buffer_ptrs_tensor:
+    torch.Tensor, lmcache_objects_ptrs: Sequence[SupportsInt], block_ids: torch.Tensor,
+    device, direction: SupportsInt, shape_desc: PageBufferShapeDesc, ...``), then moves the
+    bytes through LMCache's torch kernel in its pointer mode, so the bytes check too."""
+    from lmcache.v1.platform.torch_ops import multi_layer_block_kv_transfer as torch_kernel
+
+    def binding(*args: object) -> None:
+        paged, objects, ids, device, direction, desc, chunk, fmt, skip = args
+        ok = (isinstance(paged, torch.Tensor) and paged.dtype == torch.int64
+              and paged.ndim == 1 and isinstance(objects, list | tuple)
+              and all(type(o) is int for o in objects) and 0 < len(objects) <= 4
+              and isinstance(ids, torch.Tensor) and ids.dtype == torch.int64
+              and isinstance(device, torch.device) and paged.device == ids.device == device
+              and type(desc).__name__ == "PageBufferShapeDesc"
+              and all(isinstance(int(x), int) for x in (direction, chunk, fmt, skip)))  # type: ignore[call-overload]
+        if not ok:
+            raise TypeError("multi_layer_block_kv_transfer(): incompatible function arguments."
+                            f" Invoked with: {[type(a).__name__ for a in args]}")
+        calls.append(args)
+        torch_kernel(*args)
+
+    return binding
+
+
+@pytest.mark.parametrize("layout", NON_HYBRID)
+def test_kernel_native_calls_the_compiled_binding_as_lmcache_does(
+        layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: 7 kernel-native-cuda cells failed with the binding's TypeError because
+    plain_trip passed tensor lists and a list of block ids (the torch fallback takes those)."""
+    import lmcache
+
+    from pytest_sharedkv.host.lmcache_status import device_ops
+
+    calls: list[tuple[object, ...]] = []
+    # bind_native's way: an instance attribute that shadows the class's torch fallback
+    monkeypatch.setattr(device_ops(lmcache), "multi_layer_block_kv_transfer",
+                        _as_compiled_binding(calls), raising=False)
+    trip = plain_round_trip(LAYOUTS.get(layout), "kernel-native", CPU)
+    assert trip.check.ok, trip.check.describe()
+    assert len(calls) == 2  # one store, one retrieve (3 objects: one call each)
+    assert [len(c[1]) for c in calls] == [3, 3]  # type: ignore[arg-type]
 
 
 def test_identity_transfer_passes() -> None:
@@ -118,3 +169,19 @@ def test_gdn_page_region_is_named() -> None:
     assert only.group == 0
     assert only.layer.endswith("linear_attn")
     assert (only.count, only.where) == (1, "ssm_state: v_head 0, byte 5")
+
+
+def test_kernel_native_passes_at_most_four_objects_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA kernel's object limit, as LMCache's gather/scatter batch it."""
+    import lmcache
+
+    from pytest_sharedkv.host.lmcache_status import device_ops
+    from pytest_sharedkv.packed_page import round_trip
+
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr(device_ops(lmcache), "multi_layer_block_kv_transfer",
+                        _as_compiled_binding(calls), raising=False)
+    monkeypatch.setattr(round_trip, "NUM_CHUNKS", 6)
+    trip = plain_round_trip(LAYOUTS.get("fa-nhd-bf16"), "kernel-native", CPU)
+    assert trip.check.ok, trip.check.describe()
+    assert [len(c[1]) for c in calls] == [4, 2, 4, 2]  # type: ignore[arg-type]

@@ -108,7 +108,8 @@ class ChildSession:
         self._send({"cell": asdict(cell), "nodeid": sink.nodeid})
         reply = self._receive(f"cell {cell.id}")
         sink.bundle.extend(Bundle.from_data(reply["records"]))
-        return Judgement(bool(reply["ok"]), str(reply["message"]))
+        return Judgement(bool(reply["ok"]), str(reply["message"]),
+                         str(reply.get("expected", "")))
 
     def close(self) -> None:
         proc = self.launch.proc
@@ -171,7 +172,7 @@ def _serve(setup: dict[str, Any], requests: IO[str], replies: IO[str]) -> None:
                 reply(replies, {"error": traceback.format_exc()})
                 continue
             reply(replies, {"ok": judgement.ok, "message": judgement.message,
-                            "records": bundle.to_data()})
+                            "expected": judgement.expected, "records": bundle.to_data()})
     finally:
         session.close()
     reply(replies, {"closed": True})

@@ -2,9 +2,11 @@
 
 * ``TorchFallbackCopy``: ``lmcache.v1.platform.torch_ops.mem_kernels.lmcache_memcpy_async``
   in pointer mode: a ctypes ``cudaMemcpy`` with no stream.
-* ``DeviceOpsCopy``: whatever ``lmcache.device_ops.lmcache_memcpy_async`` resolves to: the
-  compiled ``cuda_ops`` kernel (``cudaMemcpyAsync`` on the current stream) when it loaded,
-  else the fallback above.
+* ``DeviceOpsCopy``: whatever LMCache's DeviceOps ``lmcache_memcpy_async`` resolves to
+  (``host.lmcache_status.device_ops``: ``lmcache.device_ops``, or 0.5.3's
+  ``resolve_device_ops``): the compiled kernel (``cuda_ops``; 0.5.3's ``c_ops``;
+  ``cudaMemcpyAsync`` on the current stream) when it loaded, else the fallback above. Where
+  it loaded, ``TorchFallbackCopy`` is a reference, not the path under test.
 * ``LazyHelperCopy`` / ``MixedHelperCopy``: ``lmcache.v1.gpu_connector.gpu_ops``
   ``lmcache_memcpy_async_{d2h,h2d}`` on memory objects from a real ``LazyMemoryAllocator``
   (the server's default, ``--l1-use-lazy``) or ``MixedMemoryAllocator`` (``--no-l1-use-lazy``).
@@ -26,12 +28,35 @@ from pytest_sharedkv.ordering.probe import StreamBackend
 POOL_ALIGN = 64 << 20  # LazyMemoryAllocator.PIN_CHUNK_SIZE: its pool is a multiple of this
 
 
-def native_bound() -> bool:
-    """True when lmcache.cuda_ops replaced the torch fallback on lmcache.device_ops."""
+def _device_ops() -> Any:
+    """LMCache's DeviceOps instance, for 0.5.3 (resolve_device_ops) and 0.5.4 on alike."""
     import lmcache
 
-    ops = getattr(lmcache, "device_ops", None)
-    return ops is not None and "lmcache_memcpy_async" in vars(ops)
+    from pytest_sharedkv.host.lmcache_status import device_ops
+
+    ops = device_ops(lmcache)
+    if ops is None:
+        raise RuntimeError(f"lmcache {getattr(lmcache, '__version__', '?')}: neither "
+                           "lmcache.device_ops nor lmcache.v1.platform.resolve_device_ops")
+    ensure = getattr(ops, "ensure_native", None)
+    if callable(ensure):
+        ensure()
+    return ops
+
+
+def compiled_name() -> str:
+    """The compiled extension this LMCache ships (cuda_ops or 0.5.3's c_ops)."""
+    import lmcache
+
+    from pytest_sharedkv.host.lmcache_status import compiled_module
+
+    return compiled_module(lmcache) or "lmcache.cuda_ops"
+
+
+def native_bound() -> bool:
+    """True when LMCache's compiled extension replaced the torch fallback on its DeviceOps
+    (bind_native sets instance attributes that shadow the class's fallback)."""
+    return "lmcache_memcpy_async" in vars(_device_ops())
 
 
 def _direction(name: str) -> Any:
@@ -82,22 +107,22 @@ class TorchFallbackCopy(_PointerFunctionCopy):
 
 class DeviceOpsCopy(_PointerFunctionCopy):
     def resolve(self) -> Any:
-        import lmcache
-
+        module = compiled_name()
         if native_bound():
-            self.description = ("lmcache.device_ops.lmcache_memcpy_async -> compiled "
-                                "lmcache.cuda_ops (cudaMemcpyAsync on the current stream)")
+            self.description = (f"lmcache.device_ops.lmcache_memcpy_async -> compiled "
+                                f"{module} (cudaMemcpyAsync on the current stream)")
         else:
-            self.description = ("lmcache.device_ops.lmcache_memcpy_async -> torch fallback "
-                                "(lmcache.cuda_ops did not load): cudaMemcpy, no stream")
-        return lmcache.device_ops.lmcache_memcpy_async
+            self.description = (f"lmcache.device_ops.lmcache_memcpy_async -> torch fallback "
+                                f"({module} did not load): cudaMemcpy, no stream")
+        return _device_ops().lmcache_memcpy_async
 
 
 def _lazy(nbytes: int) -> tuple[Any, str]:
     from lmcache.v1.memory_allocators.lazy_memory_allocator import LazyMemoryAllocator
 
     # init == final: the whole pool is registered (pinned) inside __init__.
-    path = "compiled cuda_ops" if native_bound() else "torch fallback (cudaMemcpy, no stream)"
+    path = f"compiled {compiled_name()}" if native_bound() else (
+        "torch fallback (cudaMemcpy, no stream)")
     return (LazyMemoryAllocator(nbytes, nbytes),
             f"on a LazyMemoryAllocator object -> device_ops.lmcache_memcpy_async -> {path}")
 

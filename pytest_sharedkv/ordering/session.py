@@ -8,14 +8,24 @@ void, whatever the target did.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pytest_sharedkv.config.options import Settings, format_size
 from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV, launch_blocking
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
 from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
-from pytest_sharedkv.ordering.targets import CopyTarget, TargetRegistry
+from pytest_sharedkv.ordering.targets import (
+    REFERENCE_REASON,
+    CopyTarget,
+    TargetRegistry,
+    remedy_lines,
+)
 from pytest_sharedkv.report.records import VOID, ResultSink
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 TIER = "ordering"
 
@@ -34,12 +44,35 @@ def blind_remedy(blocking: bool) -> str:
 class Judgement:
     ok: bool
     message: str
+    expected: str = ""  # a reference's fault: the xfail reason (the run does not fail on it)
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """Which kernels a package's copies run in this process (host.lmcache_status)."""
+
+    path: str  # compiled | torch-fallback | unknown | not-installed
+    module: str  # the compiled extension, e.g. lmcache.cuda_ops
+
+    @property
+    def compiled(self) -> bool:
+        return self.path == "compiled"
+
+
+def lmcache_kernel_path() -> LMCacheStatus:
+    """LMCache's status here, looked up at call time (a self-test stands one in)."""
+    from pytest_sharedkv.host import lmcache_status
+
+    return lmcache_status.probe()
 
 
 class OrderingSession:
     def __init__(self, backend: StreamBackend, registry: TargetRegistry,
-                 settings: Settings) -> None:
+                 settings: Settings,
+                 status: Callable[[], LMCacheStatus] = lmcache_kernel_path) -> None:
         self.backend = backend
+        self._status = status
+        self._kernel_paths: dict[str, KernelPath] = {}
         self.registry = registry
         self.settings = settings
         self.prober = Prober(backend)
@@ -52,6 +85,26 @@ class OrderingSession:
         if target.name not in self._impls:
             self._impls[target.name] = target.load_factory()(self.backend, self.settings.sizes)
         return self._impls[target.name]
+
+    def kernel_path(self, target: CopyTarget) -> KernelPath | None:
+        """The kernel path of the package TARGET is a fallback of (or whose compiled build
+        would remedy it), probed once; None for a target that names none."""
+        package = target.fallback_for or target.compiled_for
+        if not package:
+            return None
+        if package not in self._kernel_paths:
+            if package == "lmcache":
+                status = self._status()
+                found = KernelPath(status.kernel_path, status.kernel_module or "lmcache.cuda_ops")
+            else:
+                found = KernelPath("unknown", f"{package}'s compiled kernels")
+            self._kernel_paths[package] = found
+        return self._kernel_paths[package]
+
+    def is_reference(self, target: CopyTarget) -> bool:
+        """A fallback whose package binds its compiled kernels here: not the path under test."""
+        path = self.kernel_path(target) if target.fallback_for else None
+        return path is not None and path.compiled
 
     def gate(self, direction: str, nbytes: int, sink: ResultSink) -> CellResult:
         """The negative control under delay for this direction and size (measured once)."""
@@ -75,8 +128,17 @@ class OrderingSession:
                     "simulated": self.backend.simulated, "sensitive": sensitive,
                     "launch_blocking": launch_blocking(),
                     "description": self.impl(target).description or target.summary,
-                    "remedy": target.remedy, **({} if sensitive else {"status": VOID})},
+                    "remedy": target.remedy, **self._path_detail(target),
+                    **({} if sensitive else {"status": VOID})},
         )
+
+    def _path_detail(self, target: CopyTarget) -> dict[str, object]:
+        path = self.kernel_path(target)
+        if path is None:
+            return {}
+        return {"fallback_for": target.fallback_for, "compiled_for": target.compiled_for,
+                "kernel_path": path.path, "kernel_module": path.module,
+                "reference": self.is_reference(target)}
 
     def judge(self, cell: Cell, sink: ResultSink) -> Judgement:
         target = self.registry.get(cell.target)
@@ -126,9 +188,13 @@ class OrderingSession:
             "CONTROL FAILED (the probe or the platform is broken)")
         text = f"{target.name} ({self.impl(target).description or target.summary}): {what} " \
                f"for {where}: " + "; ".join(parts)
-        if target.remedy:
-            text += f". {target.remedy}"
-        return Judgement(False, text)
+        path = self.kernel_path(target)
+        reference = self.is_reference(target)
+        remedies = remedy_lines(target.remedy, target.compiled_for, reference,
+                                path.path if path else "", path.module if path else "", None)
+        if remedies:
+            text += ". " + "; ".join(remedies)
+        return Judgement(False, text, REFERENCE_REASON if reference else "")
 
     def close(self) -> None:
         errors = []

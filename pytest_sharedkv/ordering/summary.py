@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV
+from pytest_sharedkv.ordering.targets import REFERENCE_REASON, remedy_lines
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
 
@@ -49,6 +50,22 @@ def sensitivity_line(checks: Sequence[Check]) -> tuple[bool, str]:
                    f"({why})")
 
 
+def compiled_proof(checks: Sequence[Check], package: str) -> list[str]:
+    """Targets of this run whose copies went through PACKAGE's bound compiled kernels (not
+    a fallback reference) and held every check, delayed and undelayed: what makes the
+    compiled build a PROVEN remedy rather than a suggestion."""
+    proof = []
+    targets = list(dict.fromkeys(c.key.get("target", "") for c in checks))
+    for target in targets:
+        mine = [c for c in checks if c.key.get("target") == target]
+        first = mine[0].detail
+        if (first.get("compiled_for") == package and first.get("kernel_path") == "compiled"
+                and not first.get("reference") and _delayed(mine) and _undelayed(mine)
+                and all(c.ok and c.detail.get("sensitive", True) for c in mine)):
+            proof.append(target)
+    return proof
+
+
 def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:
     lines: list[str] = []
     targets = list(dict.fromkeys(c.key.get("target", "") for c in checks))
@@ -74,11 +91,21 @@ def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:
             verdict = "NOT stream-ordered: " + ", ".join(parts)
             if role == "control":
                 verdict = "CONTROL FAILED (probe or platform broken): " + ", ".join(parts)
-        lines.append(f"VERDICT {target} [{role}]: {verdict}")
+        detail = mine[0].detail
+        reference = bool(detail.get("reference"))
+        tag = f"{role}; reference, not the path under test" if reference else role
+        lines.append(f"VERDICT {target} [{tag}]: {verdict}")
         lines.append(f"    {description}")
-        remedy = str(mine[0].detail.get("remedy", ""))
-        if remedy and sensitive and (dp < dt or up < ut):
-            lines.append(f"    {remedy}")
+        if reference:
+            lines.append(f"    xfail: {REFERENCE_REASON} ({detail.get('kernel_module')}); "
+                         "its fault is shown, and does not fail the run")
+        if sensitive and (dp < dt or up < ut):
+            package = str(detail.get("compiled_for", ""))
+            proof = compiled_proof(checks, package) if package else []
+            for remedy in remedy_lines(str(detail.get("remedy", "")), package, reference,
+                                       str(detail.get("kernel_path", "")),
+                                       str(detail.get("kernel_module", "")), proof):
+                lines.append(f"    {remedy}")
     return lines
 
 

@@ -22,9 +22,46 @@ DIRECTIONS = ("D2H", "H2D")
 
 LMCACHE_LAZY_REMEDY = (
     "remedy: run the LMCache server with --no-l1-use-lazy (the MixedMemoryAllocator copies "
-    "with stream-aware tensor copy_), or install an lmcache.cuda_ops build that matches the "
-    "installed torch (its lmcache_memcpy_async is cudaMemcpyAsync on the current stream)"
+    "with stream-aware tensor copy_)"
 )
+COMPILED_WHAT = ("a cuda_ops build that loads against this torch (its lmcache_memcpy_async is "
+                 "cudaMemcpyAsync on the current stream)")
+REFERENCE_REASON = ("LMCache runs its compiled kernels here; this is the fallback it would use "
+                    "if they did not load")
+
+
+def compiled_remedy(kernel_path: str, module: str, proof: list[str] | None) -> str:
+    """The compiled-kernel remedy for a fallback fault, said as PROVEN only where PROOF
+    (targets of this run that went through the bound compiled kernels and held every
+    check) shows it; never "install" what is already loaded. PROOF None: not known yet
+    (a single cell's message, before the run's other targets ran)."""
+    if proof:
+        return (f"{COMPILED_WHAT}: PROVEN by this run ({module} loaded; "
+                f"{', '.join(proof)} stream-ordered through it)")
+    if kernel_path != "compiled":
+        return f"suggested (no run in hand shows it): install {COMPILED_WHAT}"
+    if proof is None:
+        return f"{COMPILED_WHAT} ({module} is loaded here)"
+    return (f"{COMPILED_WHAT} ({module} is loaded here, but no target of this run showed "
+            "its copies stream-ordered)")
+
+
+def remedy_lines(remedy: str, compiled_for: str, reference: bool, kernel_path: str,
+                 module: str, proof: list[str] | None) -> list[str]:
+    """What to do about a target that is not stream-ordered (REFERENCE: a fallback that
+    LMCache does not run here)."""
+    if reference:
+        lines = [f"not the path under test: {REFERENCE_REASON} ({module}); if they stopped "
+                 "loading (a torch upgrade without a matching build), LMCache would copy "
+                 f"this way: keep {compiled_remedy(kernel_path, module, proof)}"]
+        if remedy:
+            lines.append(f"or {remedy.removeprefix('remedy: ')}")
+        return lines
+    lines = [remedy] if remedy else []
+    if compiled_for and kernel_path != "compiled":
+        lines.append(("or " if remedy else "remedy: ")
+                     + compiled_remedy(kernel_path, module, proof))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -38,11 +75,20 @@ class CopyTarget:
     remedy: str = ""
     directions: tuple[str, ...] = DIRECTIONS  # a one-way helper is probed one way
     options: tuple[tuple[str, str], ...] = ()  # keyword arguments for the factory
+    # The package (e.g. "lmcache") whose compiled kernels replace this code where they
+    # load: there the target is a reference (its fault is shown, an xfail), not under test.
+    fallback_for: str = ""
+    # The package whose compiled kernels (loaded against this torch) would remedy a fault
+    # of this target: suggested, or PROVEN where this run shows them stream-ordered.
+    compiled_for: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES or self.role == "check":
             raise ValueError(f"copy target {self.name!r}: role must be control, "
                              f"negative-control or under-test, not {self.role!r}")
+        if self.fallback_for and self.role != "under-test":
+            raise ValueError(f"copy target {self.name!r}: only an under-test target can be "
+                             f"a fallback reference (fallback_for), not a {self.role}")
         if not self.directions or set(self.directions) - set(DIRECTIONS):
             raise ValueError(f"copy target {self.name!r}: directions must be among "
                              f"{DIRECTIONS}, not {self.directions!r}")
@@ -88,14 +134,17 @@ BUILTIN_TARGETS: tuple[CopyTarget, ...] = (
                f"{_CUDA}:TensorCopy"),
     CopyTarget("lmcache-fallback", "under-test",
                "lmcache.v1.platform.torch_ops.mem_kernels.lmcache_memcpy_async (torch fallback)",
-               f"{_LMC}:TorchFallbackCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+               f"{_LMC}:TorchFallbackCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY,
+               fallback_for="lmcache", compiled_for="lmcache"),
     CopyTarget("lmcache-device-ops", "under-test",
                "lmcache.device_ops.lmcache_memcpy_async (native cuda_ops if it loaded)",
-               f"{_LMC}:DeviceOpsCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+               f"{_LMC}:DeviceOpsCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY,
+               compiled_for="lmcache"),
     CopyTarget("lmcache-lazy-helper", "under-test",
                "gpu_ops.lmcache_memcpy_async_{d2h,h2d} on a LazyMemoryAllocator object "
                "(the server's default --l1-use-lazy)",
-               f"{_LMC}:LazyHelperCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY),
+               f"{_LMC}:LazyHelperCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY,
+               compiled_for="lmcache"),
     CopyTarget("lmcache-mixed-helper", "under-test",
                "gpu_ops.lmcache_memcpy_async_{d2h,h2d} on a MixedMemoryAllocator object "
                "(--no-l1-use-lazy)",
@@ -132,6 +181,7 @@ def discovered_targets() -> list[CopyTarget]:
                 f"gpu_ops.{helper.name} on a {cls} object ({flag}); found by discovery",
                 f"{_LMC}:DiscoveredHelperCopy", requires=("lmcache",),
                 remedy=LMCACHE_LAZY_REMEDY if allocator == "lazy" else "",
+                compiled_for="lmcache" if allocator == "lazy" else "",
                 directions=helper.directions or DIRECTIONS,
                 options=(("helper", helper.name), ("allocator", allocator))))
     return targets

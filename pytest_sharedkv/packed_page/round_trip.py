@@ -18,6 +18,7 @@ Hybrid models go through LMCache's own vLLM registration first
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass, field
 from math import prod
@@ -109,11 +110,55 @@ def _kernel(path: str) -> Any:
         return torch_ops.multi_layer_block_kv_transfer
     import lmcache
 
-    ops = lmcache.device_ops
-    if "multi_layer_block_kv_transfer" not in vars(ops):
+    from pytest_sharedkv.host.lmcache_status import device_ops
+
+    ops = device_ops(lmcache)
+    if ops is None or "multi_layer_block_kv_transfer" not in vars(ops):
         raise Unsupported("the compiled lmcache.cuda_ops kernels are not bound here "
                           "(LMCache runs its torch fallback)")
     return ops.multi_layer_block_kv_transfer
+
+
+MAX_OBJECTS_PER_CALL = 4  # the CUDA kernel's object limit (transfer_context/base.py)
+
+
+def takes_tensors(kernel: Any) -> bool:
+    """LMCache's own rule (transfer_context/base.py ``_detect_block_transfer_accepts_tensor``):
+    a kernel whose ``lmcache_objects_ptrs`` is annotated with Tensor (the torch fallback)
+    takes tensor lists; any other (the compiled binding, uninspectable) takes pointers."""
+    try:
+        param = inspect.signature(kernel).parameters.get("lmcache_objects_ptrs")
+    except (TypeError, ValueError):
+        return False
+    return (param is not None and param.annotation is not inspect.Parameter.empty
+            and "Tensor" in str(param.annotation))
+
+
+def _signed(ptr: int) -> int:
+    """A device pointer as int64 (LMCache views its uint64 array as int64)."""
+    return ptr - (1 << 64) if ptr >= 1 << 63 else ptr
+
+
+def call_block_kernel(kernel: Any, paged: Any, fmt: Any, layers: int, tensors: list[Any],
+                      ids: list[int], device: torch.device, direction: Any, desc: Any,
+                      chunk_tokens: int, blocks_per_chunk: int) -> None:
+    """``multi_layer_block_kv_transfer`` called as LMCache's own callers call it
+    (``gather_paged_kv_to_cpu`` / ``scatter_cpu_to_paged_kv``): tensor lists for the torch
+    fallback; for the compiled binding an int64 tensor of the paged buffers' pointers on
+    the device, the objects' pointers and a block-id tensor, at most 4 objects a call."""
+    if takes_tensors(kernel):
+        kernel(paged, tensors, ids, device, direction, desc, chunk_tokens, fmt, 0)
+        return
+    from lmcache.v1.gpu_connector.utils import get_group_data_ptrs
+
+    ptrs = [_signed(p) for p in get_group_data_ptrs(paged, fmt, list(range(layers)))]
+    paged_ptrs = torch.tensor(ptrs, dtype=torch.int64, device=device)
+    block_ids = torch.tensor(ids, dtype=torch.int64, device=device)
+    objects = [t.data_ptr() for t in tensors]
+    for first in range(0, len(objects), MAX_OBJECTS_PER_CALL):
+        batch = objects[first:first + MAX_OBJECTS_PER_CALL]
+        blocks = block_ids[first * blocks_per_chunk:(first + len(batch)) * blocks_per_chunk]
+        kernel(paged_ptrs, batch, blocks, device, direction, desc, chunk_tokens, fmt, 0)
 
 
 def plain_trip(spec: LayoutSpec, path: str, device: torch.device, a: Replica, b: Replica,
@@ -153,10 +198,12 @@ def plain_trip(spec: LayoutSpec, path: str, device: torch.device, a: Replica, b:
                                                                       hidden)
         objects = _allocate(torch.Size(shape), torch_dtype(spec.dtype), NUM_CHUNKS, device)
         tensors = [o.tensor for o in objects]
-        kernel(norm_a, tensors, a_ids, device, lmcache_native.TransferDirection.D2H, desc,
-               chunk_tokens, fmt, 0)
-        kernel(norm_b, tensors, b_ids, device, lmcache_native.TransferDirection.H2D, desc,
-               chunk_tokens, fmt_b, 0)
+        call_block_kernel(kernel, norm_a, fmt, layers, tensors, a_ids, device,
+                          lmcache_native.TransferDirection.D2H, desc, chunk_tokens,
+                          BLOCKS_PER_CHUNK)
+        call_block_kernel(kernel, norm_b, fmt_b, get_num_layers(norm_b, fmt_b), tensors,
+                          b_ids, device, lmcache_native.TransferDirection.H2D, desc,
+                          chunk_tokens, BLOCKS_PER_CHUNK)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         _release(objects)

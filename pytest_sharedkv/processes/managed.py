@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_sharedkv.processes.log_errors import failure_context
 from pytest_sharedkv.processes.spawn import Launch, spawn
 from pytest_sharedkv.processes.supervise import group_members
 
@@ -29,7 +30,8 @@ LOG_TAIL_LINES = 40
 
 
 class ProcessFailed(RuntimeError):
-    """A started process died or never became ready; the message carries its log tail."""
+    """A started process died or never became ready; the message carries the exceptions
+    its log shows and its log tail."""
 
 
 def free_port() -> int:
@@ -97,8 +99,14 @@ class ManagedProcess:
             return ""
 
     def failure(self, why: str) -> ProcessFailed:
-        return ProcessFailed(f"{self.name}: {why}\n--- last lines of {self.log_path} ---\n"
-                             f"{self.tail()}")
+        """WHY, the exceptions the log shows (a start-up's root cause is often far above
+        the wrapper's traceback that ends the log), then a shorter tail."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ProcessFailed(f"{self.name}: {why}\n--- {self.log_path}: (no log) ---")
+        return ProcessFailed(f"{self.name}: {why}\n"
+                             f"{failure_context(text, str(self.log_path), LOG_TAIL_LINES)}")
 
     def wait_ready(self, ready: Callable[[], bool], timeout: float, what: str,
                    interval: float = 0.25,
