@@ -63,12 +63,13 @@ def test_transfer_pair_moves_every_byte_through_the_server(
                        device=transfer_case.device, allocator=transfer_case.allocator,
                        delay_cycles=transfer_case.delay)
     fetch = outcome.fetch
+    kind, status = outcome.verdict()
     sharedkv_results.check(
         "replica_pair",
         {"provider": f"transfer ({transfer_case.device})",
          "allocator": outcome.allocator or transfer_case.allocator,
          "delay": cycles_label(transfer_case.delay)},
-        *outcome.score(), message="; ".join(outcome.problems)[:500],
+        *outcome.score(), message="; ".join(outcome.problems)[:500], kind=kind, status=status,
         detail={"server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
                 "fetch": fetch, "delayed_calls": outcome.delayed_calls})
     if outcome.problems:

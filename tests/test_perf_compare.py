@@ -185,36 +185,6 @@ def test_reports_that_do_not_compare(capsys: pytest.CaptureFixture[str], tmp_pat
     assert f"incomparable reports: {what}" in err
 
 
-@pytest.mark.parametrize(("record", "kind"), [
-    ({"key": {"size": "gate", "step": "zeroed chunk"}, "message": "VOID: the hook never ran",
-      "detail": {"status": "VOID"}}, "VOID"),
-    ({"key": {"size": "8k", "step": "cold"},
-      "message": "8k cold on A: 3 local and 0 pool hit tokens in cold requests (a namespace "
-                 "leak)"}, "namespace leak"),
-    ({"key": {"size": "8k", "step": "chain"}, "passed": 0,
-      "message": "request 8k-0, step cross on replica B: first divergent token 3"},
-     "divergence"),
-    ({"key": {"size": "8k", "step": "local"},
-      "message": "8k local on A: 12 tokens came from the pool where the engine's own prefix "
-                 "cache should have served"}, "hit accounting"),
-])
-def test_a_bad_record_in_after_fails(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                     baseline: dict[str, Any], record: dict[str, Any],
-                                     kind: str) -> None:
-    after = copy.deepcopy(baseline)
-    check = {"tier": "service_regression", "passed": 1, "trials": 1, "role": "check",
-             "detail": {}, "nodeid": CHAIN, **record}
-    check["key"] = {"provider": "vllm", "allocator": "mixed", "delay": "0", **record["key"]}
-    after["checks"].append(check)
-    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", after))
-    assert status == 1
-    (row,) = [line for line in out.splitlines() if line.startswith("| NEW")]
-    assert f"| {kind} " in row and "service_regression [provider=vllm" in row
-    warmup = copy.deepcopy(after)
-    warmup["checks"][-1]["key"]["size"] = "warm-up"  # warm-ups judge nothing
-    assert compare.main([str(SCREENING), str(write(tmp_path, "w.json", warmup))]) == 0
-
-
 def test_a_test_that_passed_before_and_skips_after_is_lost(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
     after = copy.deepcopy(baseline)

@@ -1,9 +1,13 @@
 """``python -m pytest_sharedkv compare BEFORE.json AFTER.json``: the pre-upgrade check.
 
-Correctness first: any failed or unfinished test, any VOID result, namespace leak,
-divergence, failed hit accounting or PARTIAL pool hit in AFTER, and any test that passed
-in BEFORE and did not pass in AFTER, fails the compare (new ones, by test id, listed
-first). Then speed: per cell (size x arm x step) the median TTFT, and per arm x
+Correctness first: any failed or unfinished test, any VOID or CONFOUNDED result,
+namespace leak, divergence, failed hit accounting, KV audit mismatch or PARTIAL pool hit in
+AFTER, and any test that passed in BEFORE and did not pass in AFTER, fails the compare (new
+ones, by test id, listed first). Records are judged by their kind and status (see
+``report.records``), never by their message; records without them (reports written
+before they existed) go to the legacy reader, which applies the old text rule.
+
+Then speed: per cell (size x arm x step) the median TTFT, and per arm x
 placement the median session wall time, with the observations and block pairs behind each
 number and the relative change; a cell slower than ``--max-regression`` is a regression
 when its block pairs also tell the change from noise (``significance.welch``, one-sided in
@@ -135,7 +139,7 @@ def comparable(before: Report, after: Report) -> None:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # failed | error | unfinished | lost | VOID | namespace leak | divergence | ...
+    kind: str  # failed | error | unfinished | lost | VOID | CONFOUNDED | divergence | ...
     subject: str  # the test id, or the record's tier and key
     message: str
 
@@ -149,7 +153,38 @@ def _short(text: object, limit: int = 240) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
+# What a failed record of each kind is called in the compare (the other kinds' failures,
+# protocol, bytes, ordering ..., fail their test, which the compare lists by test id).
+FAILED_KINDS = {"leak": "namespace leak", "divergence": "divergence",
+                "hits": "hit accounting", "hits-unknown": "hit accounting",
+                "audit-mismatch": "KV audit mismatch"}
+STATUS_FINDINGS = {"void": "VOID", "confounded": "CONFOUNDED"}
+
+
 def _check_kind(check: dict[str, Any]) -> str | None:
+    """The finding a check record makes, from its kind and status only."""
+    if "kind" not in check:
+        return legacy_check_kind(check)
+    status = check.get("status")
+    if status in STATUS_FINDINGS:
+        return STATUS_FINDINGS[str(status)]
+    if status == "fail":
+        return FAILED_KINDS.get(str(check.get("kind")))
+    return None
+
+
+def _note_kind(note: dict[str, Any]) -> str | None:
+    if "status" not in note:
+        return legacy_note_kind(note)
+    return STATUS_FINDINGS.get(str(note.get("status")))
+
+
+# --- legacy: reports written before records carried a kind and status -------------------
+
+
+def legacy_check_kind(check: dict[str, Any]) -> str | None:
+    """A check record without a kind (an older report), read by the text rule the compare
+    used before records had one. Only for such records; never for a current report."""
     key = check.get("key") or {}
     message = str(check.get("message") or "")
     detail = check.get("detail") or {}
@@ -168,6 +203,11 @@ def _check_kind(check: dict[str, Any]) -> str | None:
             and key.get("step") != "chain"):
         return "hit accounting"
     return None
+
+
+def legacy_note_kind(note: dict[str, Any]) -> str | None:
+    """A note without a status (an older report): VOID when its text says so."""
+    return "VOID" if "VOID" in str(note.get("text", "")) else None
 
 
 def _record(check: dict[str, Any]) -> str:
@@ -203,8 +243,9 @@ def findings(report: Report) -> list[Finding]:
         if kind:
             found.append(Finding(kind, _record(check), _short(check.get("message", ""))))
     for note in data.get("notes", []):
-        if isinstance(note, dict) and "VOID" in str(note.get("text", "")):
-            found.append(Finding("VOID", f"{note.get('tier', '?')} note",
+        kind = _note_kind(note) if isinstance(note, dict) else None
+        if isinstance(note, dict) and kind:
+            found.append(Finding(kind, f"{note.get('tier', '?')} note",
                                  _short(note.get("text", ""))))
     if report.perf is not None:
         for refusal in report.perf.pairing.refusals:
