@@ -512,7 +512,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-regression", type=max_regression,
                         default=max_regression(DEFAULT_MAX_REGRESSION), metavar="LIMIT",
                         help="a cell slower by more than this is a regression: 10%% or 0.1 "
-                             f"(default {DEFAULT_MAX_REGRESSION})")
+                             f"(default {DEFAULT_MAX_REGRESSION.replace('%', '%%')})")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
                         help="also write the report to this file")
     try:
