@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.cli.compare import main
+from pytest_sharedkv.cli.compare.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENING = ROOT / "fixtures" / "perf" / "screening.json"
@@ -136,3 +136,20 @@ def test_a_record_without_a_kind_is_read_by_the_legacy_rule(
     check["key"]["size"] = "warm-up"
     path.write_text(json.dumps(after))
     assert _findings(capsys, path) == (0, [])
+
+
+@pytest.mark.parametrize(("where", "record"), [
+    ("checks[5].status: expected a string, found list", {"kind": "leak", "status": ["fail"]}),
+    ("checks[5].kind: expected a string, found dict", {"kind": {"a": 1}, "status": "fail"}),
+])
+def test_a_kind_or_status_that_is_not_text_is_named(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str,
+        record: dict[str, Any]) -> None:
+    data: dict[str, Any] = json.loads(SCREENING.read_text())
+    data["checks"].append(record)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main([str(SCREENING), str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"python -m pytest_sharedkv compare: {path}: {where}\n"
