@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "make-model":
         return make_model_command(args[1:])
     if args and args[0] == "compare":
-        from pytest_sharedkv.cli.compare import main as compare_main
+        from pytest_sharedkv.cli.compare.main import main as compare_main
 
         return compare_main(args[1:])
     if args and args[0] == "run":

@@ -58,7 +58,6 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     leased GPU per allocator, undelayed and delayed): A stores, B (a fresh process) finds
     every token, a fresh salt finds none, and every byte B retrieves equals A's."""
     from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
-    from pytest_sharedkv.report.records import VOID
     from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, run_pair
 
     transfer_case = sharedkv_transfer_case
@@ -66,14 +65,14 @@ def test_transfer_pair_moves_every_byte_through_the_server(
                        device=transfer_case.device, allocator=transfer_case.allocator,
                        delay_cycles=transfer_case.delay)
     fetch = outcome.fetch
+    kind, status = outcome.verdict()
     sharedkv_results.check(
         "replica_pair",
         {"provider": f"transfer ({transfer_case.device})",
          "allocator": outcome.allocator or transfer_case.allocator,
          "delay": cycles_label(transfer_case.delay)},
-        *outcome.score(), message="; ".join(outcome.problems)[:500],
-        detail={**({"status": VOID} if outcome.void else {}),
-                "server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
+        *outcome.score(), message="; ".join(outcome.problems)[:500], kind=kind, status=status,
+        detail={"server": outcome.server, "tokens": NUM_TOKENS, "store": outcome.store,
                 "fetch": fetch, "delayed_calls": outcome.delayed_calls})
     if outcome.problems:
         pytest.fail("; ".join(outcome.problems), pytrace=False)

@@ -57,13 +57,14 @@ def _case(service_pass: Pass, case_id: str) -> Case:
 def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
                           sharedkv_results: ResultSink) -> None:
     from pytest_sharedkv.service.execute import GATE
-    from pytest_sharedkv.service.sensitivity import PROVEN, UNPROVEN
+    from pytest_sharedkv.service.sensitivity import PROVEN, UNPROVEN, record_status
 
     gate = sharedkv_service_pass.ensure(GATE).gate
     sharedkv_results.check(
         TIER, {**sharedkv_replica_pair.labels, "size": "gate", "step": "zeroed chunk"},
         gate.changed, max(gate.copying, 1) if gate.status != UNPROVEN else 0,
-        role="negative-control", message=gate.message,
+        role="negative-control", message=gate.message, kind="gate",
+        status=record_status(gate.status),
         detail={"status": gate.status, "zeroed_chunk": gate.zeroed_chunk,
                 "others_exact": gate.others_exact, "others": gate.others,
                 "zeroed_chunks_logged": gate.zeroed_chunks_logged, "controls": gate.details})
@@ -76,6 +77,7 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: Re
 def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
                        sharedkv_replica_pair: ReplicaPair,
                        sharedkv_results: ResultSink) -> None:
+    from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import GATE
 
@@ -90,7 +92,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
                    if cid == case.id}
         sharedkv_results.check(
             TIER, {**sharedkv_replica_pair.labels, "size": case.size, "step": "chain"}, 0, 1,
-            message=failures[0][:600],
+            message=failures[0][:600], kind=worst_kind(kinds_of(failures), "error"),
             detail={"case": case.id, "sha256": case.sha256, "answers": answers,
                     "expected": list(case.expected or ())})
     _verdict(run, failures)
@@ -101,6 +103,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                                      sharedkv_results: ResultSink) -> None:
     """One record per size x step (exact answers, the engines' hit counters, wall time);
     fails when a step's hits are not the one kind that step may have."""
+    from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.answers import STEPS
     from pytest_sharedkv.service.checks import (
         UNKNOWN,
@@ -125,19 +128,24 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable)
         why_unknown = totals_unknown(totals)
-        if totals.group != "warm-up":
+        warmup = totals.group == "warm-up"  # warms the engines; judges nothing
+        if not warmup:
             problems += found
             unknown += [why_unknown] if why_unknown else []
-        detail = {"replica": totals.replica, "cached": totals.cached, "local": totals.local,
-                  "external": totals.external, "other_local": totals.other_local,
-                  "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
-                  "shareable": shareable}
-        if why_unknown:
-            detail["status"] = UNKNOWN
+        kind = worst_kind(kinds_of(found), "divergence" if exact < totals.requests else
+                          "leak" if totals.step == "cold" else "hits")
+        if why_unknown and not found:
+            kind = "hits-unknown"
+        status = ("info" if warmup else "fail" if found or exact < totals.requests
+                  else "unknown" if why_unknown else "pass")
         sharedkv_results.check(
             TIER, {**sharedkv_replica_pair.labels, "size": totals.group, "step": totals.step},
             exact, totals.requests, message=("; ".join(found) or why_unknown or "")[:400],
-            detail=detail)
+            kind=kind, status=status,
+            detail={"replica": totals.replica, "cached": totals.cached, "local": totals.local,
+                    "external": totals.external, "other_local": totals.other_local,
+                    "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
+                    "shareable": shareable, **({"status": UNKNOWN} if why_unknown else {})})
     sharedkv_results.note(TIER, _wall_line(run, sharedkv_replica_pair.labels))
     _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
     if unknown:  # neither a pass nor a hit failure: the evidence is missing
@@ -156,6 +164,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
                        sharedkv_results: ResultSink) -> None:
     """Six turns alternating replicas: each exact answer lives only in the distant prefix,
     which must have come from a cache (cached tokens beyond the source)."""
+    from pytest_sharedkv.report.records import Problem, worst_kind
     from pytest_sharedkv.service.execute import SESSIONS
 
     run = sharedkv_service_pass.ensure(SESSIONS)
@@ -166,23 +175,27 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
         pytest.skip(f"{sharedkv_service_session}: this corpus has no sessions "
                     f"({run.cases.source})")
     answers = run.sessions.get(session.id, [])
-    problems = []
+    problems: list[Problem] = []
     for turn, answer in zip(session.turns, answers, strict=False):
         where = f"{session.id} turn {turn.index} on {turn.replica}"
         if answer.error:
-            problems.append(f"{where}: {answer.error}")
+            problems.append(Problem(f"{where}: {answer.error}", "error"))
         elif turn.expected is not None and answer.ids != turn.expected:
-            problems.append(f"{where} (source chunk {turn.source_chunk}): answered "
-                            f"{answer.text!r}, expected by construction another answer")
+            problems.append(Problem(f"{where} (source chunk {turn.source_chunk}): answered "
+                                    f"{answer.text!r}, expected by construction another "
+                                    "answer", "divergence"))
         elif turn.index and turn.source_chunk is not None and run.cases.chunk and (
                 (answer.cached_tokens or 0) <= turn.source_chunk * run.cases.chunk):
-            problems.append(f"{where}: only {answer.cached_tokens} cached tokens, so the "
-                            "distant source was recomputed, not recovered from a cache")
+            problems.append(Problem(f"{where}: only {answer.cached_tokens} cached tokens, so "
+                                    "the distant source was recomputed, not recovered from a "
+                                    "cache", "hits"))
     if len(answers) < len(session.turns):
-        problems.append(f"{session.id}: {len(answers)} of {len(session.turns)} turns ran")
+        problems.append(Problem(f"{session.id}: {len(answers)} of {len(session.turns)} turns "
+                                "ran", "error"))
     sharedkv_results.check(
         TIER, {**sharedkv_replica_pair.labels, "size": "session", "step": "6 turns"},
         len(session.turns) - len(problems), len(session.turns), message="; ".join(problems),
+        kind=worst_kind((p.kind for p in problems), "session"),
         detail={"session": session.id,
                 "turns": [{"cached": a.cached_tokens, "text": a.text} for a in answers]})
     _verdict(run, problems)
@@ -198,7 +211,7 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
         pytest.fail(f"protocol check {sharedkv_protocol_check} did not run", pytrace=False)
     sharedkv_results.check(
         TIER, {**sharedkv_replica_pair.labels, "size": "protocol", "step": result.name},
-        int(result.ok), 1, message="" if result.ok else result.message,
+        int(result.ok), 1, message="" if result.ok else result.message, kind="protocol",
         detail={"message": result.message})
     if not result.ok:
         pytest.fail(f"{result.name}: {result.message}", pytrace=False)
@@ -270,6 +283,7 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
             TIER, {"provider": "copy model (transformers, cpu)", "allocator": "-",
                    "delay": "-", "size": "model", "step": name}, held, len(group),
             message="" if held == len(group) else "answers did not change as they must",
+            kind="model-sensitivity",
             detail={"changed": sum(r.changed for r in group),
                     "must": "change" if must_change else "stay",
                     "min_margin_nats": round(min(r.margin for r in group), 1)})
@@ -316,11 +330,13 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         if caught == 0:
             void = (f"{kv_audit.VOID}: the gate zeroed chunk {zeroed} in B's retrieves and "
                     "the audit saw no mismatch there: it cannot see corrupted KV")
-    for line in lines:
-        sharedkv_results.note(TIER, line)
+    for index, line in enumerate(lines):
+        sharedkv_results.note(TIER, line, kind="audit-mismatch",
+                              status="void" if index == 0 and report.void else "info")
     sharedkv_results.check(
         TIER, {**pair.labels, "size": "audit", "step": "kv digests"},
-        report.compared - len(faults), report.compared, role="check",
+        report.compared - len(faults), report.compared, role="check", kind="audit-mismatch",
+        status="void" if void else "fail" if faults else "pass",
         message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
         detail={**({"status": VOID} if void else {}),
                 "compared": report.compared, "unmatched": report.unmatched,

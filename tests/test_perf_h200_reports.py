@@ -49,3 +49,18 @@ def test_the_recorded_screening_analyses_as_printed(name: str, blocks: list[str]
 def test_the_screening_overhead_was_within_its_limit() -> None:
     notes = (H200 / "blocks2.log").read_text()
     assert "= 1.08 (limit 1.3 on a GPU" in notes and "1 passed" in notes
+
+
+def test_no_interval_is_said_once_under_each_table_not_in_every_row() -> None:
+    """Two block pairs give no interval: each ratio table marks its rows "-" and says why
+    once below; a screening of three block pairs keeps its intervals in the rows."""
+    lines = report_lines(analyse(_run("blocks2")))
+    rows = [line for line in lines if line.startswith("| ") and "x |" in line]
+    assert len(rows) == 8 + 6  # TTFT ratios (2 sizes x 4 steps), session ratios
+    assert all("no interval" not in row and "| -        |" in row for row in rows)
+    why = 'no interval ("-" above): 2 block pairs (an interval needs >= 3)'
+    assert [line for line in lines if line.startswith("no interval")] == [why, why]
+    screening = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
+    three = report_lines(analyse(from_json(json.loads(screening.read_text())["perf"])))
+    assert not [line for line in three if line.startswith("no interval")]
+    assert sum("| 95% interval " in line for line in three) == 12 + 4

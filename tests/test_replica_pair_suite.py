@@ -155,6 +155,16 @@ def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
     assert TransferOutcome(problems=["lmcache server exited"]).score() == (0, 1)
 
 
+def test_transfer_record_kind_and_status_come_from_the_outcome() -> None:
+    from pytest_sharedkv.stack.transfer_provider import TransferOutcome
+
+    assert TransferOutcome().verdict() == ("bytes", "pass")
+    assert TransferOutcome(problems=["wrong bytes"]).verdict() == ("bytes", "fail")
+    assert TransferOutcome(fetch={"control_hit_tokens": 256},
+                           problems=["salts"]).verdict() == ("leak", "fail")
+    assert TransferOutcome(problems=["x"], void="never ran").verdict() == ("bytes", "void")
+
+
 def test_transfer_matrix_adds_gpu_cells_per_allocator_and_delay() -> None:
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.replica_pair.fixtures import transfer_cases

@@ -49,8 +49,13 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
 def test_planted_corruption_is_caught_and_blamed_on_the_cache(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
-    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00",
+                                           "--sharedkv-json=r.json")
     result.assert_outcomes(failed=10)
+    chains = [c for c in json.loads((pytester.path / "r.json").read_text())["checks"]
+              if c["key"].get("step") == "chain"]
+    assert len(chains) == 10
+    assert {(c["kind"], c["status"]) for c in chains} == {("divergence", "fail")}
     result.stdout.fnmatch_lines([
         "request 3k-000 (payload sha256 *), step cross on replica B, source chunk 0: first "
         "divergent token 0: expected * (by construction), replica B answered * [[]*cross on B: "
@@ -96,15 +101,40 @@ def test_a_cold_request_that_hits_is_a_namespace_leak() -> None:
     leak = hit_problem(case, cold, Answer("3k-000", "cold", "A", cached_tokens=64))
     assert leak == ("namespace leak: the cold request hit 64 cached tokens on replica A in a "
                     "fresh cache_salt namespace")
+    assert leak is not None and leak.kind == "leak"
     short = hit_problem(case, local, Answer("3k-000", "local", "A", cached_tokens=2976))
     assert short is not None and "2976 of the 3008 shareable" in short
+    assert short.kind == "hits"
+    unknown = hit_problem(case, local, Answer("3k-000", "local", "A", cached_tokens=None))
+    assert unknown is not None and unknown.kind == "hits-unknown"
+
+
+def test_step_totals_problems_carry_their_kind() -> None:
+    from pytest_sharedkv.report.records import kinds_of, worst_kind
+    from pytest_sharedkv.service.answers import StepTotals
+    from pytest_sharedkv.service.checks import totals_problems
+
+    def totals(step: str, local: int | None = 0, external: int | None = 0,
+               other_external: int = 0, cached: int = 0) -> StepTotals:
+        return StepTotals("3k", step, "A", 1, local, external, 0, other_external, 0.0, cached)
+
+    assert totals_problems(totals("cold"), None) == []
+    leak = totals_problems(totals("cold", local=3, other_external=2), None)
+    assert kinds_of(leak) == ["leak", "hits"] and worst_kind(kinds_of(leak), "x") == "leak"
+    assert kinds_of(totals_problems(totals("local", cached=5, external=5), None)) == \
+        ["hits", "hits"]
+    assert kinds_of(totals_problems(totals("cross", external=None), None)) == ["hits-unknown"]
 
 
 def test_a_gate_whose_hook_never_fires_makes_every_result_void(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "no-gate")
-    result = pytester.runpytest_subprocess(*BASE, "-k", "gate or (chain and 3k-00)")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "gate or (chain and 3k-00)",
+                                           "--sharedkv-json=r.json")
     result.assert_outcomes(failed=11)
+    checks = json.loads((pytester.path / "r.json").read_text())["checks"]
+    gate = next(c for c in checks if c["key"].get("size") == "gate")
+    assert (gate["kind"], gate["status"]) == ("gate", "void")
     result.stdout.fnmatch_lines([
         "*VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server*",
         "*VERDICT stub (test double): VOID: *",

@@ -124,6 +124,7 @@ class OrderingSession:
             {"target": target.name, "direction": result.direction, "size": result.size,
              "delay": format_cycles(result.delay_cycles)},
             result.passed, result.trials, role=target.role, message=result.first_failure(),
+            kind="ordering",
             detail={**result.detail(), "backend": self.backend.name,
                     "simulated": self.backend.simulated, "sensitive": sensitive,
                     "launch_blocking": launch_blocking(),

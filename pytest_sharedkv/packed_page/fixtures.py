@@ -150,7 +150,7 @@ class PackedPageRunner:
                 sink.fact("packed_page " + fact.split(":", 1)[0], fact.split(":", 1)[1].strip())
         check = trip.check
         sink.check(TIER, key, 1 if check.ok else 0, 1,
-                   message="" if check.ok else check.describe(),
+                   message="" if check.ok else check.describe(), kind="bytes",
                    detail={"moved_pages": check.moved_pages,
                            "untouched_pages": check.untouched_pages,
                            "bytes_compared": check.bytes_compared,
@@ -165,7 +165,8 @@ class PackedPageRunner:
 
     @staticmethod
     def _xfail(sink: ResultSink, key: dict[str, str], reason: str) -> Verdict:
-        sink.check(TIER, key, 0, 0, message=reason, detail={"status": "xfail"})
+        sink.check(TIER, key, 0, 0, message=reason, detail={"status": "xfail"}, kind="bytes",
+                   status="xfail")
         return Verdict(False, reason, xfail=True)
 
 

@@ -4,10 +4,18 @@ ratios with the pool hits behind them, and the sessions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pytest_sharedkv.perf.floor import floor_ratio, invalid
 from pytest_sharedkv.perf.hits import cached_share, counted, partial_hits, pooled_cross
 from pytest_sharedkv.perf.observations import STEPS, Observation, size_order
-from pytest_sharedkv.perf.statistics import Analysis, Cell, PairedRatio, SessionRatio
+from pytest_sharedkv.perf.statistics import (
+    MIN_PAIRS,
+    Analysis,
+    Cell,
+    PairedRatio,
+    SessionRatio,
+)
 from pytest_sharedkv.report.markdown import markdown_table
 
 SHOWN_REFUSALS = 3
@@ -65,16 +73,33 @@ def _judged(ratio: PairedRatio | SessionRatio) -> str:
     return "no difference shown"
 
 
+NO_INTERVAL = "-"
+
+
+def _interval(ratio: PairedRatio | SessionRatio) -> str:
+    return str(ratio.interval) if ratio.interval else NO_INTERVAL
+
+
+def _no_interval_note(ratios: Sequence[PairedRatio | SessionRatio]) -> list[str]:
+    """Why the rows marked "-" have no interval, said once under the table, not per row."""
+    pairs = sorted({r.block_pairs for r in ratios if r.interval is None})
+    if not pairs:
+        return []
+    return [f'no interval ("{NO_INTERVAL}" above): {" or ".join(map(str, pairs))} block pairs '
+            f"(an interval needs >= {MIN_PAIRS})"]
+
+
 def ratio_table(analysis: Analysis) -> list[str]:
     rows = [[r.size, r.step, r.arms, f"{r.median:.3f}x", str(r.block_pairs), str(r.requests),
-             r.spread, _judged(r)] for r in analysis.ratios]
+             _interval(r), _judged(r)] for r in analysis.ratios]
     if not rows:
         return []
     return ["paired TTFT ratio: one per block pair (the median over its requests), their "
             "median, and a percentile bootstrap interval over block pairs (with few pairs it "
             "cannot be wider than their range):",
             *markdown_table(["size", "step", "ratio", "median", "block pairs", "requests",
-                             "interval", "judged"], rows)]
+                             "interval", "judged"], rows),
+            *_no_interval_note(analysis.ratios)]
 
 
 def refusal_line(analysis: Analysis) -> str:
@@ -194,12 +219,13 @@ def session_table(analysis: Analysis) -> list[str]:
     lines = ["session wall time (six turns), median s:",
              *markdown_table(["arm", "placement", "median wall s", "sessions", "block pairs"],
                              rows)]
-    ratios = [[r.subject, r.ratio, f"{r.median:.3f}x", str(r.block_pairs), r.spread,
+    ratios = [[r.subject, r.ratio, f"{r.median:.3f}x", str(r.block_pairs), _interval(r),
                _judged(r)] for r in analysis.session_ratios]
     if ratios:
         lines += ["", "session wall time paired per block pair:",
                   *markdown_table(["within", "ratio", "median", "block pairs", "interval",
-                                   "judged"], ratios)]
+                                   "judged"], ratios),
+                  *_no_interval_note(analysis.session_ratios)]
     return lines
 
 

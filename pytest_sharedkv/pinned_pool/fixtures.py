@@ -143,7 +143,7 @@ def record(sink: ResultSink, report: RouteReport) -> None:
     data = report.data
     sink.check(
         TIER, {"route": report.route, "size": gib(report.requested)},
-        0 if report.problems else 1, 1, message="; ".join(report.problems),
+        0 if report.problems else 1, 1, message="; ".join(report.problems), kind="pinned",
         detail={k: data.get(k) for k in ("requested", "reserved", "predicted", "ratio",
                                           "seconds", "gib_per_s", "checked", "pinned",
                                           "first_pageable", "torch", "alloc_conf", "phases",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.engine_hooks.delay_hook import read_log, void_problem
-from pytest_sharedkv.report.records import VOID, ResultSink
+from pytest_sharedkv.report.records import VOID, Problem, ResultSink, kinds_of, worst_kind
 from pytest_sharedkv.stack import kv_audit
 from pytest_sharedkv.stack.namespaces import Namespaces
 from pytest_sharedkv.stack.pair import UNREAD, ReplicaPair
@@ -45,7 +45,8 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     measured on an H200); a B that comes too early reports no pool hits and fails. Both
     answers go into the report, so a failed run says what each replica said."""
     started = time.perf_counter()
-    problems: list[str] = []
+    problems: list[Problem] = []
+    voids: list[str] = []
     exact = 0
     external = 0
     details = []
@@ -68,8 +69,9 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
             for name, reply in (("A", a), ("B", b)):
                 if cases.decode(reply.text) != case.expected:
                     same = False
-                    problems.append(f"prompt {index} ({case.id}): replica {name} answered "
-                                    f"{reply.text!r}, not the answer known by construction")
+                    problems.append(Problem(
+                        f"prompt {index} ({case.id}): replica {name} answered "
+                        f"{reply.text!r}, not the answer known by construction", "divergence"))
         exact += same
         details.append({"prompt_tokens": a.prompt_tokens, "b_cached": b.cached_tokens,
                         "b_local": b.local_hit_tokens, "b_external": b.external_hit_tokens,
@@ -77,30 +79,36 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
                         "a_seconds": round(a.seconds, 3),
                         "b_seconds": round(b.seconds, 3)})
         if not same:
-            problems.append(f"prompt {index} ({a.prompt_tokens} tokens): B answered "
-                            f"{b.text!r} from {hit} external hit tokens, A answered {a.text!r}")
+            problems.append(Problem(f"prompt {index} ({a.prompt_tokens} tokens): B answered "
+                                    f"{b.text!r} from {hit} external hit tokens, A answered "
+                                    f"{a.text!r}", "divergence"))
         if hit <= 0 and b.counters_read:
-            problems.append(f"prompt {index}: B reported no external (pool) hits, so the "
-                            "cross-replica step proves nothing (is the connector on?)")
+            problems.append(Problem(f"prompt {index}: B reported no external (pool) hits, so "
+                                    "the cross-replica step proves nothing (is the connector "
+                                    "on?)", "hits"))
     delayed = delayed_calls(pair)
     void = void_problem(delayed, "round") if delayed is not None else None
     if void:
-        problems.insert(0, void)
+        voids.append(void)
     audit = kv_audit.audit(pair.kv_audit_dir)
     if audit is not None:
-        sink.note(TIER, audit.summary(str(pair.labels.get("allocator", ""))))
+        sink.note(TIER, audit.summary(str(pair.labels.get("allocator", ""))),
+                  kind="audit-mismatch", status="void" if audit.void else "info")
         if audit.void:
-            problems.insert(0, audit.void)
-        problems += [m.line() for m in audit.mismatches[:10]]
+            voids.insert(0, audit.void)
+        problems += [Problem(m.line(), "audit-mismatch") for m in audit.mismatches[:10]]
     wall = time.perf_counter() - started
-    proves_nothing = bool(void or (audit is not None and audit.void))
+    shown = [*voids, *problems]
     unknown = (f"{UNREAD} on replica B for {', '.join(unread)}, so its pool hits are "
                "unknown" if unread else "")
-    status = ({"status": VOID} if proves_nothing
-              else {"status": "unknown"} if unread and not problems else {})
+    status = ("void" if voids else "fail" if problems else "unknown" if unread else "pass")
+    kind = "hits-unknown" if status == "unknown" else worst_kind(kinds_of(problems),
+                                                                  "divergence")
     sink.check(TIER, dict(pair.labels), exact, len(chosen),
-               message="; ".join(problems[:3]) or unknown,
-               detail={**status, "requests": 2 * len(chosen), "external_hit_tokens": external,
+               message="; ".join(shown[:3]) or unknown, kind=kind, status=status,
+               detail={**({"status": VOID} if voids else {"status": "unknown"}
+                          if status == "unknown" else {}),
+                       "requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "kv_audit": None if audit is None else {
@@ -110,5 +118,5 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
                        "prompts": details})
     head = (f"{pair.description}: {exact}/{len(chosen)} exact cross-replica answers, "
             f"{external} external hit tokens")
-    return RoundVerdict(not problems, head + ("" if not problems else ": " + "; ".join(problems)),
+    return RoundVerdict(not shown, head + ("" if not shown else ": " + "; ".join(shown)),
                         unknown)

@@ -8,7 +8,6 @@ tiny model), and the summary says so, so nobody reads exact answers as integrity
 
 from __future__ import annotations
 
-from pytest_sharedkv.engine_hooks.delay_hook import VOID
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.stack.lmcache_server import LAZY_REMEDY as REMEDY
@@ -33,7 +32,7 @@ def allocator_lines(checks: list[Check], allocator: str) -> list[str]:
     for delay, cell in sorted(transfer.items()):
         if delay == "0" or control is None:
             continue
-        if cell.message.startswith(VOID):
+        if cell.status == "void":
             lines.append(f"VERDICT {allocator}: VOID at delay {delay} (the server never ran "
                          "the delay)")
         elif not control.ok:

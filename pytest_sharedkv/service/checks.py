@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.models.copy_rule import first_divergence
+from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
 from pytest_sharedkv.service.answers import STEPS, Answer, ServiceRun, Step, StepTotals
 
 SHOWN_WORDS = 8
@@ -30,47 +31,51 @@ def _words(ids: tuple[int, ...], run: ServiceRun, case: Case) -> str:
     return _short(text_of([i for i in ids if i >= 0], CopyModelRecipe()))
 
 
-def diverged(run: ServiceRun, case: Case, answer: Answer) -> str | None:
-    """Why ANSWER is not the right one, or None."""
+def diverged(run: ServiceRun, case: Case, answer: Answer) -> Problem | None:
+    """Why ANSWER is not the right one (a divergence), or None."""
     cold = run.answer(case.id, "cold")
     if case.expected is not None:
         if answer.ids == case.expected:
             return None
         index = first_divergence(case.expected, answer.ids or ())
-        return (f"first divergent token {index}: expected {_words(case.expected, run, case)}"
-                f" (by construction), replica {answer.replica} answered {_short(answer.text)}")
+        return Problem(f"first divergent token {index}: expected "
+                       f"{_words(case.expected, run, case)} (by construction), replica "
+                       f"{answer.replica} answered {_short(answer.text)}", "divergence")
     if cold is None or answer is cold or cold.error:
         return None
     if answer.text == cold.text:
         return None
     index = first_divergence(cold.text.split(), answer.text.split())
-    return (f"first divergent word {index}: replica A answered {_short(cold.text)} cold, "
-            f"replica {answer.replica} answered {_short(answer.text)}")
+    return Problem(f"first divergent word {index}: replica A answered {_short(cold.text)} "
+                   f"cold, replica {answer.replica} answered {_short(answer.text)}",
+                   "divergence")
 
 
-def hit_problem(case: Case, step: Step, answer: Answer) -> str | None:
+def hit_problem(case: Case, step: Step, answer: Answer) -> Problem | None:
     cached = answer.cached_tokens
     if cached is None:
-        return f"replica {answer.replica} reported no usage.prompt_tokens_details.cached_tokens"
+        return Problem(f"replica {answer.replica} reported no "
+                       "usage.prompt_tokens_details.cached_tokens", "hits-unknown")
     if step.hits == "none":
         if cached:
-            return (f"namespace leak: the cold request hit {cached} cached tokens on replica "
-                    f"{answer.replica} in a fresh cache_salt namespace")
+            return Problem(f"namespace leak: the cold request hit {cached} cached tokens on "
+                           f"replica {answer.replica} in a fresh cache_salt namespace", "leak")
         return None
     if case.shareable is not None and cached != case.shareable:
         kind = "the pool" if step.hits == "external" else "its own prefix cache"
-        return (f"replica {answer.replica} took {cached} of the {case.shareable} shareable "
-                f"prompt tokens from {kind} (a full hit leaves exactly one to compute)")
+        return Problem(f"replica {answer.replica} took {cached} of the {case.shareable} "
+                       f"shareable prompt tokens from {kind} (a full hit leaves exactly one "
+                       "to compute)", "hits")
     return None
 
 
 def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True
-                  ) -> list[str]:
+                  ) -> list[Problem]:
     answer = run.answer(case.id, step.name)
     if answer is None:
-        return [f"{step.name}: no answer was recorded"]
+        return [Problem(f"{step.name}: no answer was recorded", "error")]
     if answer.error:
-        return [f"{step.name} on replica {step.replica}: {answer.error}"]
+        return [Problem(f"{step.name} on replica {step.replica}: {answer.error}", "error")]
     problems = []
     wrong = diverged(run, case, answer)
     if wrong:
@@ -104,8 +109,9 @@ def control_line(run: ServiceRun, case: Case, step: Step) -> str:
             "wrong too, so the model or engine is at fault, not the cache")
 
 
-def chain_failures(run: ServiceRun, case: Case) -> list[str]:
-    """One message per failed step of this case's chain (empty: all four held)."""
+def chain_failures(run: ServiceRun, case: Case) -> list[Problem]:
+    """One message per failed step of this case's chain (empty: all four held), each of
+    the worst kind its step found."""
     out = []
     for step in STEPS:
         problems = step_problems(run, case, step)
@@ -115,8 +121,9 @@ def chain_failures(run: ServiceRun, case: Case) -> list[str]:
                     + (f", source chunk {case.source_chunk}"
                        if case.source_chunk is not None else ""))
             tail = [hit_line(run, case), control_line(run, case, step)]
-            out.append(head + ": " + "; ".join(problems) + " [" +
-                       "; ".join(t for t in tail if t) + "]")
+            out.append(Problem(head + ": " + "; ".join(problems) + " [" +
+                               "; ".join(t for t in tail if t) + "]",
+                               worst_kind(kinds_of(problems), "error")))
     return out
 
 
@@ -132,7 +139,7 @@ def totals_unknown(totals: StepTotals) -> str | None:
             f"on replica {', '.join(totals.unread)}, so the step's hits are unknown")
 
 
-def totals_problems(totals: StepTotals, shareable: int | None) -> list[str]:
+def totals_problems(totals: StepTotals, shareable: int | None) -> list[Problem]:
     """What a step's counter deltas say against what the step may have (nothing where
     they are unknown: see totals_unknown).
 
@@ -144,12 +151,20 @@ def totals_problems(totals: StepTotals, shareable: int | None) -> list[str]:
     if totals.unread:
         return []
     if totals.local is None or totals.external is None:
-        return [f"{where}: the engine exposes no {'local' if totals.local is None else 'pool'}"
-                " hit counter, so the split cannot be accounted"]
+        return [Problem(f"{where}: the engine exposes no "
+                        f"{'local' if totals.local is None else 'pool'} hit counter, so the "
+                        "split cannot be accounted", "hits-unknown")]
     problems = []
     if totals.step == "cold" and (totals.local or totals.external):
-        problems.append(f"{where}: {totals.local} local and {totals.external} pool hit tokens "
-                        "in cold requests (a namespace leak)")
+        problems.append(Problem(f"{where}: {totals.local} local and {totals.external} pool "
+                                "hit tokens in cold requests (a namespace leak)", "leak"))
+    problems += [Problem(text, "hits") for text in _hit_counts(totals, shareable, where)]
+    return problems
+
+
+def _hit_counts(totals: StepTotals, shareable: int | None, where: str) -> list[str]:
+    """What a step's counters say against the hits it may have (not a leak)."""
+    problems = []
     if totals.step in ("local", "receiver-local") and totals.external:
         problems.append(f"{where}: {totals.external} tokens came from the pool where the "
                         "engine's own prefix cache should have served")

@@ -26,6 +26,11 @@ from pytest_sharedkv.service.runner import Runner
 PROVEN, VOID, UNPROVEN, CONFOUNDED = "proven", "VOID", "unproven", "CONFOUNDED"
 
 
+def record_status(status: str) -> str:
+    """The gate record's status (records.STATUSES) for a gate STATUS."""
+    return {PROVEN: "pass", VOID: "void", UNPROVEN: "unproven", CONFOUNDED: "confounded"}[status]
+
+
 @dataclass
 class GateResult:
     status: str

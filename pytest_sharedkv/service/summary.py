@@ -92,7 +92,7 @@ def verdicts(checks: list[Check]) -> list[str]:
                          + remedy + voids)
         else:
             bad = [f"{c.key.get('size')} {c.key.get('step')}" for c in steps
-                   if not c.ok or c.message]
+                   if c.status == "fail"]
             lines.append(f"VERDICT {name}: {total}/{total} answers exact after cross-replica "
                          f"hits, but {len(chains)} request chains failed their hit accounting"
                          + (f" ({', '.join(bad)})" if bad else "")

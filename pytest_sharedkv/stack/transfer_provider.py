@@ -272,7 +272,15 @@ class TransferOutcome:
     server: str = ""
     allocator: str = ""
     delayed_calls: dict[str, int] | None = None
-    void: bool = False  # the injected delay never ran: the check proves nothing
+    void: str | None = None  # why a delayed check proves nothing
+
+    def verdict(self) -> tuple[str, str]:
+        """The record's (kind, status): a fresh salt that hit is a leak; else the bytes."""
+        if self.void:
+            return "bytes", "void"
+        if self.fetch.get("control_hit_tokens"):
+            return "leak", "fail"
+        return "bytes", "fail" if self.problems else "pass"
 
     def score(self) -> tuple[int, int]:
         """(pages right, pages compared) for the report; a failure of anything but the
@@ -359,8 +367,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
         void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
         if void:
+            outcome.void = void
             outcome.problems.insert(0, void)
-            outcome.void = True
     return outcome
 
 

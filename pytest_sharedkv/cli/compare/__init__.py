@@ -1,0 +1,25 @@
+"""``python -m pytest_sharedkv compare BEFORE.json AFTER.json``: the pre-upgrade check.
+
+One concern a module: ``reading`` (loading and validating reports), ``correctness`` (every
+tier's correctness differences; ``legacy`` reads records of older reports), ``speed`` (perf
+verdicts, significance), ``rendering`` (the Markdown lines), ``main`` (the command line).
+
+Correctness first: any failed or unfinished test, any VOID or CONFOUNDED result,
+namespace leak, divergence, failed hit accounting, KV audit mismatch or PARTIAL pool hit in
+AFTER, and any test that passed in BEFORE and did not pass in AFTER, fails the compare (new
+ones, by test id, listed first). Records are judged by their kind and status (see
+``report.records``), never by their message; records without them (reports written
+before they existed) go to the legacy reader, which applies the old text rule.
+
+Then speed: per cell (size x arm x step) the median TTFT, and per arm x
+placement the median session wall time, with the observations and block pairs behind each
+number and the relative change; a cell slower than ``--max-regression`` is a regression
+when its block pairs also tell the change from noise (``significance.welch``, one-sided in
+the change's direction; pyperf's ``compare_to`` judges the same way and prints "Not
+significant"), else the verdict says "within noise" or "not judged" and the RESULT line
+counts them, slower and faster: an A/A pair of H200 runs differs by 10-35% in some cells.
+
+Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
+or reports that do not compare (another schema, model or corpus; a file that is missing or
+not JSON). Bad input gets one line naming the file or option, never a traceback.
+"""

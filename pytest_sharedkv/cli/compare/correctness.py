@@ -1,0 +1,144 @@
+"""Every tier's correctness differences: failed, unfinished and lost tests, and the
+records whose kind and status say a result is wrong or proves nothing, and the perf
+screening's refused pairings, results below the floor and partial pool hits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_sharedkv.cli.compare.legacy import legacy_check_kind, legacy_note_kind
+from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.perf.floor import invalid
+from pytest_sharedkv.perf.hits import full_hit_tokens, partial_hits
+from pytest_sharedkv.perf.tables import seconds
+
+FAILED = ("failed", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # failed | error | unfinished | lost | VOID | CONFOUNDED | divergence | ...
+    subject: str  # the test id, or the record's tier and key
+    message: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.subject
+
+
+def _short(text: object, limit: int = 240) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+# What a failed record of each kind is called in the compare (the other kinds' failures,
+# protocol, bytes, ordering ..., fail their test, which the compare lists by test id).
+FAILED_KINDS = {"leak": "namespace leak", "divergence": "divergence",
+                "hits": "hit accounting", "hits-unknown": "hit accounting",
+                "audit-mismatch": "KV audit mismatch"}
+STATUS_FINDINGS = {"void": "VOID", "confounded": "CONFOUNDED"}
+
+
+def _check_kind(check: dict[str, Any]) -> str | None:
+    """The finding a check record makes, from its kind and status only."""
+    if "kind" not in check:
+        return legacy_check_kind(check)
+    status = check.get("status")
+    if status in STATUS_FINDINGS:
+        return STATUS_FINDINGS[str(status)]
+    if status == "fail":
+        return FAILED_KINDS.get(str(check.get("kind")))
+    return None
+
+
+def _note_kind(note: dict[str, Any]) -> str | None:
+    if "status" not in note:
+        return legacy_note_kind(note)
+    return STATUS_FINDINGS.get(str(note.get("status")))
+
+
+def _record(check: dict[str, Any]) -> str:
+    key = check.get("key") or {}
+    where = ", ".join(f"{k}={v}" for k, v in key.items()) if isinstance(key, dict) else key
+    return f"{check.get('tier', '?')} [{where}]"
+
+
+def findings(report: Report) -> list[Finding]:
+    """What in one report makes it fail a compare, in report order."""
+    data = report.data
+    found: list[Finding] = []
+    if data.get("interrupted"):
+        found.append(Finding("interrupted", "the run", _short(data["interrupted"])))
+    outcomes = {}
+    for test in data.get("tests", []):
+        if not isinstance(test, dict):
+            continue
+        nodeid, outcome = str(test.get("nodeid", "?")), test.get("outcome")
+        outcomes[nodeid] = outcome
+        if outcome in FAILED:
+            found.append(Finding(str(outcome), nodeid, _short(test.get("message", ""))))
+        elif outcome is None:
+            found.append(Finding("unfinished", nodeid, "the test never reported an outcome"))
+    for entry in data.get("collection", []):
+        if isinstance(entry, dict) and entry.get("outcome") in (*FAILED, "errors"):
+            found.append(Finding("collection error", str(entry.get("nodeid", "?")),
+                                 _short(entry.get("message", ""))))
+    for check in data.get("checks", []):
+        if not isinstance(check, dict) or outcomes.get(str(check.get("nodeid"))) == "xfailed":
+            continue
+        kind = _check_kind(check)
+        if kind:
+            found.append(Finding(kind, _record(check), _short(check.get("message", ""))))
+    for note in data.get("notes", []):
+        kind = _note_kind(note) if isinstance(note, dict) else None
+        if isinstance(note, dict) and kind:
+            found.append(Finding(kind, f"{note.get('tier', '?')} note",
+                                 _short(note.get("text", ""))))
+    if report.perf is not None:
+        for refusal in report.perf.pairing.refusals:
+            found.append(Finding("perf pairing refused", f"request {refusal.request} block "
+                                 f"{refusal.block} arm {refusal.arm}", refusal.reason))
+        if report.perf.run.floor is not None:
+            for o in invalid(report.perf.run.observations, report.perf.run.floor):
+                found.append(Finding(
+                    "INVALID (below floor)", f"request {o.request} block {o.block} arm {o.arm}",
+                    f"cross-replica TTFT {seconds(o.ttft_s)} s < floor "
+                    f"{seconds(report.perf.run.floor.seconds(o.prompt_tokens))} s: the "
+                    "receiver's own prefix cache answered"))
+        run = report.perf.run
+        for o in partial_hits(run.observations, run.chunk_tokens):
+            chunk = run.chunk_tokens or 0
+            found.append(Finding(
+                "PARTIAL pool hit", f"request {o.request} block {o.block} arm {o.arm}",
+                f"cross-replica request found {o.cached_tokens:,} of {o.prompt_tokens:,} "
+                f"prompt tokens in a cache, a full hit is "
+                f"{full_hit_tokens(o.prompt_tokens, chunk):,}: its TTFT includes a "
+                "recompute (the pool evicted or B's lookup missed)"))
+    return list({f.key: f for f in found}.values())
+
+
+def lost_tests(before: Report, after: Report) -> list[Finding]:
+    """Tests that passed in BEFORE and did not pass (or did not run) in AFTER."""
+    now = {str(t.get("nodeid")): t for t in after.data.get("tests", []) if isinstance(t, dict)}
+    lost = []
+    for test in before.data.get("tests", []):
+        if not isinstance(test, dict) or test.get("outcome") != "passed":
+            continue
+        nodeid = str(test.get("nodeid"))
+        mine = now.get(nodeid)
+        outcome = None if mine is None else mine.get("outcome")
+        if mine is None or outcome in ("skipped", "xfailed", "deselected"):
+            why = "not in AFTER" if mine is None else \
+                f"{outcome} in AFTER: {_short(mine.get('message', ''))}"
+            lost.append(Finding("lost", nodeid, f"passed in BEFORE, {why}"))
+    return lost
+
+
+def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
+    """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
+    a test that passed in BEFORE and not in AFTER is always new."""
+    earlier = {f.key for f in findings(before)}
+    problems = findings(after) + lost_tests(before, after)
+    return ([f for f in problems if f.key not in earlier],
+            [f for f in problems if f.key in earlier])

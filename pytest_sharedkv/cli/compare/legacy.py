@@ -1,0 +1,38 @@
+"""Reports written before records carried a kind and a status: their records are read
+by the text rule the compare used then. Only records without a kind come here; a current
+report's verdict never depends on a message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SERVICE = "service_regression"
+NOT_STEP_TOTALS = ("gate", "session", "protocol", "model", "warm-up")
+
+
+def legacy_check_kind(check: dict[str, Any]) -> str | None:
+    """A check record without a kind (an older report), read by the text rule the compare
+    used before records had one. Only for such records; never for a current report."""
+    key = check.get("key") or {}
+    message = str(check.get("message") or "")
+    detail = check.get("detail") or {}
+    status = detail.get("status") if isinstance(detail, dict) else None
+    if not isinstance(key, dict) or key.get("size") == "warm-up":
+        return None
+    lower = message.lower()
+    if status == "VOID" or message.startswith("VOID") or "VOID:" in message:
+        return "VOID"
+    if "leak" in lower:
+        return "namespace leak"
+    if "divergen" in lower or (key.get("step") == "chain" and
+                               check.get("passed") != check.get("trials")):
+        return "divergence"
+    if (check.get("tier") == SERVICE and message and key.get("size") not in NOT_STEP_TOTALS
+            and key.get("step") != "chain"):
+        return "hit accounting"
+    return None
+
+
+def legacy_note_kind(note: dict[str, Any]) -> str | None:
+    """A note without a status (an older report): VOID when its text says so."""
+    return "VOID" if "VOID" in str(note.get("text", "")) else None

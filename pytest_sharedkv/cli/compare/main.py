@@ -1,0 +1,82 @@
+"""The command line: arguments, the two reports, the exit status (0 same, 1 a regression
+or a correctness difference, 2 a usage error or reports that do not compare)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from pytest_sharedkv.cli.compare import speed
+from pytest_sharedkv.cli.compare.correctness import differences
+from pytest_sharedkv.cli.compare.reading import CompareError, Report, comparable, read_report
+from pytest_sharedkv.cli.compare.rendering import report_lines
+
+DEFAULT_MAX_REGRESSION = "10%"
+PROG = "python -m pytest_sharedkv compare"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CompareError(f"{message}\n{self.format_usage().rstrip()}")
+
+
+def max_regression(text: str) -> float:
+    """"10%" -> 0.10, "0.1" -> 0.1 (a plain number is a fraction)."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (10%) or a fraction "
+                                         "(0.1)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative percentage or "
+                                         "fraction")
+    if not raw.endswith("%") and value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is ambiguous: write {raw}% or a fraction "
+                                         "such as 0.1")
+    return value
+
+
+def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]]:
+    """(exit status, Markdown lines) of two comparable reports."""
+    new, old = differences(before, after)
+    changes, sessions = speed.changes(before.perf, after.perf)
+    every = changes + sessions
+    status = 1 if new or old or speed.regressions(every, limit) or speed.missing(every) else 0
+    return status, report_lines(before, after, limit, status=status, new=new, old=old,
+                                changes=changes, sessions=sessions)
+
+
+def main(argv: Sequence[str]) -> int:
+    import sys
+
+    parser = _Parser(prog=PROG, description="Compare two sharedkv JSON reports: correctness "
+                     "first, then median TTFT and session wall time per cell.")
+    parser.add_argument("before", type=Path, metavar="BEFORE.json")
+    parser.add_argument("after", type=Path, metavar="AFTER.json")
+    parser.add_argument("--max-regression", type=max_regression,
+                        default=max_regression(DEFAULT_MAX_REGRESSION), metavar="LIMIT",
+                        help="a cell slower by more than this is a regression: 10%% or 0.1 "
+                             f"(default {DEFAULT_MAX_REGRESSION.replace('%', '%%')})")
+    parser.add_argument("--markdown", type=Path, metavar="OUT.md",
+                        help="also write the report to this file")
+    try:
+        args = parser.parse_args(list(argv))
+        before, after = read_report(args.before), read_report(args.after)
+        comparable(before, after)
+        status, lines = compare(before, after, args.max_regression)
+        text = "\n".join(lines) + "\n"
+        if args.markdown is not None:
+            try:
+                args.markdown.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise CompareError(f"--markdown: cannot write {args.markdown} ({exc})") \
+                    from None
+    except CompareError as exc:
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    sys.stdout.write(text)
+    return status

@@ -1,0 +1,113 @@
+"""The compare's Markdown: identities, the RESULT line with its noise notes, the
+correctness table and the speed tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pytest_sharedkv.cli.compare import speed
+from pytest_sharedkv.cli.compare.correctness import Finding
+from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.cli.compare.speed import Change
+from pytest_sharedkv.perf.significance import MIN_PAIRS
+from pytest_sharedkv.report.markdown import markdown_table
+
+
+def _percent(change: Change) -> str:
+    relative = change.relative
+    return "-" if relative is None else f"{relative:+.1%}"
+
+
+def _rows(changes: Sequence[Change], limit: float) -> list[list[str]]:
+    return [[*c.what, str(c.before) if c.before else "-", str(c.after) if c.after else "-",
+             _percent(c), c.verdict(limit)] for c in changes]
+
+
+
+def _identity(report: Report) -> str:
+    data = report.data
+    parts = [f"created {data.get('created', '?')}", f"plugin {data.get('plugin_version', '?')}"]
+    if data.get("complete") is False:
+        parts.append("INCOMPLETE")
+    if report.perf is not None:
+        run = report.perf.run
+        engine = ", ".join(f"{k} {v}" for k, v in run.engine.items())
+        parts.append(f"model {run.model_digest}, corpus {run.corpus_digest}"
+                     + (f", {engine}" if engine else ""))
+    return "; ".join(parts)
+
+
+def _directions(changes: Sequence[Change]) -> str:
+    slower = sum(1 for c in changes if (c.relative or 0) > 0)
+    return f"{slower} slower, {len(changes) - slower} faster"
+
+
+def _span(counts: Iterable[int]) -> str:
+    values = sorted(set(counts))
+    return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
+def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
+    """The cells beyond LIMIT that were not called slower or faster, counted, so that an OK
+    never hides a slower cell the block pairs could not judge."""
+    notes = []
+    unjudged = [c for c in changes if c.not_judged(limit)]
+    if unjudged:
+        b = _span(c.before.pairs for c in unjudged if c.before is not None)
+        a = _span(c.after.pairs for c in unjudged if c.after is not None)
+        notes.append(f"{len(unjudged)} cell(s) changed by more than {limit:.0%} without enough "
+                     f"block pairs to tell from noise ({_directions(unjudged)}; BEFORE {b}, "
+                     f"AFTER {a} block pairs: run --sharedkv-blocks {MIN_PAIRS} or more on "
+                     "both sides to judge them)")
+    noisy = [c for c in changes if c.within_noise(limit)]
+    if noisy:
+        notes.append(f"{len(noisy)} cell(s) changed by more than {limit:.0%} within the noise "
+                     f"of their block pairs ({_directions(noisy)})")
+    return notes
+
+
+def report_lines(before: Report, after: Report, limit: float, *, status: int,
+                 new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
+                 sessions: Sequence[Change]) -> list[str]:
+    """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
+    new ones first), the TTFT CHANGES and session-wall SESSIONS."""
+    every = [*changes, *sessions]
+    regressions, missing = speed.regressions(every, limit), speed.missing(every)
+    summary = []
+    if new:
+        summary.append(f"{len(new)} new correctness difference(s)")
+    if old:
+        summary.append(f"{len(old)} correctness difference(s) also in BEFORE")
+    if regressions:
+        summary.append(f"{len(regressions)} significant regression(s) beyond {limit:.0%}")
+    if missing:
+        summary.append(f"{len(missing)} cell(s) MISSING in AFTER")
+    result = ("RESULT: FAIL: " + ", ".join(summary)) if status else \
+        f"RESULT: OK: no correctness difference, no significant regression beyond {limit:.0%}"
+    lines = [f"# sharedkv compare: {before.path} -> {after.path}", "",
+             f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}", "",
+             "; ".join([result, *_noise_notes(every, limit)]), "",
+             "## Correctness (AFTER)", ""]
+    if new or old:
+        rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
+                for f in [*new, *old]]
+        lines += markdown_table(["", "kind", "test or record", "message"], rows)
+    else:
+        lines.append("No failed or unfinished test, no VOID result, namespace leak, divergence "
+                     "or failed hit accounting; every test that passed in BEFORE passed.")
+    lines += ["", f"## Performance (a regression: a cell slower than {limit:.0%} and beyond "
+              "the noise of its block pairs, Welch's t on their medians, one-sided 95%)", ""]
+    if before.perf is None:
+        lines.append("Neither report holds a perf screening: speed not compared.")
+        return lines
+    if changes:
+        lines += ["TTFT median s (n observations, block pairs behind each number):",
+                  *markdown_table(["size", "arm", "step", "BEFORE", "AFTER", "change",
+                                   "verdict"], _rows(changes, limit))]
+    if sessions:
+        lines += ["", "session wall time median s:",
+                  *markdown_table(["arm", "placement", "BEFORE", "AFTER", "change",
+                                   "verdict"], _rows(sessions, limit))]
+    if not changes and not sessions:
+        lines.append("The screenings recorded no measured observations.")
+    return lines

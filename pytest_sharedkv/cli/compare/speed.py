@@ -1,0 +1,131 @@
+"""Perf verdicts: per cell the median before and after, the relative change and whether
+the block pairs tell it from noise (Welch's t on their medians, one-sided)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
+from pytest_sharedkv.perf.statistics import Analysis
+from pytest_sharedkv.perf.tables import behind, seconds
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    n: int
+    pairs: int
+    per_pair: tuple[float, ...] = ()  # the cell's median in each block pair
+
+    def __str__(self) -> str:
+        return f"{seconds(self.median)} ({behind(self.n, self.pairs)})"
+
+
+@dataclass(frozen=True)
+class Change:
+    what: tuple[str, ...]  # (size, arm, step) or (arm, placement)
+    before: Stat | None
+    after: Stat | None
+
+    @property
+    def relative(self) -> float | None:
+        if self.before is None or self.after is None or self.before.median <= 0:
+            return None
+        return self.after.median / self.before.median - 1
+
+    def test(self) -> Welch | None:
+        """Welch's t on the per-pair medians, or None where it cannot run (a side with
+        fewer than ``MIN_PAIRS`` block pairs, or a per-pair median that is not positive)."""
+        if self.before is None or self.after is None:
+            return None
+        if min(self.before.per_pair + self.after.per_pair, default=0.0) <= 0:
+            return None
+        return welch(self.before.per_pair, self.after.per_pair)
+
+    def significant(self, test: Welch) -> bool:
+        """One-sided, in the direction of the median change: a slower median whose t says
+        AFTER is faster (or is small) is not a regression."""
+        change = self.relative
+        if not change:
+            return False
+        return test.shows(slower=change > 0)
+
+    def beyond(self, limit: float) -> bool:
+        """Changed by more than LIMIT either way (judged or not)."""
+        change = self.relative
+        return change is not None and abs(change) > limit
+
+    def verdict(self, limit: float) -> str:
+        """ok; REGRESSION or faster (beyond LIMIT and beyond the noise); slower/faster
+        within noise or not judged (beyond LIMIT, too few block pairs to tell)."""
+        if self.after is None:
+            return "MISSING in AFTER"
+        if self.before is None:
+            return "new in AFTER"
+        change = self.relative
+        if change is None or not self.beyond(limit):
+            return "ok"
+        direction = f"{'slower' if change > 0 else 'faster'} {change:+.1%}"
+        test = self.test()
+        if test is None:
+            return (f"{direction}, not judged: BEFORE {self.before.pairs}, AFTER "
+                    f"{self.after.pairs} block pairs (the t-test needs >= {MIN_PAIRS} on "
+                    "each side)")
+        if not self.significant(test):
+            return f"{direction}, within noise ({test.describe(slower=change > 0)})"
+        return "REGRESSION" if change > 0 else "faster"
+
+    def failed(self, limit: float) -> bool:
+        return self.verdict(limit) in ("REGRESSION", "MISSING in AFTER")
+
+    def not_judged(self, limit: float) -> bool:
+        """Beyond LIMIT, and the t-test cannot run (too few block pairs on a side)."""
+        return self.before is not None and self.after is not None and \
+            self.beyond(limit) and self.test() is None
+
+    def within_noise(self, limit: float) -> bool:
+        """Beyond LIMIT, and the t-test ran and cannot tell the change from noise."""
+        test = self.test()
+        return self.before is not None and self.after is not None and \
+            self.beyond(limit) and test is not None and not self.significant(test)
+
+
+def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], Stat]
+             ) -> list[Change]:
+    keys = list(before) + [k for k in after if k not in before]
+    return [Change(k, before.get(k), after.get(k)) for k in keys]
+
+
+def ttft_changes(before: Analysis, after: Analysis) -> list[Change]:
+    def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
+        return {(c.size, c.arm, c.step): Stat(
+            c.median_ttft_s, c.n, c.block_pairs, c.per_pair_ttft_s) for c in a.cells}
+
+    return _changes(stats(before), stats(after))
+
+
+def session_changes(before: Analysis, after: Analysis) -> list[Change]:
+    def stats(a: Analysis) -> dict[tuple[str, ...], Stat]:
+        return {(c.arm, c.placement): Stat(
+            c.median_wall_s, c.n, c.block_pairs, c.per_pair_wall_s) for c in a.session_cells}
+
+    return _changes(stats(before), stats(after))
+
+
+def changes(before: Analysis | None, after: Analysis | None
+            ) -> tuple[list[Change], list[Change]]:
+    """(TTFT changes, session wall-time changes); none unless both hold a screening."""
+    if before is None or after is None:
+        return [], []
+    return ttft_changes(before, after), session_changes(before, after)
+
+
+def regressions(changes: Sequence[Change], limit: float) -> list[Change]:
+    """The cells slower than LIMIT beyond the noise of their block pairs."""
+    return [c for c in changes if c.verdict(limit) == "REGRESSION"]
+
+
+def missing(changes: Sequence[Change]) -> list[Change]:
+    """The cells BEFORE has and AFTER lacks."""
+    return [c for c in changes if c.after is None]
