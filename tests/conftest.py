@@ -14,6 +14,7 @@ import pytest
 
 from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
 from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV
+from pytest_sharedkv.models.copy_matrix import CACHE_ENV as MATRIX_CACHE_ENV
 from tests.process_tags import TAG_ENV
 
 # A runner that starts the self-tests in the background without job control (bash's `cmd &`
@@ -34,6 +35,9 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch,
                  "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path_factory.mktemp("runtime")))
+    # One copy-model corruption matrix per input for the whole self-test run, every xdist
+    # worker and inner run alike (the basetemp's parent is the run's).
+    monkeypatch.setenv(MATRIX_CACHE_ENV, str(tmp_path_factory.getbasetemp().parent / "matrix"))
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ previous chunk's) or partly so = changed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,11 +164,44 @@ def corrupt(name: str, cache: Any, stale: Any, foreign: Any, chunk: int, source_
             layer.recurrent_states[0].copy_(recurrent)
 
 
+# A directory where a run keeps matrices it computed, keyed by model digest and inputs, so
+# the self-tests compute each one once per run (the shipped suite's model check, run inside
+# a self-test, and the matrix's own test send the same requests). Unset: always computed.
+CACHE_ENV = "SHAREDKV_MATRIX_CACHE"
+
+
 def run_matrix(model_dir: Path, requests: Sequence[tuple[str, list[int], int, int]],
                chunk: int, corruptions: Sequence[str] = tuple(EXPECTED_CHANGE),
                steps: int = 16, dtype: str = "bfloat16",
                progress: Callable[[MatrixRow], None] | None = None) -> list[MatrixRow]:
     """REQUESTS: (id, ids with <s>, source chunk, source position), all the same length."""
+    cache = os.environ.get(CACHE_ENV)
+    if not cache or progress is not None:
+        return _run_matrix(model_dir, requests, chunk, corruptions, steps, dtype, progress)
+    import hashlib
+    import json
+
+    from filelock import FileLock
+
+    from pytest_sharedkv.models.copy_model import digest_of
+
+    key = hashlib.sha256(json.dumps([digest_of(model_dir), [list(r) for r in requests], chunk,
+                                     list(corruptions), steps, dtype]).encode()).hexdigest()
+    path = Path(cache) / f"copy-matrix-{key[:16]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.exists():
+            return [MatrixRow(r["corruption"], r["request"], tuple(r["expected"]),
+                              tuple(r["answer"]), r["margin"])
+                    for r in json.loads(path.read_text())]
+        rows = _run_matrix(model_dir, requests, chunk, corruptions, steps, dtype, None)
+        path.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
+        return rows
+
+
+def _run_matrix(model_dir: Path, requests: Sequence[tuple[str, list[int], int, int]],
+                chunk: int, corruptions: Sequence[str], steps: int, dtype: str,
+                progress: Callable[[MatrixRow], None] | None) -> list[MatrixRow]:
     runner = CopyRunner(model_dir, dtype)
     rows: list[MatrixRow] = []
     for n, (rid, ids, source_chunk, source) in enumerate(requests):
