@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -542,6 +543,23 @@ class Settings:
         if self.settle_s is not None:
             return self.settle_s
         return 20.0 if delay else 2.0  # a 1e8-cycle delay: 7.9 s per 2,976-token store (H200)
+
+
+# A test seam, not a setting: the self-tests' small plan for the stub pass (their fault
+# tests read a few requests; the corpus tests check every committed payload's hash).
+MEASURED_ENV = "SHAREDKV_SERVICE_MEASURED"
+
+
+def measured_limit(environ: Mapping[str, str] | None = None) -> int | None:
+    """The first N measured requests of each size the service tier sends (None: all), from
+    ``SHAREDKV_SERVICE_MEASURED``; a bad value raises OptionError naming the variable."""
+    raw = (os.environ if environ is None else environ).get(MEASURED_ENV)
+    if raw is None:
+        return None
+    try:
+        return whole_number(1, 100_000)(raw)
+    except OptionError as exc:
+        raise OptionError(f"{MEASURED_ENV}={raw!r}: {exc}") from None
 
 
 def add_options(parser: pytest.Parser) -> None:
