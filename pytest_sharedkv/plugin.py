@@ -72,6 +72,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
     settings = options.load_settings(config)
+    try:
+        options.measured_limit()
+    except options.OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
     problem = chosen_problem()
     if problem is not None:
         raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "

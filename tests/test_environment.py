@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections.abc import Callable
 
 import pytest
 
-from pytest_sharedkv.host.environment import torch_build
 from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 
@@ -41,10 +41,23 @@ def test_header_under_xdist_without_options_is_in_the_summary(
     ])
 
 
+READ = ("import sys; from pytest_sharedkv.host.environment import torch_build; "
+        "print(repr((torch_build(), 'torch' in sys.modules)))")
+IMPORTED = "import torch; print(repr((torch.__version__, torch.version.cuda)))"
+
+
 def test_torch_build_read_without_import() -> None:
-    version, _cuda = torch_build()
-    assert version is not None
-    assert "torch" not in sys.modules or version == sys.modules["torch"].__version__
+    """In fresh interpreters (this one may have imported torch, or not): the text read gives
+    what importing torch gives, and imports nothing of torch."""
+    pytest.importorskip("torch", reason="compared with the installed torch's own answer")
+
+    def run(code: str) -> object:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, check=True)
+        return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+    read, imported = run(READ), run(IMPORTED)
+    assert read == (imported, False)
 
 
 def test_fallback_is_said_plainly() -> None:

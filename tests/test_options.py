@@ -143,17 +143,30 @@ def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
         fallback.unlink()
 
 
+INI_TWIN = re.compile(r"^  (\w+) \(string\):\n\s+ini twin of (--[\w-]+):", re.M)
+
+
+def ini_twins(help_text: str) -> dict[str, str]:
+    """ini key -> the flag its help says it twins, from the ini section of ``--help``."""
+    _, _, ini_section = help_text.partition("[pytest] configuration options")
+    return dict(INI_TWIN.findall(ini_section))
+
+
 def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--help")
-    out = result.stdout.str()
+    """Read from --help's two sections: each flag is listed with the plugin's options, and
+    each lasting one has an ini key (sharedkv_ and the flag's name) whose help names it."""
+    out = pytester.runpytest("--help").stdout.str()
+    options_section, _, _ = out.partition("[pytest] configuration options")
+    for opt in OPTIONS:
+        assert re.search(rf"^  {re.escape(opt.flag_name)}(=|\s|$)", options_section, re.M), \
+            opt.flag_name
+    twins = ini_twins(out)
+    assert twins == {"sharedkv_" + flag.removeprefix("--sharedkv-").replace("-", "_"): flag
+                     for flag in twins.values()}
+    lasting = [opt.flag_name for opt in OPTIONS if opt.name != "list-targets"]  # one-shot
+    assert sorted(twins.values()) == sorted(lasting)
     fields = [f.name for f in dataclasses.fields(Settings) if f.name != "sources"]
     assert [opt.field for opt in OPTIONS] == fields  # every setting is an option
-    for opt in OPTIONS:
-        assert opt.flag_name in out
-        assert opt.dest.startswith("sharedkv_")
-        assert opt.ini == (opt.name != "list-targets")  # only the one-shot listing has none
-        if opt.ini:
-            assert f"{opt.dest} (string)" in out
 
 
 def _sections(help_text: str) -> dict[str, str]:

@@ -164,16 +164,21 @@ def test_judge(data: dict[str, object], warnings: list[str], problems: list[str]
     assert report.problems == problems
 
 
+NO_DEVICE = "needs 1 CUDA device, 0 visible"
+
+
 def test_suite_skips_without_cuda_and_fails_under_require_gpu(
     pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
 ) -> None:
     base = ["--pyargs", "pytest_sharedkv.suites", "-m", "pinned_pool", "-p", "no:cacheprovider"]
     result = pytester.runpytest_subprocess(*base, "-rs")
     assert result.parseoutcomes()["skipped"] == 7
+    assert NO_DEVICE in result.stdout.str()
     fake_gpus("0")
     result = pytester.runpytest_subprocess(*base, "-rs")
+    assert result.parseoutcomes()["skipped"] == 7
     reasons = result.stdout.str()
     assert "sees no CUDA device" in reasons or "lmcache not importable" in reasons
+    assert NO_DEVICE not in reasons  # the inner run leased the fake device it was given
     strict = pytester.runpytest_subprocess(*base, "--sharedkv-require-gpu")
     assert strict.ret == 1
-    assert os.environ.get("SHAREDKV_FAKE_GPUS") == "0"

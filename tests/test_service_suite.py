@@ -12,15 +12,23 @@ from pathlib import Path
 
 import pytest
 
+from pytest_sharedkv.config.options import MEASURED_ENV
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
         "--sharedkv-service-sizes=3k"]
-CHAINS = 200
+# The self-tests' small plan: the first 10 of the 200 committed 3k requests (every pass
+# here sent all 200, 4 steps each; test_service_corpus checks every committed payload).
+CHAINS = 10
 PROTOCOL_CHECKS = 15
 ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS + 1  # + the copy model's corruption matrix
+
+
+@pytest.fixture(autouse=True)
+def _small_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEASURED_ENV, str(CHAINS))
 
 
 def _stubs_left(tag: str) -> bool:
@@ -33,10 +41,10 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     # skipped: no stored references to compare, and the KV audit (off; needs launched vLLM)
     result.assert_outcomes(passed=ALL, skipped=CHAINS + 1)
     result.stdout.fnmatch_lines([
-        "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 200/200 | 601,600*| 0*| 601,600*",
+        "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 10/10 | 30,080*| 0*| 30,080*",
         "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"
         " 4/4 answers that copy from it changed and 4/4 others stayed exact",
-        "*VERDICT stub (test double): 200/200 requests exact in every step (cold, local, "
+        "*VERDICT stub (test double): 10/10 requests exact in every step (cold, local, "
         "cross-replica, receiver-local), hits as expected; sessions 48/48 turns, protocol "
         "15/15",
     ])
@@ -68,10 +76,10 @@ def test_planted_corruption_is_caught_and_blamed_on_the_cache(
 def test_planted_divergence_is_blamed_on_the_model(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "diverge")
-    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-01")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00")
     result.assert_outcomes(failed=10)
     result.stdout.fnmatch_lines([
-        "request 3k-010 *step cross on replica B*zero-hit control (same request, fresh "
+        "request 3k-000 *step cross on replica B*zero-hit control (same request, fresh "
         "cache_salt, replica B): wrong too, so the model or engine is at fault, not the "
         "cache[]]",
     ])
@@ -179,3 +187,13 @@ def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
                 and c["key"].get("step") == "receiver-local")
     assert step["detail"]["status"] == "unknown" and step["detail"]["external"] is None
     assert not [c for c in checks if c["message"] and "status" not in c["detail"]]
+
+
+@pytest.mark.parametrize("value", ["0", "ten"])
+def test_a_bad_small_plan_is_a_usage_error(pytester: pytest.Pytester,
+                                           monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(MEASURED_ENV, value)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {MEASURED_ENV}={value!r}: *"])

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -511,6 +512,23 @@ class Settings:
 
 
 OPTIONS: tuple[Option, ...] = options_of(Settings)
+
+
+# A test seam, not a setting: the self-tests' small plan for the stub pass (their fault
+# tests read a few requests; the corpus tests check every committed payload's hash).
+MEASURED_ENV = "SHAREDKV_SERVICE_MEASURED"
+
+
+def measured_limit(environ: Mapping[str, str] | None = None) -> int | None:
+    """The first N measured requests of each size the service tier sends (None: all), from
+    ``SHAREDKV_SERVICE_MEASURED``; a bad value raises OptionError naming the variable."""
+    raw = (os.environ if environ is None else environ).get(MEASURED_ENV)
+    if raw is None:
+        return None
+    try:
+        return whole_number(1, 100_000)(raw)
+    except OptionError as exc:
+        raise OptionError(f"{MEASURED_ENV}={raw!r}: {exc}") from None
 
 
 def add_options(parser: pytest.Parser) -> None:

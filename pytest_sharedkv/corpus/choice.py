@@ -7,7 +7,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.options import Settings, measured_limit
 from pytest_sharedkv.config.provider import Provider
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.corpus.copy_corpus import PLAN
@@ -34,8 +34,9 @@ def wanted(settings: Settings, size: str) -> bool:
 
 def measured_ids(settings: Settings) -> list[str]:
     kind = served_kind(settings)
+    limit = measured_limit()
     return [case_id(kind, size, i) for size, _, count, _ in PLAN if wanted(settings, size)
-            for i in range(count)]
+            for i in range(count if limit is None else min(count, limit))]
 
 
 
@@ -74,7 +75,8 @@ def case_set(settings: Settings) -> CaseSet:
 
         chunk = settings.chunk_size or derive_chunk_size(settings.model)
         context = max_position_embeddings(settings.model, 131_072 + 1024)
-        return build_text(settings.model, chunk, context, sizes=settings.service_sizes)
+        return _limited(settings, build_text(settings.model, chunk, context,
+                                             sizes=settings.service_sizes))
     recipe = (load_card(settings.model).recipe if settings.model is not None
               else CopyModelRecipe())
     chunk = copy_chunk(settings)
@@ -85,5 +87,13 @@ def case_set(settings: Settings) -> CaseSet:
     else:
         corpus = copy_corpus.build(chunk, recipe)
         source = f"generated for chunk {chunk} (no committed manifest for it)"
-    return copy_case_set(corpus, source, keep=lambda role, size: role not in (
-        "measured", "warmup") or wanted(settings, size))
+    return _limited(settings, copy_case_set(corpus, source, keep=lambda role, size: role not in (
+        "measured", "warmup") or wanted(settings, size)))
+
+
+def _limited(settings: Settings, cases: CaseSet) -> CaseSet:
+    """The measured cases the tests were parametrized with (the self-tests' small plan)."""
+    if measured_limit() is not None:
+        sent = set(measured_ids(settings))
+        cases.cases = [c for c in cases.cases if c.role != "measured" or c.id in sent]
+    return cases
