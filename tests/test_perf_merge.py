@@ -94,7 +94,9 @@ def test_the_halves_merged_give_the_statistics_of_the_whole(
     assert first.startswith("merged from 2 separate runs: run 1: ")
     assert "blocks 4-5, block pairs 2-2" in first
     assert f"{NOT_RECORDED} in every run" in merged.run.notes[1]
-    assert "merged from 2 separate runs" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "merged from 2 separate runs" in printed
+    assert "VERDICT perf: cross-replica TTFT" in printed and "95% interval" in printed
 
 
 def test_a_merged_report_merges_again(tmp_path: Path, halves: tuple[Path, Path]) -> None:
@@ -211,6 +213,9 @@ def test_the_h200_aa_pair_merges_into_three_block_pairs(tmp_path: Path) -> None:
     assert [r.created for r in merged.run.runs] == [
         load(H200 / "blocks2.json")["created"], load(H200 / "blocks1.json")["created"]]
     assert all("NVIDIA H200" in r.host for r in merged.run.runs)
+    rates = [from_json(load(H200 / f)["perf"]).floor for f in ("blocks2.json", "blocks1.json")]
+    assert merged.run.floor is not None
+    assert merged.run.floor.h2d_gb_s == max(f.h2d_gb_s for f in rates if f is not None)
 
 
 def test_compare_reads_a_merged_report(tmp_path: Path, halves: tuple[Path, Path],

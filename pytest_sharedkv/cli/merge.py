@@ -271,5 +271,11 @@ def main(argv: Sequence[str]) -> int:
     except MergeError as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return 2
-    sys.stdout.write(f"{args.out}: {merged['perf']['notes'][0]}\n")
+    from pytest_sharedkv.perf.observations import from_json
+    from pytest_sharedkv.perf.statistics import analyse
+    from pytest_sharedkv.perf.tables import report_lines
+
+    tables = report_lines(analyse(from_json(merged["perf"])))
+    sys.stdout.write("\n".join([f"{args.out}: {merged['perf']['notes'][0]}", "", *tables])
+                     + "\n")
     return 0
