@@ -5,6 +5,8 @@
 ``--sharedkv-json`` is given. Tiers that need hardware this machine lacks skip with the
 reason; the rest run for real. ``python -m pytest_sharedkv compare BEFORE.json AFTER.json``
 compares two such reports (before and after an upgrade): correctness first, then speed.
+``python -m pytest_sharedkv merge-screenings OUT.json IN.json ...`` merges the perf
+screenings of separate runs into one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny|geometry] DIR [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md]
+       python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ... [--force]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
@@ -38,6 +41,11 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell; exit 0 same, 1 regression or correctness
                   difference, 2 usage error or reports that do not compare
+  merge-screenings  one perf screening from blocks measured in separate runs (a
+                  screening resumed later or on another host): refused, naming the file
+                  and field, unless model, corpus, engine, engine flags, arms order and
+                  sizes agree; block pairs are numbered on and perf.runs says which came
+                  from which run. exit 0 written, 2 usage error or inputs that do not merge
 """
 
 
@@ -180,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_sharedkv.cli.compare.main import main as compare_main
 
         return compare_main(args[1:])
+    if args and args[0] == "merge-screenings":
+        from pytest_sharedkv.cli.merge import main as merge_main
+
+        return merge_main(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     import pytest

@@ -1,5 +1,6 @@
 """``--help`` works for every subcommand ``python -m pytest_sharedkv`` has (the suite's
-own, ``run``, ``make-model``, ``compare``): exit 0, the usage line first, no traceback.
+own, ``run``, ``make-model``, ``compare``, ``merge-screenings``): exit 0, the usage line
+first, no traceback.
 Argparse formats help text with ``%``, so an unescaped ``10%`` crashes only here."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ HELPS = {
     ("run", "--help"): "usage: ",
     ("make-model", "--help"): f"usage: {PROG} make-model",
     ("compare", "--help"): f"usage: {PROG} compare",
+    ("merge-screenings", "--help"): f"usage: {PROG} merge-screenings",
 }
 
 

@@ -83,6 +83,23 @@ class Floor:
                 / (self.h2d_gb_s * 1e9))
 
 
+@dataclass(frozen=True)
+class RunSource:
+    """One separate run a merged screening holds (``merge-screenings``): which of the
+    merged blocks and block pairs it measured, where and when. A screening straight from
+    the perf tier has none."""
+
+    source: str  # the report file it came from
+    host: str  # what the report says of the machine (no host name is recorded: the GPUs)
+    created: str  # when that run's report was written
+    first_block: int
+    blocks: int
+    first_pair: int
+    pairs: int
+    wall_s: float
+    engine_flags: str  # "recorded" or "engine flags not recorded"
+
+
 @dataclass
 class PerfRun:
     """What the perf tier writes under the report's top-level key ``"perf"``."""
@@ -99,6 +116,7 @@ class PerfRun:
     wall_s: float = 0.0  # the screening's total wall time
     notes: list[str] = field(default_factory=list)
     chunk_tokens: int | None = None  # the pool's chunk: a full hit misses less than one
+    runs: list[RunSource] = field(default_factory=list)  # a merge's separate runs, in order
 
 
 def size_tokens(size: str) -> int | None:
@@ -121,7 +139,12 @@ def size_order(size: str) -> tuple[float, str]:
 
 
 def to_json(run: PerfRun) -> dict[str, Any]:
-    return asdict(run)
+    """The run as JSON; ``runs`` only where it is a merge (a single run's record stays
+    what it was before merges existed)."""
+    data = asdict(run)
+    if not run.runs:
+        del data["runs"]
+    return data
 
 
 def _is_int(value: object) -> bool:
@@ -149,6 +172,9 @@ _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "plac
             "turns": "int", "wall_s": "float", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
           "recurrent_bytes_per_sequence": "int", "source": "str"}
+_RUN_SOURCE = {"source": "str", "host": "str", "created": "str", "first_block": "int",
+               "blocks": "int", "first_pair": "int", "pairs": "int", "wall_s": "float",
+               "engine_flags": "str"}
 _OPTIONAL = {"warmup", "cached_tokens"}  # older reports lack them
 
 
@@ -245,4 +271,6 @@ def from_json(data: object) -> PerfRun:
         sessions=[_session(s, f"perf.sessions[{i}]")
                   for i, s in enumerate(_list(data, "sessions"))],
         restarts_s=[float(r) for r in restarts], wall_s=float(wall),
-        notes=_strings(_list(data, "notes"), "perf.notes"), chunk_tokens=chunk)
+        notes=_strings(_list(data, "notes"), "perf.notes"), chunk_tokens=chunk,
+        runs=[RunSource(**_fields(r, _RUN_SOURCE, f"perf.runs[{i}]"))
+              for i, r in enumerate(_list(data, "runs"))])

@@ -1,0 +1,281 @@
+"""``python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ...``: one
+screening from blocks measured in separate runs.
+
+Three block pairs give a bootstrap interval; one stretch of GPU time may not hold them, so
+a screening is resumable: run the perf tier again later (on the same or another host) and
+merge the reports. The merge refuses, naming the file and the field, inputs that did not
+measure the same thing: another perf schema, model digest, corpus (its digest or any
+request's payload sha256), engine (versions, chunk, KV geometry), engine flags (the argv
+recorded per block, where both recorded it), arms order or sizes. Blocks keep their own
+run: block and pair numbers continue from the run before, so ``perf.pairing`` pairs only
+within one run's blocks, and ``perf.runs`` says which blocks came from which file, host and
+time. The tests, checks and notes of every input are kept (a failure anywhere still fails
+``compare``).
+
+Exit status: 0 written, 2 a usage error or inputs that do not merge (one line, no
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
+from pytest_sharedkv.perf.observations import (
+    Floor,
+    PerfRun,
+    RunSource,
+    size_order,
+    to_json,
+)
+from pytest_sharedkv.perf.pairing import blocks_per_pair
+
+PROG = "python -m pytest_sharedkv merge-screenings"
+# The engine command lines, one entry per block, where the perf tier records them (older
+# reports do not): the only place this module reads them from.
+ARGV_FIELD = "argv"
+NOT_RECORDED = "engine flags not recorded"
+RECORDED = "recorded"
+# argv values that change from run to run without changing what is measured
+VOLATILE = ("--port", "--host")
+
+
+class MergeError(Exception):
+    """Exit status 2: a usage error or inputs that do not merge."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise MergeError(f"{message}\n{self.format_usage().rstrip()}")
+
+
+def arms_order(blocks: Sequence[str]) -> list[str]:
+    """The arms of a run's first block pair, in the order it ran them (the perf tier starts
+    every run OFF, ON; or OFF, ON, NATIVE, and alternates from there)."""
+    return list(blocks[:blocks_per_pair(blocks)])
+
+
+def sizes(run: PerfRun) -> list[str]:
+    return sorted({o.size for o in run.observations if not o.warmup}, key=size_order)
+
+
+def _flags(entry: object) -> str:
+    """One block's recorded command line(s), with the values that differ per run masked."""
+    text = json.dumps(entry, sort_keys=True)
+    for name in VOLATILE:
+        text = re.sub(rf'("{re.escape(name)}", )"[^"]*"', r'\1"*"', text)
+    return text
+
+
+def engine_flags(report: Report) -> list[str] | None:
+    """The distinct engine command lines the run recorded, or None where it recorded none."""
+    perf = report.data.get("perf")
+    value = perf.get(ARGV_FIELD) if isinstance(perf, dict) else None
+    if not value:
+        return None
+    entries = value if isinstance(value, list) else [value]
+    return sorted({_flags(e) for e in entries})
+
+
+def _refuse(report: Report, field: str, mine: object, first: Report, theirs: object) -> NoReturn:
+    raise MergeError(f"{report.path}: {field} differs from {first.path}: {mine!r} here, "
+                     f"{theirs!r} there (a merge needs the same screening)")
+
+
+def check_mergeable(first: Report, other: Report) -> None:
+    """Raise MergeError naming OTHER's file and the field that differs from FIRST."""
+    a, b = first.perf, other.perf
+    assert a is not None and b is not None
+    x, y = a.run, b.run
+    for name in ("schema", "model_digest", "corpus_digest", "chunk_tokens"):
+        if getattr(x, name) != getattr(y, name):
+            _refuse(other, f"perf.{name}", getattr(y, name), first, getattr(x, name))
+    for key in sorted(set(x.engine) | set(y.engine)):
+        if x.engine.get(key) != y.engine.get(key):
+            _refuse(other, f"perf.engine.{key}", y.engine.get(key), first, x.engine.get(key))
+    if arms_order(x.blocks) != arms_order(y.blocks):
+        _refuse(other, "perf.blocks (arms order)", arms_order(y.blocks), first,
+                arms_order(x.blocks))
+    if sizes(x) != sizes(y):
+        _refuse(other, "perf.observations (sizes)", sizes(y), first, sizes(x))
+    if (x.floor is None) != (y.floor is None):
+        _refuse(other, "perf.floor", y.floor, first, x.floor)
+    if x.floor is not None and y.floor is not None:
+        for name in ("kv_bytes_per_token", "recurrent_bytes_per_sequence"):
+            if getattr(x.floor, name) != getattr(y.floor, name):
+                _refuse(other, f"perf.floor.{name}", getattr(y.floor, name), first,
+                        getattr(x.floor, name))
+    payloads = {(o.size, o.step, o.replica, o.request): o.payload_sha256
+                for o in x.observations}
+    for i, o in enumerate(y.observations):
+        theirs = payloads.get((o.size, o.step, o.replica, o.request))
+        if theirs is not None and theirs != o.payload_sha256:
+            _refuse(other, f"perf.observations[{i}].payload_sha256 (corpus, request "
+                    f"{o.request} {o.size} {o.step})", o.payload_sha256, first, theirs)
+    flags, first_flags = engine_flags(other), engine_flags(first)
+    if flags is not None and first_flags is not None and flags != first_flags:
+        _refuse(other, f"perf.{ARGV_FIELD} (engine flags)", flags, first, first_flags)
+
+
+def _whole_pairs(report: Report) -> None:
+    assert report.perf is not None
+    blocks = report.perf.run.blocks
+    size = blocks_per_pair(blocks)
+    if not blocks or len(blocks) % size:
+        raise MergeError(f"{report.path}: perf.blocks: {len(blocks)} blocks "
+                         f"({'-'.join(blocks) or 'none'}) are not whole block pairs of {size}")
+
+
+def _host(report: Report) -> str:
+    assert report.perf is not None
+    environment = report.data.get("environment")
+    host = environment.get("host") if isinstance(environment, dict) else None
+    if isinstance(host, str) and host:
+        return host
+    return report.perf.run.engine.get("gpu", "unknown") + " (no host name recorded)"
+
+
+def _sources(report: Report, first_block: int, first_pair: int) -> list[RunSource]:
+    """The runs REPORT holds, numbered from FIRST_BLOCK/FIRST_PAIR (a merged input keeps
+    its own runs)."""
+    assert report.perf is not None
+    run = report.perf.run
+    flags = RECORDED if engine_flags(report) is not None else NOT_RECORDED
+    if run.runs:
+        return [replace(r, first_block=r.first_block + first_block,
+                        first_pair=r.first_pair + first_pair) for r in run.runs]
+    size = blocks_per_pair(run.blocks)
+    return [RunSource(source=str(report.path), host=_host(report),
+                      created=str(report.data.get("created", "")), first_block=first_block,
+                      blocks=len(run.blocks), first_pair=first_pair,
+                      pairs=len(run.blocks) // size, wall_s=run.wall_s, engine_flags=flags)]
+
+
+def _floor(runs: Sequence[PerfRun]) -> Floor | None:
+    """The fastest host-to-device rate measured (the lowest floor: a cross TTFT below it
+    came through no pool on any of the hosts)."""
+    floors = [r.floor for r in runs if r.floor is not None]
+    if not floors:
+        return None
+    best = max(floors, key=lambda f: f.h2d_gb_s)
+    return replace(best, source=f"{best.source}; the fastest of {len(floors)} runs' rates "
+                                f"({', '.join(f'{f.h2d_gb_s:.1f}' for f in floors)} GB/s)")
+
+
+def describe(run: RunSource, index: int) -> str:
+    last_block, last_pair = run.first_block + run.blocks - 1, run.first_pair + run.pairs - 1
+    return (f"run {index + 1}: {run.source} ({run.host}, {run.created}): blocks "
+            f"{run.first_block}-{last_block}, block pairs {run.first_pair}-{last_pair}, "
+            f"{run.wall_s:.1f} s; {run.engine_flags}")
+
+
+def merge_runs(reports: Sequence[Report]) -> PerfRun:
+    """One screening of every report's blocks, numbered on; MergeError where they differ."""
+    for report in reports:
+        if report.perf is None:
+            raise MergeError(f"{report.path}: perf: the report holds no perf screening (run "
+                             "the perf tier: -m perf)")
+        _whole_pairs(report)
+    first = reports[0]
+    for other in reports[1:]:
+        check_mergeable(first, other)
+    runs = [r.perf.run for r in reports if r.perf is not None]
+    merged = PerfRun(schema=runs[0].schema, model_digest=runs[0].model_digest,
+                     corpus_digest=runs[0].corpus_digest, engine=dict(runs[0].engine),
+                     blocks=[], floor=_floor(runs), chunk_tokens=runs[0].chunk_tokens)
+    for report, run in zip(reports, runs, strict=True):
+        block, pair = len(merged.blocks), len(merged.blocks) // blocks_per_pair(run.blocks)
+        sources = _sources(report, block, pair)
+        merged.observations += [replace(o, block=o.block + block, pair=o.pair + pair)
+                                for o in run.observations]
+        merged.sessions += [replace(s, block=s.block + block, pair=s.pair + pair)
+                            for s in run.sessions]
+        merged.blocks += run.blocks
+        merged.restarts_s += run.restarts_s
+        merged.wall_s += run.wall_s
+        if run.runs:  # a merged input: its notes already say which run they are from
+            merged.notes += [n for n in run.notes if not n.startswith("merged from ")]
+        else:
+            merged.notes += [f"run {len(merged.runs) + 1}: {note}" for note in run.notes]
+        merged.runs += sources
+    flags = {r.engine_flags for r in merged.runs}
+    merged.notes = [f"merged from {len(merged.runs)} separate runs: "
+                    + "; ".join(describe(r, i) for i, r in enumerate(merged.runs)),
+                    *([f"{NOT_RECORDED} in every run, so they were not compared"]
+                      if flags == {NOT_RECORDED} else
+                      [f"{NOT_RECORDED} in some runs, so they were compared only where "
+                       "recorded"] if NOT_RECORDED in flags else []),
+                    *merged.notes]
+    return merged
+
+
+def merge_reports(reports: Sequence[Report]) -> dict[str, Any]:
+    """The merged sharedkv JSON report: the first input's header, every input's tests,
+    checks, notes and collection, and the merged screening under ``"perf"``."""
+    out = dict(reports[0].data)
+    perf = merge_runs(reports)
+    for name in ("tests", "collection", "checks", "notes"):
+        out[name] = [entry for r in reports for entry in r.data.get(name, [])]
+    summary: dict[str, int] = {}
+    for r in reports:
+        for key, value in (r.data.get("summary") or {}).items():
+            if isinstance(value, int):
+                summary[key] = summary.get(key, 0) + value
+    out["summary"] = summary
+    out["complete"] = all(r.data.get("complete", True) for r in reports)
+    out["interrupted"] = any(r.data.get("interrupted", False) for r in reports)
+    statuses = [r.data.get("exitstatus", 0) for r in reports]
+    out["exitstatus"] = max((s for s in statuses if isinstance(s, int)), default=0)
+    out["perf"] = to_json(perf)
+    recorded = [r.data["perf"].get(ARGV_FIELD) for r in reports]
+    if all(isinstance(a, list) and len(a) == len(r.data["perf"].get("blocks", []))
+           for a, r in zip(recorded, reports, strict=True)):  # still one entry a block
+        out["perf"][ARGV_FIELD] = [entry for a in recorded if isinstance(a, list)
+                                   for entry in a]
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    import sys
+
+    parser = _Parser(prog=PROG, description="Merge perf screenings of separate runs (the same "
+                     "model, corpus, engine and arms) into one report, block pairs numbered "
+                     "on, so that enough pairs for an interval can span several runs.")
+    parser.add_argument("out", type=Path, metavar="OUT.json", help="the merged report")
+    parser.add_argument("inputs", type=Path, nargs="+", metavar="IN.json",
+                        help="the reports to merge, in the order they ran (two or more)")
+    parser.add_argument("--force", action="store_true", help="replace OUT.json if it exists")
+    try:
+        args = parser.parse_args(list(argv))
+        if len(args.inputs) < 2:
+            raise MergeError("merge-screenings needs two or more IN.json reports")
+        if args.out.resolve() in {p.resolve() for p in args.inputs}:
+            raise MergeError(f"{args.out}: OUT.json is one of the inputs")
+        if args.out.exists() and not args.force:
+            raise MergeError(f"{args.out}: exists (give --force to replace it)")
+        try:
+            reports = [read_report(path) for path in args.inputs]
+        except CompareError as exc:
+            raise MergeError(str(exc)) from None
+        merged = merge_reports(reports)
+        try:
+            args.out.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise MergeError(f"{args.out}: cannot write ({exc})") from None
+    except MergeError as exc:
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 2
+    from pytest_sharedkv.perf.observations import from_json
+    from pytest_sharedkv.perf.statistics import analyse
+    from pytest_sharedkv.perf.tables import report_lines
+
+    tables = report_lines(analyse(from_json(merged["perf"])))
+    sys.stdout.write("\n".join([f"{args.out}: {merged['perf']['notes'][0]}", "", *tables])
+                     + "\n")
+    return 0

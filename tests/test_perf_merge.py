@@ -1,0 +1,249 @@
+"""``python -m pytest_sharedkv merge-screenings OUT IN1 IN2 ...``: the seeded screening
+split in two and merged gives the statistics of the whole; inputs that did not measure
+the same thing are refused naming the file and the field; ``compare`` reads a merged
+report. The finer cases in-process, the exit codes through the real command line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.cli.compare.main import main as compare_main
+from pytest_sharedkv.cli.merge import NOT_RECORDED, main
+from pytest_sharedkv.perf.observations import from_json
+from pytest_sharedkv.perf.statistics import Analysis, analyse
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENING = ROOT / "fixtures" / "perf" / "screening.json"
+H200 = ROOT / "fixtures" / "perf" / "h200"
+
+
+def load(path: Path = SCREENING) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def part(data: dict[str, Any], first: int, count: int) -> dict[str, Any]:
+    """Blocks FIRST..FIRST+COUNT-1 of DATA's screening as a run of their own (numbered
+    from 0, as the perf tier would have written them)."""
+    out = copy.deepcopy(data)
+    perf = out["perf"]
+    pairs = first // 2
+    perf["blocks"] = perf["blocks"][first:first + count]
+    perf["restarts_s"] = perf["restarts_s"][first:first + count]
+    for name in ("observations", "sessions"):
+        perf[name] = [dict(o, block=o["block"] - first, pair=o["pair"] - pairs)
+                      for o in perf[name] if first <= o["block"] < first + count]
+    perf["wall_s"] = data["perf"]["wall_s"] * count / len(data["perf"]["blocks"])
+    return out
+
+
+def write(directory: Path, name: str, data: dict[str, Any]) -> Path:
+    path = directory / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def halves(tmp_path: Path) -> tuple[Path, Path]:
+    whole = load()
+    return (write(tmp_path, "first.json", part(whole, 0, 4)),
+            write(tmp_path, "second.json", part(whole, 4, 2)))
+
+
+def merged_analysis(path: Path) -> Analysis:
+    return analyse(from_json(load(path)["perf"]))
+
+
+def summary(analysis: Analysis) -> dict[str, Any]:
+    return {
+        "cells": [(c.size, c.arm, c.step, c.n, c.block_pairs, c.median_ttft_s,
+                   c.per_pair_ttft_s) for c in analysis.cells],
+        "ratios": [(r.size, r.step, r.arms, r.per_pair, r.requests, r.interval)
+                   for r in analysis.ratios],
+        "sessions": [(c.arm, c.placement, c.n, c.block_pairs, c.median_wall_s)
+                     for c in analysis.session_cells],
+        "session ratios": [(r.subject, r.ratio, r.per_pair, r.interval)
+                           for r in analysis.session_ratios],
+        "refusals": analysis.pairing.refusals,
+    }
+
+
+def test_the_halves_merged_give_the_statistics_of_the_whole(
+        tmp_path: Path, halves: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, halves)]) == 0
+    whole = analyse(from_json(load()["perf"]))
+    merged = merged_analysis(out)
+    assert merged.run.blocks == whole.run.blocks
+    assert merged.run.observations == whole.run.observations  # pairs numbered on
+    assert merged.run.sessions == whole.run.sessions
+    assert summary(merged) == summary(whole)
+    assert all(r.interval is not None for r in merged.ratios)  # 3 pairs: an interval
+    assert [(r.first_block, r.blocks, r.first_pair, r.pairs) for r in merged.run.runs] == \
+        [(0, 4, 0, 2), (4, 2, 2, 1)]
+    assert [r.source for r in merged.run.runs] == [str(p) for p in halves]
+    first = merged.run.notes[0]
+    assert first.startswith("merged from 2 separate runs: run 1: ")
+    assert "blocks 4-5, block pairs 2-2" in first
+    assert f"{NOT_RECORDED} in every run" in merged.run.notes[1]
+    printed = capsys.readouterr().out
+    assert "merged from 2 separate runs" in printed
+    assert "VERDICT perf: cross-replica TTFT" in printed and "95% interval" in printed
+
+
+def test_a_merged_report_merges_again(tmp_path: Path, halves: tuple[Path, Path]) -> None:
+    """A screening resumed twice: the merged report of two runs merges with a third."""
+    two = tmp_path / "two.json"
+    assert main([str(two), *map(str, halves)]) == 0
+    three = tmp_path / "three.json"
+    assert main([str(three), str(two), str(halves[1])]) == 0
+    merged = merged_analysis(three)
+    assert merged.pairing.ok
+    assert [(r.source, r.first_block, r.first_pair) for r in merged.run.runs] == \
+        [(str(halves[0]), 0, 0), (str(halves[1]), 4, 2), (str(halves[1]), 6, 3)]
+    assert {r.block_pairs for r in merged.ratios} == {4}
+    assert merged.run.notes[0].startswith("merged from 3 separate runs: ")
+    assert sum(n.startswith("merged from") for n in merged.run.notes) == 1
+
+
+def test_pairing_stays_within_each_run(tmp_path: Path) -> None:
+    """The second run's OFF block pairs with its own ON block, never with the first run's:
+    a request the second run lacks in one arm is refused, not matched across runs."""
+    whole = load()
+    second = part(whole, 4, 2)
+    dropped = next(o for o in second["perf"]["observations"]
+                   if o["arm"] == "ON" and not o["warmup"])
+    second["perf"]["observations"].remove(dropped)
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(write(tmp_path, "a.json", part(whole, 0, 4))),
+                 str(write(tmp_path, "b.json", second))]) == 0
+    refusals = merged_analysis(out).pairing.refusals
+    assert [(r.request, r.pair, r.arm) for r in refusals] == [
+        (dropped["request"], 2, "OFF")]
+
+
+def _change(field: str, data: dict[str, Any]) -> str:
+    """Make DATA differ from the screening in FIELD; return what the refusal names."""
+    perf = data["perf"]
+    if field == "model_digest":
+        perf["model_digest"] = "another-model"
+        return "perf.model_digest"
+    if field == "corpus_digest":
+        perf["corpus_digest"] = "another-corpus"
+        return "perf.corpus_digest"
+    if field == "payload":
+        o = next(o for o in perf["observations"] if not o["warmup"])
+        o["payload_sha256"] = "0" * 64
+        return "payload_sha256 (corpus, request"
+    if field == "engine":
+        perf["engine"]["vllm"] = "0.99.0"
+        return "perf.engine.vllm"
+    if field == "argv":
+        perf["argv"] = [["vllm", "serve", "--enforce-eager"]] * len(perf["blocks"])
+        return "perf.argv (engine flags)"
+    if field == "arms":
+        perf["blocks"] = ["ON", "OFF"]
+        return "perf.blocks (arms order)"
+    if field == "sizes":
+        perf["observations"] = [o for o in perf["observations"] if o["size"] != "128k"]
+        return "perf.observations (sizes)"
+    if field == "whole pairs":
+        perf["blocks"] = ["OFF", "ON", "ON"]
+        return "perf.blocks: 3 blocks (OFF-ON-ON) are not whole block pairs of 2"
+    if field == "chunk":
+        perf["chunk_tokens"] = 512
+        return "perf.chunk_tokens"
+    if field == "no perf":
+        del data["perf"]
+        return "perf: the report holds no perf screening"
+    raise AssertionError(field)
+
+
+REFUSALS = ["model_digest", "corpus_digest", "payload", "engine", "argv", "arms", "sizes",
+            "whole pairs", "chunk", "no perf"]
+
+
+@pytest.mark.parametrize("field", REFUSALS)
+def test_a_merge_that_does_not_fit_is_refused_naming_file_and_field(
+        tmp_path: Path, field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    whole = load()
+    first = part(whole, 0, 4)
+    if field == "argv":  # compared only where both runs recorded them
+        first["perf"]["argv"] = [["vllm", "serve", "--port", "8001"]] * 4
+    second = part(whole, 4, 2)
+    named = _change(field, second)
+    a, b = write(tmp_path, "a.json", first), write(tmp_path, "b.json", second)
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m pytest_sharedkv merge-screenings: {b}: "), err
+    assert named in err, err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_engine_flags_compare_where_recorded_ports_aside(tmp_path: Path) -> None:
+    whole = load()
+    first, second, third = part(whole, 0, 4), part(whole, 4, 2), part(whole, 4, 2)
+    first["perf"]["argv"] = [["vllm", "serve", "m", "--port", "8001"]] * 4
+    second["perf"]["argv"] = [["vllm", "serve", "m", "--port", "9002"]] * 2
+    out = tmp_path / "merged.json"
+    paths = [write(tmp_path, f"{i}.json", d) for i, d in enumerate((first, second, third))]
+    assert main([str(out), *map(str, paths)]) == 0
+    run = merged_analysis(out).run
+    assert [r.engine_flags for r in run.runs] == ["recorded", "recorded", NOT_RECORDED]
+    assert f"{NOT_RECORDED} in some runs" in run.notes[1]
+
+
+def test_the_h200_aa_pair_merges_into_three_block_pairs(tmp_path: Path) -> None:
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(H200 / "blocks2.json"), str(H200 / "blocks1.json")]) == 0
+    merged = merged_analysis(out)
+    assert merged.pairing.ok
+    assert {r.block_pairs for r in merged.ratios} == {3}
+    assert all(r.interval is not None for r in merged.ratios)
+    assert [r.created for r in merged.run.runs] == [
+        load(H200 / "blocks2.json")["created"], load(H200 / "blocks1.json")["created"]]
+    assert all("NVIDIA H200" in r.host for r in merged.run.runs)
+    rates = [from_json(load(H200 / f)["perf"]).floor for f in ("blocks2.json", "blocks1.json")]
+    assert merged.run.floor is not None
+    assert merged.run.floor.h2d_gb_s == max(f.h2d_gb_s for f in rates if f is not None)
+
+
+def test_compare_reads_a_merged_report(tmp_path: Path, halves: tuple[Path, Path],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, halves)]) == 0
+    assert compare_main([str(SCREENING), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "RESULT" in text
+
+
+def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "pytest_sharedkv", "merge-screenings",
+                           *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_the_command_line_exit_codes(tmp_path: Path, halves: tuple[Path, Path]) -> None:
+    out = tmp_path / "merged.json"
+    done = cli(out, *halves)
+    assert done.returncode == 0, done.stderr
+    again = cli(out, *halves)
+    assert again.returncode == 2 and "exists (give --force" in again.stderr
+    assert cli(out, *halves, "--force").returncode == 0
+    one = cli(tmp_path / "x.json", halves[0])
+    assert one.returncode == 2 and "two or more" in one.stderr
+    missing = cli(tmp_path / "y.json", halves[0], tmp_path / "nope.json")
+    assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
+    assert "Traceback" not in missing.stderr
