@@ -253,6 +253,10 @@ class ReplicaPair:
         self.gate_control: Path | None = None
         self.gate_log: Path | None = None
         self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
+        # what the suite launched (providers.Launched.record: name, argv, env it set) and
+        # the engine settings of its vLLM replicas; empty for external endpoints and stubs
+        self.launches: list[dict[str, Any]] = []
+        self.engine_settings: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Replica:
