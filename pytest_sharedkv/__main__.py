@@ -23,7 +23,7 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute] DIR
                                             [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
-                                         [--markdown OUT.md]
+                                         [--markdown OUT.md] [--allow-flag-change]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
@@ -40,8 +40,9 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   refused unless --force, which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
-                  session wall time per cell; exit 0 same, 1 regression or correctness
-                  difference, 2 usage error or reports that do not compare
+                  session wall time per cell (not judged where the engine flags differ:
+                  FLAGS DIFFER, unless --allow-flag-change); exit 0 same, 1 regression
+                  or correctness difference, 2 usage error or reports that do not compare
 """
 
 
