@@ -177,7 +177,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
     elif provider.provider is Provider.STUB:
         cases = request.getfixturevalue("sharedkv_case_set")
         pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
-                                    kv_audit=settings.kv_audit))
+                                    kv_audit=settings.kv_audit,
+                                    engine=EngineSettings(extra_args=settings.vllm_args)))
     else:
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")
