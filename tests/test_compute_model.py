@@ -157,3 +157,25 @@ def test_the_kv_budget_of_two_replicas_on_one_h200() -> None:
     assert kv is not None and 34 << 30 < kv < 37 << 30, why
     assert kv_budget_bytes([40.0], 2, 23.55)[0] is None
     assert kv_budget_bytes([], 2, 1.0)[0] is None
+
+
+def test_the_perf_engine_for_the_27b_compute_model_on_a_fake_h200(model: Path) -> None:
+    """CUDA graphs, --load-format dummy --quantization fp8 (capability 9.0), an explicit KV
+    cache each from 140 GiB free (both replicas start together), the user's flags last;
+    with the free memory unknown, vLLM's own sizing and one replica after the other."""
+    from pytest_sharedkv.perf.fixtures import _free_gib, engine_for
+
+    gpus = discover(environ={FAKE_GPUS_ENV: "0:140:9.0"}).gpus
+    settings = Settings(vllm_args=("--max-num-seqs", "8"))
+    engine, notes = engine_for(settings, model, gpus, _free_gib(gpus))
+    flags = engine.flags()
+    assert "--enforce-eager" not in flags and engine.extra_args == ("--max-num-seqs", "8")
+    assert " ".join(flags).count("--load-format dummy --quantization fp8") == 1
+    assert engine.kv_cache_bytes is not None and 34 << 30 < engine.kv_cache_bytes < 37 << 30
+    assert any(n.startswith("start: both replicas together") for n in notes)
+    unknown = discover(environ={FAKE_GPUS_ENV: "0"}).gpus
+    engine, notes = engine_for(Settings(), model, unknown, _free_gib(unknown))
+    assert engine.kv_cache_bytes is None and engine.quantization is None
+    assert any(n.startswith("start: one replica after the other") for n in notes)
+    given = engine_for(Settings(kv_cache_gib=20.0), model, unknown, [None])[0]
+    assert given.kv_cache_bytes == 20 << 30
