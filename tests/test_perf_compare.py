@@ -398,3 +398,26 @@ def test_a_report_without_engine_settings_differs_from_one_with(
     status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", with_engine(baseline)))
     assert status == 0
     assert "FLAGS DIFFER: engine settings: BEFORE recorded none" in out
+
+
+def test_the_other_tiers_engine_facts_that_differ_are_named(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """Reports without perf compare the engine_settings facts the replica and service
+    tiers record (ReplicaPair.record_launches), where both have them."""
+    from pytest_sharedkv.stack.providers import EngineSettings
+
+    plain = {k: v for k, v in baseline.items() if k != "perf"}
+
+    def facts(**settings: Any) -> dict[str, Any]:
+        value = json.dumps({**EngineSettings().record(), **settings}, sort_keys=True)
+        return {**plain, "facts": [{"name": "engine_settings", "value": value,
+                                    "nodeid": "suites/test_replica_pair.py::t"}]}
+
+    before = write(tmp_path, "before.json", facts())
+    status, out, _ = run(capsys, before, write(tmp_path, "after.json", facts(max_num_seqs=4)))
+    assert status == 0
+    assert "FLAGS DIFFER: max_num_seqs: BEFORE 16, AFTER 4: the engines ran differently" in out
+    status, out, _ = run(capsys, before, before)
+    assert "FLAGS DIFFER" not in out
+    status, out, _ = run(capsys, write(tmp_path, "plain.json", plain), before)
+    assert "FLAGS DIFFER" not in out  # an older report recorded none: nothing to compare

@@ -102,6 +102,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
              "; ".join([result, *_noise_notes(every, limit)]), ""]
     if flags:
         lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (
+            "the engines ran differently (no perf screening: correctness as usual)"
+            if before.perf is None else
             "speed cells judged anyway (--allow-flag-change)" if judged else
             "speed cells are shown but not judged as regressions (the engines ran "
             "differently); --allow-flag-change judges them"), ""]
