@@ -439,8 +439,8 @@ class Settings:
     model: Path | None = setting(
         None,
         "replica and perf tiers: model checkpoint directory holding config.json (default: "
-        "the copy model for replica_pair and service_regression, the geometry model for "
-        "perf, each generated offline)",
+        "the copy model for replica_pair and service_regression; for perf the model "
+        "--sharedkv-perf-model names or chooses; each generated offline)",
         parse_model, metavar="PATH")
     endpoints: tuple[str, ...] | None = setting(
         None,
