@@ -22,9 +22,10 @@ if TYPE_CHECKING:  # pytest is imported only for a run: make-model and compare n
 DEFAULT_JSON = "sharedkv-report.json"
 PROG = "python -m pytest_sharedkv"  # what users type, and what pytest's usage errors name
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
-       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry] DIR [--seed N] [--force]
+       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute] DIR
+                                            [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
-                                         [--markdown OUT.md]
+                                         [--markdown OUT.md] [--allow-flag-change]
        python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ... [--force]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
@@ -35,18 +36,28 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   tier serves; --kind tiny: the random-weight tiny hybrid model;
                   --kind geometry: random weights with the KV geometry of the field
                   study's 27B hybrid model (65,536 KV bytes a token, ~0.76 GB), which the
-                  perf tier serves. A DIR holding another kind (or other files) is
+                  perf tier serves; --kind 27b-compute: that geometry at the 27B's
+                  compute (hidden 5120, a 17,408-wide FFN), no weight file: vLLM
+                  serves it with random weights (--load-format dummy, fp8 where the
+                  GPU has it). A DIR holding another kind (or other files) is
                   refused unless --force, which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
-                  session wall time per cell; exit 0 same, 1 regression or correctness
-                  difference, 2 usage error or reports that do not compare
+                  session wall time per cell (not judged where the engine flags differ:
+                  FLAGS DIFFER, unless --allow-flag-change); exit 0 same, 1 regression
+                  or correctness difference, 2 usage error or reports that do not compare
   merge-screenings  one perf screening from blocks measured in separate runs (a
                   screening resumed later or on another host): refused, naming the file
                   and field, unless model, corpus, engine, engine flags, arms order and
                   sizes agree; block pairs are numbered on and perf.runs says which came
                   from which run. exit 0 written, 2 usage error or inputs that do not merge
 """
+
+
+def kinds_of() -> tuple[str, ...]:
+    from pytest_sharedkv.models.kinds import KINDS
+
+    return KINDS
 
 
 def make_model_command(args: Sequence[str]) -> int:
@@ -56,7 +67,7 @@ def make_model_command(args: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_sharedkv make-model")
     parser.add_argument("dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kind", choices=("copy", "tiny", "geometry"), default="copy")
+    parser.add_argument("--kind", choices=kinds_of(), default="copy")
     parser.add_argument("--force", action="store_true",
                         help="replace whatever DIR holds (another kind's files included)")
     parsed = parser.parse_args(list(args))
@@ -72,6 +83,10 @@ def make_model_command(args: Sequence[str]) -> int:
             from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
 
             digest = make_copy_model(parsed.dir, CopyModelRecipe(seed=parsed.seed)).digest
+        elif parsed.kind == "27b-compute":
+            from pytest_sharedkv.models.compute_model import make_compute_model
+
+            digest = make_compute_model(parsed.dir).digest
         elif parsed.kind == "geometry":
             from pytest_sharedkv.models.geometry_model import (
                 GeometryModelRecipe,

@@ -36,6 +36,7 @@ def test_cross_replica_hits_give_exact_answers(
     from pytest_sharedkv.stack.pair import ReplicaError
 
     pair = sharedkv_replica_pair
+    pair.record_launches(sharedkv_results)  # argv and env of what it launched, once
     settle_s = sharedkv_settings.settle_for(pair.delay_cycles)
     try:
         verdict = cross_replica_round(pair, sharedkv_kv_namespace, sharedkv_results,

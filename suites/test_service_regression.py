@@ -56,6 +56,7 @@ def _case(service_pass: Pass, case_id: str) -> Case:
 
 def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
                           sharedkv_results: ResultSink) -> None:
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import GATE
     from pytest_sharedkv.service.sensitivity import PROVEN, UNPROVEN, record_status
 
@@ -77,6 +78,7 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: Re
 def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
                        sharedkv_replica_pair: ReplicaPair,
                        sharedkv_results: ResultSink) -> None:
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import GATE
@@ -103,6 +105,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                                      sharedkv_results: ResultSink) -> None:
     """One record per size x step (exact answers, the engines' hit counters, wall time);
     fails when a step's hits are not the one kind that step may have."""
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.answers import STEPS
     from pytest_sharedkv.service.checks import (
@@ -164,6 +167,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
                        sharedkv_results: ResultSink) -> None:
     """Six turns alternating replicas: each exact answer lives only in the distant prefix,
     which must have come from a cache (cached tokens beyond the source)."""
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import Problem, worst_kind
     from pytest_sharedkv.service.execute import SESSIONS
 
@@ -203,6 +207,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
 
 def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
                   sharedkv_replica_pair: ReplicaPair, sharedkv_results: ResultSink) -> None:
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import PROTOCOL
 
     run = sharedkv_service_pass.ensure(PROTOCOL)
@@ -299,6 +304,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
     matched against the chunks the audit caught."""
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import VOID
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import SESSIONS

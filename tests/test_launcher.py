@@ -4,6 +4,7 @@ real LMCache server (which runs without a GPU)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -292,3 +293,88 @@ def test_logged_errors_reads_chains_and_bare_lines() -> None:
     shown = failure_context(many, "m.log", plain_tail=40)
     assert "6 earlier not shown" in shown and "E9Error: 9" in shown
     assert "E5Error: 5" not in shown.split("--- last lines")[0]
+
+
+def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path: Path) -> None:
+    """The engine flags come from one recorded structure: EngineSettings() keeps eager mode
+    (the service tier), PERF_ENGINE runs with CUDA graphs as production does."""
+    from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, vllm_argv
+
+    eager = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path))
+    graphs = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path, engine=PERF_ENGINE))
+    assert "--enforce-eager" in eager and "--enforce-eager" not in graphs
+    for argv in (eager, graphs):
+        assert argv[argv.index("--max-num-seqs") + 1] == "16"
+        assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.35"
+        assert json.loads(argv[argv.index("--additional-config") + 1]) == {
+            "gdn_prefill_backend": "triton"}
+    assert PERF_ENGINE.record()["enforce_eager"] is False
+    assert PERF_ENGINE.record()["env"] == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
+def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, together, vllm_argv
+
+    engine = replace(PERF_ENGINE, kv_cache_bytes=38 << 30, load_format="dummy",
+                     quantization="fp8", extra_args=("--max-num-seqs", "32", "--foo", "a b"))
+    spec = LaunchSpec(log_dir=tmp_path, engine=engine, devices=("0",))
+    argv = vllm_argv(tmp_path, 8000, None, spec)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(38 << 30)
+    assert "--gpu-memory-utilization" not in argv  # vLLM sizes nothing from free memory
+    assert " ".join(argv).count("--load-format dummy --quantization fp8") == 1
+    assert argv[-4:] == ["--max-num-seqs", "32", "--foo", "a b"]  # last: the user's win
+    assert together(spec)  # one GPU, a fixed cache each: both start at once
+    assert not together(LaunchSpec(log_dir=tmp_path, devices=("0",)))  # one after the other
+    assert together(LaunchSpec(log_dir=tmp_path, devices=("0", "1")))
+
+
+def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LMCache server and both replicas: argv and the variables the suite set (the
+    caller's own environment is not recorded); the start is together with a KV budget."""
+    from dataclasses import replace
+
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack import providers
+
+    started: list[bool] = []
+
+    class Server:
+        port = 5555
+
+        def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
+            self.process = ManagedProcess("lmcache server (mixed)", ["lmcache", "serve"],
+                                          log_dir / "s.log", env={**env, "SERVER_X": "1"})
+
+        def start(self) -> None:
+            pass
+
+        def effective_allocator(self) -> str:
+            return "mixed"
+
+        def stop(self) -> list[int]:
+            return []
+
+        def fatal_error(self) -> str | None:
+            return None
+
+    monkeypatch.setattr(providers, "LMCacheServer", Server)
+    monkeypatch.setattr(providers, "start_all",
+                        lambda pair, together=False: started.append(together))
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    monkeypatch.setenv("UNRELATED_CALLER_VAR", "x")
+    engine = replace(providers.PERF_ENGINE, kv_cache_bytes=1 << 30)
+    pair = providers.launch_vllm_pair(providers.LaunchSpec(
+        tmp_path, model=tmp_path, devices=("3",), engine=engine))
+    names = [x["name"] for x in pair.launches]
+    assert names == ["lmcache server (mixed)", "vllm replica A", "vllm replica B"]
+    server, replica = pair.launches[0], pair.launches[1]
+    assert server["argv"] == ["lmcache", "serve"] and server["env"]["SERVER_X"] == "1"
+    assert "--kv-cache-memory-bytes" in replica["argv"]
+    assert replica["env"]["CUDA_VISIBLE_DEVICES"] == "3"
+    assert replica["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert all("UNRELATED_CALLER_VAR" not in x["env"] for x in pair.launches)
+    assert pair.engine_settings["kv_cache_bytes"] == 1 << 30
+    assert started == [True]

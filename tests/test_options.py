@@ -38,6 +38,13 @@ README = Path(__file__).parent.parent / "README.md"
         (["--sharedkv-gpus=a,b"], "--sharedkv-gpus: 'a' is not a device*"),
         (["--sharedkv-gpus=0,0"], "--sharedkv-gpus: '0,0' names a device twice*"),
         (["--sharedkv-lease-timeout=-1"], "--sharedkv-lease-timeout: '-1' is out of range*"),
+        (["--sharedkv-vllm-args=--foo 'bar"], "--sharedkv-vllm-args: \"--foo 'bar\" does not "
+                                              "parse as shell-quoted arguments*"),
+        (["--sharedkv-vllm-args=serve --foo"], "--sharedkv-vllm-args: 'serve --foo' starts "
+                                               "with 'serve', not a flag*"),
+        (["--sharedkv-perf-model=27b"], "--sharedkv-perf-model: '27b' is not one of geometry, "
+                                        "27b-compute"),
+        (["--sharedkv-kv-cache-gib=0"], "--sharedkv-kv-cache-gib: '0' is out of range*"),
     ],
 )
 def test_bad_option_is_a_usage_error(
@@ -48,6 +55,19 @@ def test_bad_option_is_a_usage_error(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_vllm_args_parse_as_a_shell_would(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsharedkv_vllm_args = --max-num-seqs 32 --tag 'a b'\n")
+    pytester.makepyfile("""
+        def test_x(sharedkv_settings):
+            assert sharedkv_settings.vllm_args == ("--max-num-seqs", "32", "--tag", "a b")
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nsharedkv_vllm_args = --tag 'a b\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option sharedkv_vllm_args: * does not parse*"])
 
 
 def test_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:

@@ -351,3 +351,73 @@ def test_a_partial_pool_hit_in_after_fails_the_compare(tmp_path: Path,
     (row,) = [line for line in out.stdout.splitlines() if "PARTIAL pool hit" in line]
     assert "| NEW " in row and "request 8k-0 block 1 arm ON" in row
     assert "found 256 of 8,175 prompt tokens in a cache, a full hit is 7,936" in row
+
+
+def with_engine(data: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    """DATA as if screened with these engine settings (providers.EngineSettings.record)."""
+    from pytest_sharedkv.stack.providers import PERF_ENGINE
+
+    out = copy.deepcopy(data)
+    out["perf"]["engine_settings"] = {**PERF_ENGINE.record(), **settings}
+    return out
+
+
+def test_engine_flags_that_differ_are_named_and_speed_is_not_judged(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """Eager BEFORE, CUDA graphs and user flags AFTER: a FLAGS DIFFER line names both, and a
+    steady 50% slowdown (a REGRESSION with the same flags) is shown, not judged: exit 0;
+    --allow-flag-change judges it: exit 1."""
+    two = only_pairs(baseline, 0, 1)
+    before = write(tmp_path, "before.json", with_engine(two, enforce_eager=True))
+    after = write(tmp_path, "after.json", with_engine(slower(two, 1.5), extra_args=["--x"]))
+    status, out, _ = run(capsys, before, after)
+    assert status == 0
+    (line,) = [x for x in out.splitlines() if x.startswith("FLAGS DIFFER: ")]
+    assert "enforce_eager: BEFORE True, AFTER False" in line
+    assert "extra_args: BEFORE [], AFTER [\"--x\"]" in line
+    assert "not judged as regressions" in line and "--allow-flag-change" in line
+    assert "REGRESSION" not in out
+    (row,) = [x for x in out.splitlines() if x.startswith("| 8k   | ON  | cross")]
+    assert "slower +50.0%, not judged: FLAGS DIFFER" in row
+    status, out, _ = run(capsys, before, after, "--allow-flag-change")
+    assert status == 1 and "REGRESSION" in out and "judged anyway" in out
+
+
+def test_the_same_engine_flags_say_nothing_and_judge_speed(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    two = with_engine(only_pairs(baseline, 0, 1))
+    status, out, _ = run(capsys, write(tmp_path, "before.json", two),
+                         write(tmp_path, "after.json", slower(two, 1.5)))
+    assert status == 1 and "FLAGS DIFFER" not in out and "REGRESSION" in out
+
+
+def test_a_report_without_engine_settings_differs_from_one_with(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """A report from before the settings were recorded ran eager (hard-coded): its flags
+    are unknown, which is a difference, not a match."""
+    status, out, _ = run(capsys, SCREENING, write(tmp_path, "after.json", with_engine(baseline)))
+    assert status == 0
+    assert "FLAGS DIFFER: engine settings: BEFORE recorded none" in out
+
+
+def test_the_other_tiers_engine_facts_that_differ_are_named(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """Reports without perf compare the engine_settings facts the replica and service
+    tiers record (ReplicaPair.record_launches), where both have them."""
+    from pytest_sharedkv.stack.providers import EngineSettings
+
+    plain = {k: v for k, v in baseline.items() if k != "perf"}
+
+    def facts(**settings: Any) -> dict[str, Any]:
+        value = json.dumps({**EngineSettings().record(), **settings}, sort_keys=True)
+        return {**plain, "facts": [{"name": "engine_settings", "value": value,
+                                    "nodeid": "suites/test_replica_pair.py::t"}]}
+
+    before = write(tmp_path, "before.json", facts())
+    status, out, _ = run(capsys, before, write(tmp_path, "after.json", facts(max_num_seqs=4)))
+    assert status == 0
+    assert "FLAGS DIFFER: max_num_seqs: BEFORE 16, AFTER 4: the engines ran differently" in out
+    status, out, _ = run(capsys, before, before)
+    assert "FLAGS DIFFER" not in out
+    status, out, _ = run(capsys, write(tmp_path, "plain.json", plain), before)
+    assert "FLAGS DIFFER" not in out  # an older report recorded none: nothing to compare

@@ -39,7 +39,9 @@ def test_the_committed_screening_is_what_its_script_makes() -> None:
 
 def test_round_trip(perf_data: dict[str, Any]) -> None:
     run = from_json(perf_data)
-    assert to_json(run) == perf_data
+    # the committed screening predates the model, engine settings and launch records:
+    # they read back empty
+    assert to_json(run) == {**perf_data, "model": {}, "engine_settings": {}, "launches": []}
     assert from_json(to_json(run)) == run
     assert run.blocks == ["OFF", "ON", "ON", "OFF", "OFF", "ON"]
     assert sum(o.warmup for o in run.observations) == 6
@@ -82,3 +84,19 @@ def test_sizes_and_the_floor() -> None:
     floor = Floor(h2d_gb_s=50.0, kv_bytes_per_token=1000, recurrent_bytes_per_sequence=500,
                   source="test")
     assert floor.seconds(1000) == pytest.approx(1_000_500 / 50e9)
+
+
+def test_the_model_engine_settings_and_launches_round_trip(perf_data: dict[str, Any]) -> None:
+    from pytest_sharedkv.perf.observations import PerfReportError
+
+    data = {**perf_data, "model": {"kind": "27b-compute", "weights": "random"},
+            "engine_settings": {"enforce_eager": False, "extra_args": ["--x"]},
+            "launches": [{"arm": "ON", "processes": [{"name": "vllm replica A",
+                                                       "argv": ["vllm"], "env": {}}]}]}
+    run = from_json(data)
+    assert to_json(run) == data
+    assert run.model["kind"] == "27b-compute" and run.engine_settings["enforce_eager"] is False
+    with pytest.raises(PerfReportError, match=r"perf\.model: expected an object of strings"):
+        from_json({**perf_data, "model": {"kind": 3}})
+    with pytest.raises(PerfReportError, match=r"perf\.engine_settings: expected an object"):
+        from_json({**perf_data, "engine_settings": []})

@@ -68,6 +68,26 @@ def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str)
     assert not [p for p in tagged(process_tag) if "stub_openai" in p.cmdline]
 
 
+def test_the_engine_settings_and_every_launch_are_recorded(pytester: pytest.Pytester) -> None:
+    """The perf arms' engine settings (CUDA graphs, the user's --sharedkv-vllm-args) and
+    each block's launched processes (argv, the environment the suite set) land in the
+    PerfRun, with the served model's weights and compute; on the stub double."""
+    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-blocks=1",
+                                           "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*NOTE model: stub (test double): weights none*"])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.engine_settings["enforce_eager"] is False
+    assert run.engine_settings["extra_args"] == ["--max-num-seqs", "8", "--x", "a b"]
+    assert [x["arm"] for x in run.launches] == ["OFF", "ON"]
+    for block in run.launches:
+        names = [p["name"] for p in block["processes"]]
+        assert names == ["stub replica A", "stub replica B"]
+        assert all("pytest_sharedkv.stack.stub_openai" in p["argv"] for p in block["processes"])
+    assert run.model["kind"] == "stub (test double)"
+
+
 # A screening whose ON block served one token more for one request (no replicas run).
 DRIFT_CONFTEST = """
 import pytest

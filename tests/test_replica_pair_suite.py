@@ -35,6 +35,20 @@ def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester, process_t
     assert _no_stub_left(process_tag)
 
 
+def test_what_the_pair_launched_is_a_report_fact(pytester: pytest.Pytester) -> None:
+    """Each launched process (argv, the env the suite set) and the engine settings,
+    user flags included, are facts of the JSON report, once for the pair."""
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-vllm-args=--max-num-seqs 4",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=1)
+    facts = json.loads((pytester.path / "r.json").read_text())["facts"]
+    launches = [json.loads(f["value"]) for f in facts if f["name"] == "launch"]
+    assert [x["name"] for x in launches] == ["stub replica A", "stub replica B"]
+    assert all("pytest_sharedkv.stack.stub_openai" in x["argv"] for x in launches)
+    (engine,) = [json.loads(f["value"]) for f in facts if f["name"] == "engine_settings"]
+    assert engine["extra_args"] == ["--max-num-seqs", "4"] and engine["enforce_eager"]
+
+
 def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        process_tag: str) -> None:

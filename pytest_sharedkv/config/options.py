@@ -259,6 +259,24 @@ def parse_model(text: str) -> Path:
     return path
 
 
+def parse_vllm_args(text: str) -> tuple[str, ...]:
+    """Flags for every launched vLLM, shell-quoted: '--max-num-seqs 32 --foo "a b"'."""
+    import shlex
+
+    try:
+        args = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise OptionError(f"{text!r} does not parse as shell-quoted arguments ({exc}); quote "
+                          "it as a shell would, e.g. '--max-num-seqs 32'") from None
+    if args and not args[0].startswith("-"):
+        raise OptionError(f"{text!r} starts with {args[0]!r}, not a flag; it takes vLLM "
+                          "flags for `vllm serve`, e.g. '--max-num-seqs 32'")
+    return args
+
+
+PERF_MODELS = ("geometry", "27b-compute")
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -422,8 +440,8 @@ class Settings:
     model: Path | None = setting(
         None,
         "replica and perf tiers: model checkpoint directory holding config.json (default: "
-        "the copy model for replica_pair and service_regression, the geometry model for "
-        "perf, each generated offline)",
+        "the copy model for replica_pair and service_regression; for perf the model "
+        "--sharedkv-perf-model names or chooses; each generated offline)",
         parse_model, metavar="PATH")
     endpoints: tuple[str, ...] | None = setting(
         None,
@@ -477,6 +495,27 @@ class Settings:
         "pool's size on each replica) as a third block in every block pair: OFF-ON-NATIVE, "
         "NATIVE-ON-OFF",
         parse_bool, flag=True)
+    perf_model: str | None = setting(
+        None,
+        "perf tier: the generated model a launched pair serves: geometry (the 27B's KV "
+        "geometry, 1/20 of its compute, real weights of a seed) or 27b-compute (the same "
+        "geometry at the 27B's compute, random weights served with --load-format dummy) "
+        "(default: 27b-compute where the GPU(s) hold two replicas of it, else geometry, "
+        "and the report says why; --sharedkv-model overrides both)",
+        parse_choice(*PERF_MODELS), metavar="NAME")
+    vllm_args: tuple[str, ...] = setting(
+        (),
+        "replica and perf tiers: extra flags appended to every launched `vllm serve`, as one "
+        "shell-quoted string (e.g. '--max-num-seqs 32'); recorded in the JSON report "
+        "(default {default})",
+        parse_vllm_args, metavar="'ARGS'", show=lambda v: " ".join(v) or "none")
+    kv_cache_gib: float | None = setting(
+        None,
+        "perf tier: KV cache per launched replica in GiB (--kv-cache-memory-bytes), so both "
+        "replicas start together (default: computed from the GPU's free memory and the "
+        f"model's weights where it can be, else vLLM's own sizing, one replica after the "
+        f"other; up to {show_number(MAX_POOL_GIB)})",
+        number_up_to(MAX_POOL_GIB), metavar="GIB")
     snapshot_dir: Path | None = setting(
         None,
         "service tier: where stored reference answers live (default: the references "

@@ -4,7 +4,8 @@ Counting devices through torch would create a CUDA context before each xdist wor
 set ``CUDA_VISIBLE_DEVICES`` to its lease, so discovery asks ``nvidia-smi`` (a separate
 process) instead, and falls back to ``/proc/driver/nvidia/gpus``.
 
-Test seam: ``SHAREDKV_FAKE_GPUS`` names fake devices ("0,1", or "0:80,1:40" with free GiB)
+Test seam: ``SHAREDKV_FAKE_GPUS`` names fake devices ("0,1", or "0:80,1:40" with free GiB,
+or "0:140:9.0" with free GiB and compute capability)
 so the lease and gating logic can be tested on machines without a GPU. Fake devices are
 never reported as hardware results: tiers that need CUDA check torch after binding.
 """
@@ -31,6 +32,7 @@ class Gpu:
     free_mib: int | None = None
     uuid: str | None = None
     fake: bool = False
+    compute_cap: float | None = None  # e.g. 9.0 (H100/H200); fake devices: from the spec
 
     @property
     def lock_key(self) -> str:
@@ -67,7 +69,8 @@ class DiscoveryError(ValueError):
     """A device list that cannot be honoured (bad fake spec, unknown --sharedkv-gpus index)."""
 
 
-FAKE_FORMAT = "device indices, e.g. 0,1, or 0:80,1:40 with free GiB"
+FAKE_FORMAT = ("device indices, e.g. 0,1, or 0:80,1:40 with free GiB, or 0:140:9.0 with "
+               "free GiB and compute capability")
 _VISIBLE_TOKEN = re.compile(r"^(-?\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9A-Za-z/-]+)$")
 
 
@@ -76,7 +79,8 @@ def _parse_fake(spec: str) -> tuple[Gpu, ...]:
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        token, _, free = part.partition(":")
+        token, _, rest = part.partition(":")
+        free, _, cap = rest.partition(":")
         if not token.isdigit():
             raise DiscoveryError(f"{FAKE_GPUS_ENV}={spec!r}: {token!r} is not a device index; "
                                  f"it takes {FAKE_FORMAT}")
@@ -94,7 +98,18 @@ def _parse_fake(spec: str) -> tuple[Gpu, ...]:
                     f"{FAKE_GPUS_ENV}={spec!r}: {free!r} is not a number of free GiB "
                     "(0 or more); it takes " + FAKE_FORMAT)
             free_mib = int(gib * 1024)
-        gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib, fake=True))
+        capability: float | None = None
+        if cap:
+            try:
+                capability = float(cap)
+            except ValueError:
+                capability = -1.0
+            if not 1 <= capability < 100:
+                raise DiscoveryError(
+                    f"{FAKE_GPUS_ENV}={spec!r}: {cap!r} is not a compute capability (e.g. "
+                    "9.0); it takes " + FAKE_FORMAT)
+        gpus.append(Gpu(token=token, name=f"fake-gpu-{token}", free_mib=free_mib, fake=True,
+                        compute_cap=capability))
     return tuple(gpus)
 
 
@@ -251,3 +266,26 @@ def free_gib(gpu: Gpu, discovery: Discovery) -> float | None:
     if fresh:
         return fresh[0].free_gib
     return gpu.free_gib
+
+
+def compute_capability(gpu: Gpu, executable: str | None = None) -> float | None:
+    """GPU's compute capability from nvidia-smi (a query of its own: a driver too old for
+    the field then costs nothing else), None where unknown; never CUDA in this process."""
+    if gpu.fake or gpu.compute_cap is not None:
+        return gpu.compute_cap
+    exe = executable or shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=compute_cap", "--format=csv,noheader,nounits",
+             f"--id={gpu.uuid or gpu.token}"],
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        return float(out.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return None

@@ -353,19 +353,21 @@ def digest_of(path: Path) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
-def write_model_dir(dst: Path, config: dict[str, Any], state: dict[str, Any],
+def write_model_dir(dst: Path, config: dict[str, Any], state: dict[str, Any] | None,
                     words: CopyModelRecipe) -> None:
     """A generated model's files in DST (config.json, generation_config.json,
     model.safetensors, the canonical tokenizer spec and the tokenizer for WORDS): what
-    ``digest_of`` hashes and vLLM loads, for every model kind the suite makes."""
-    from safetensors.torch import save_file
-
+    ``digest_of`` hashes and vLLM loads, for every model kind the suite makes. STATE None:
+    no weight file (a model vLLM serves with ``--load-format dummy``)."""
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
     (dst / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "do_sample": False},
         indent=1, sort_keys=True))
-    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if state is not None:
+        from safetensors.torch import save_file
+
+        save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     (dst / "sharedkv-tokenizer.json").write_text(
         json.dumps(_tokenizer_spec(words), indent=1, sort_keys=True))
     write_tokenizer(dst, words)

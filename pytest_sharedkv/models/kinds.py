@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KINDS = ("copy", "tiny", "geometry")
+KINDS = ("copy", "tiny", "geometry", "27b-compute")
 
 
 def kind_in(path: Path) -> str | None:
-    """"copy" or "geometry" (named in config.json), "tiny" (its recipe file), else None."""
+    """"copy", "geometry" or "27b-compute" (named in config.json), "tiny" (its recipe
+    file), else None."""
     from pytest_sharedkv.models.copy_model import model_kind
     from pytest_sharedkv.models.tiny_model import RECIPE_FILE
 

@@ -177,6 +177,10 @@ class BlockRunner:
         self._close()
         self.pair = self.launch(arm)
         seconds = time.perf_counter() - started
+        if self.pair.launches:  # what this block ran: argv and the environment set
+            self.run_record.launches.append({"arm": arm, "processes": list(self.pair.launches)})
+        if self.pair.engine_settings:
+            self.run_record.engine_settings = dict(self.pair.engine_settings)
         if self.plan.restartable:
             self.run_record.restarts_s.append(seconds)
         self.accounting.busy_s += seconds

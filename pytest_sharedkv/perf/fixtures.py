@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,13 @@ from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.host.devices import Gpu
     from pytest_sharedkv.perf.blocks import BlockRunner
     from pytest_sharedkv.perf.observations import Floor, PerfRun
     from pytest_sharedkv.perf.payloads import PayloadSet
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.providers import EngineSettings
 
 TIER = "perf"
 PROVIDER = "sharedkv_perf_provider"
@@ -53,12 +55,48 @@ def perf_sizes(settings: Settings) -> tuple[str, ...]:
     return settings.service_sizes or DEFAULT_SIZES
 
 
-@pytest.fixture(scope="session")
-def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
-                            tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """--sharedkv-model, or the geometry model (the 27B's KV geometry, small weights)
-    generated once per run (xdist-safe)."""
+@dataclass(frozen=True)
+class ModelChoice:
+    """The perf model a screening serves and why: "given" (--sharedkv-model), or a
+    generated kind ("geometry", "27b-compute") named by --sharedkv-perf-model or chosen
+    from the GPU memory the pair has."""
+
+    kind: str
+    why: str
+
+
+def choose_model(settings: Settings, free_gib: Sequence[float | None]) -> ModelChoice:
+    """--sharedkv-model, else --sharedkv-perf-model, else 27b-compute where FREE_GIB (the
+    leased GPUs' free memory) holds two replicas of it, else the geometry model."""
+    if settings.model is not None:
+        return ModelChoice("given", f"{settings.source_of('model')} {settings.model}")
+    if settings.perf_model is not None:
+        return ModelChoice(settings.perf_model,
+                           f"{settings.perf_model} model: {settings.source_of('perf_model')}")
+    from pytest_sharedkv.models.compute_model import choose
+
+    kind, why = choose(free_gib, int(settings.pair_gpus))
+    return ModelChoice(kind, why)
+
+
+def perf_model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
+                   kind: str) -> Path:
+    """--sharedkv-model, or the generated KIND model, written once per run (xdist-safe)."""
     from pytest_sharedkv.stack.fixtures import model_dir
+
+    if kind == "27b-compute":
+        def compute() -> tuple[str, Callable[[Path], object]]:
+            from pytest_sharedkv.models.compute_model import (
+                ComputeModelRecipe,
+                make_compute_model,
+            )
+
+            recipe = ComputeModelRecipe()
+            return recipe.key(), lambda path: make_compute_model(path, recipe)
+
+        from pytest_sharedkv.models.compute_model import LOAD_FILE
+
+        return model_dir(pytestconfig, tmp_path_factory, kind, compute, done=LOAD_FILE)
 
     def maker() -> tuple[str, Callable[[Path], object]]:
         from pytest_sharedkv.models.geometry_model import (
@@ -72,12 +110,23 @@ def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
     return model_dir(pytestconfig, tmp_path_factory, "geometry", maker)
 
 
+@pytest.fixture(scope="session")
+def sharedkv_perf_model_dir(pytestconfig: pytest.Config,
+                            tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--sharedkv-model, or the model --sharedkv-perf-model names (default here, with no
+    GPU reading: the geometry model), generated once per run (xdist-safe)."""
+    settings = state_of(pytestconfig).settings
+    return perf_model_dir(pytestconfig, tmp_path_factory, settings.perf_model or "geometry")
+
+
 def _uses_copy_words(model: Path) -> bool:
-    """The copy model and the geometry model speak the copy vocabulary (so does the stub)."""
+    """The copy, geometry and 27b-compute models speak the copy vocabulary (so does the
+    stub); prompt ids stay below its 128 words (vLLM answers 400 to ids beyond)."""
+    from pytest_sharedkv.models.compute_model import is_compute_model
     from pytest_sharedkv.models.copy_model import is_copy_model
     from pytest_sharedkv.models.geometry_model import is_geometry_model
 
-    return is_copy_model(model) or is_geometry_model(model)
+    return is_copy_model(model) or is_geometry_model(model) or is_compute_model(model)
 
 
 def _context(model: Path | None) -> int:
@@ -107,19 +156,33 @@ def _versions(provider: str, gpu: str) -> dict[str, str]:
     return engine
 
 
-def _gpu_name(item: pytest.Item) -> str:
+def _leased(item: pytest.Item) -> tuple[Gpu, ...]:
     from pytest_sharedkv.config.gating import ITEM_LEASE
     lease = item.stash.get(ITEM_LEASE, None)
-    if lease is None or not lease.gpus:
-        return "none"
-    return ", ".join(g.name for g in lease.gpus)
+    return () if lease is None else tuple(lease.gpus)
+
+
+def _gpu_name(item: pytest.Item) -> str:
+    gpus = _leased(item)
+    return ", ".join(g.name for g in gpus) if gpus else "none"
+
+
+def _free_gib(gpus: Sequence[Gpu]) -> list[float | None]:
+    """Each leased GPU's free memory now (nvidia-smi; fake devices: their spec)."""
+    from pytest_sharedkv.host.devices import Discovery, free_gib
+
+    return [free_gib(g, Discovery((g,), source="lease", fake=g.fake)) for g in gpus]
 
 
 def _model_digest(model: Path) -> str:
     import hashlib
 
+    from pytest_sharedkv.models.compute_model import digest_of as compute_digest
+    from pytest_sharedkv.models.compute_model import is_compute_model
     from pytest_sharedkv.models.copy_model import digest_of
 
+    if is_compute_model(model):  # config, tokenizer spec, load settings (no weights)
+        return compute_digest(model)
     if _uses_copy_words(model):  # written by the suite: config, weights, tokenizer spec
         return digest_of(model)
     config = hashlib.sha256((model / "config.json").read_bytes()).hexdigest()[:16]
@@ -173,21 +236,27 @@ class _Setup:
     extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
     floor: Floor | None = None
     notes: list[str] = field(default_factory=list)
+    model_record: dict[str, str] = field(default_factory=dict)
 
 
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
                 tmp_path_factory: pytest.TempPathFactory) -> _Setup:
-    from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, stub_pair
 
     chunk = settings.chunk_size or STUB_CHUNK
+    # recorded as a vllm pair's would be (the stub runs none of it): the flags' path
+    engine = replace(PERF_ENGINE, extra_args=settings.vllm_args)
 
     def launch(arm: str) -> ReplicaPair:
         return stub_pair(LaunchSpec(log_dir=tmp_path_factory.mktemp(f"perf-stub-{arm}"),
-                                    chunk_size=chunk, arm=arm,
+                                    chunk_size=chunk, arm=arm, engine=engine,
                                     stub_prefill_us=STUB_PREFILL_US))
 
     return _Setup(launch, arms, chunk, "stub (test double)", max_tokens=8, settle_s=0.0,
                   store_s_per_token=0.0,  # the stub stores synchronously
+                  model_record={"kind": "stub (test double)", "weights": "none",
+                                "compute": "none (simulated prefill)",
+                                "why": "--sharedkv-provider stub"},
                   notes=["TEST DOUBLE: the stub provider has no GPU and no KV; its timings "
                          "exercise the tier's machinery and say nothing about a KV stack",
                          "no floor: the stub provider is a test double (no GPU, no KV to "
@@ -210,9 +279,87 @@ def _external_setup(settings: Settings) -> _Setup:
                          "no floor: external endpoints (no GPU of theirs to measure here)"])
 
 
+def engine_for(settings: Settings, model: Path, gpus: Sequence[Gpu],
+               free_gib: Sequence[float | None]) -> tuple[EngineSettings, list[str]]:
+    """The perf arms' engine settings (CUDA graphs; the model's load settings, fp8 where
+    the GPU has it; the user's flags; a KV cache each where a budget can be computed, so
+    both replicas start together) and the report's lines on each choice."""
+    from pytest_sharedkv.host.devices import compute_capability
+    from pytest_sharedkv.models.compute_model import load_flags
+    from pytest_sharedkv.stack.providers import PERF_ENGINE
+
+    capability = compute_capability(gpus[0]) if gpus else None
+    load_format, quantization, load_why = load_flags(model, capability)
+    notes = []
+    if load_format is not None:
+        notes.append(f"load: {load_why}")
+    kv_bytes, kv_why = _kv_budget(settings, model, gpus, free_gib, quantization is not None)
+    if kv_bytes is not None:
+        notes.append(f"start: both replicas together, --kv-cache-memory-bytes {kv_bytes} "
+                     f"each ({kv_why}): a block's restart is one engine start")
+    else:
+        notes.append(f"start: one replica after the other (vLLM sizes each cache from free "
+                     f"memory; no explicit KV cache: {kv_why})")
+    engine = replace(PERF_ENGINE, load_format=load_format, quantization=quantization,
+                     kv_cache_bytes=kv_bytes, extra_args=settings.vllm_args)
+    notes.append("engine: " + " ".join(engine.flags()) + " (CUDA graphs: no --enforce-eager)"
+                 + (f"; user flags: {' '.join(settings.vllm_args)}" if settings.vllm_args
+                    else ""))
+    return engine, notes
+
+
+def _kv_budget(settings: Settings, model: Path, gpus: Sequence[Gpu],
+               free_gib: Sequence[float | None], fp8: bool) -> tuple[int | None, str]:
+    """--kv-cache-memory-bytes for each replica: --sharedkv-kv-cache-gib, else from the
+    leased GPUs' free memory less the model's weights; None (and why) where unknown."""
+    from pytest_sharedkv.models.compute_model import is_compute_model, kv_budget_bytes, weight_gib
+    from pytest_sharedkv.models.config_file import ModelConfigError, read_config
+
+    if settings.kv_cache_gib is not None:
+        return int(settings.kv_cache_gib * (1 << 30)), settings.source_of("kv_cache_gib")
+    if not gpus:
+        return None, "no leased GPU to read free memory from"
+    known = [f for f in free_gib if f is not None]
+    if len(known) < len(free_gib) or not known:
+        return None, "the GPU's free memory is unknown"
+    if is_compute_model(model):
+        try:
+            weights = weight_gib(read_config(model), fp8)
+        except (ModelConfigError, KeyError, TypeError, ValueError) as exc:
+            return None, f"its weights' size is unknown ({exc})"
+    else:
+        files = list(model.glob("*.safetensors"))
+        if not files:
+            return None, f"no safetensors in {model} to size its weights from"
+        weights = sum(f.stat().st_size for f in files) / (1 << 30)
+    per_gpu = 1 if len(gpus) > 1 else 2
+    return kv_budget_bytes(known, per_gpu, weights)
+
+
+def _model_record(model: Path, choice: ModelChoice | None) -> dict[str, str]:
+    """What the report says of the served model: weights and compute, and why this one."""
+    from pytest_sharedkv.models.compute_model import is_compute_model
+    from pytest_sharedkv.models.geometry_model import is_geometry_model
+
+    if is_compute_model(model):
+        record = {"kind": "27b-compute", "weights": "random (vLLM --load-format dummy)",
+                  "compute": "real: the 27B's width (5120) and FFN (17408), its KV geometry"}
+    elif is_geometry_model(model):
+        record = {"kind": "geometry", "weights": "seeded random",
+                  "compute": "about 1/20 of the 27B's (small projections and experts); its "
+                             "KV geometry"}
+    else:
+        record = {"kind": "checkpoint", "weights": f"the checkpoint in {model}",
+                  "compute": "the checkpoint's"}
+    record["why"] = choice.why if choice is not None else "--sharedkv-model"
+    return record
+
+
 def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> _Setup:
+                tmp_path_factory: pytest.TempPathFactory, gpus: Sequence[Gpu] = (),
+                choice: ModelChoice | None = None) -> _Setup:
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
+    from pytest_sharedkv.models.compute_model import is_compute_model
     from pytest_sharedkv.models.geometry_model import is_geometry_model
     from pytest_sharedkv.stack.providers import (
         LaunchSpec,
@@ -224,24 +371,32 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
 
     devices = visible_tokens()
     log_root = tmp_path_factory.mktemp("perf-vllm")
+    engine, engine_notes = engine_for(settings, model, gpus, _free_gib(gpus))
 
     def launch(arm: str) -> ReplicaPair:  # ON: the validated (mixed) allocator; no gate hook
         return launch_vllm_pair(LaunchSpec(
             log_dir=log_root / f"{arm}-{time.monotonic_ns()}", allocator="mixed", model=model,
             devices=devices, arm=arm, gate=False, chunk_size=chunk,
             max_model_len=setup.max_model_len,  # these two are set once the payloads
-            l1_size_gb=setup.l1_size_gb))  # are known
+            l1_size_gb=setup.l1_size_gb, engine=engine))  # are known
 
     # 16 tokens: 15 decode intervals a request; on the H200 a 64-layer engine in eager mode
     # spent 293 s on the first OFF block of 124 requests at 32 (Triton JIT included)
     setup = _Setup(launch, arms, chunk, _model_digest(model), words=_uses_copy_words(model),
                    model=model, max_tokens=VLLM_MAX_TOKENS)
+    setup.model_record = _model_record(model, choice)
     setup.floor, line = _floor(model)
     setup.notes.append(line)
+    setup.notes.append(f"model: {setup.model_record['why']}")
     if is_geometry_model(model):
         setup.notes.append("geometry model: the 27B's KV and recurrent-state bytes with small "
                            "projections and experts, so its prefill compute is cheaper than "
                            "the real model's")
+    if is_compute_model(model):
+        setup.notes.append("27b-compute model: RANDOM weights (--load-format dummy), so "
+                           "answers are noise; the compute is real (the 27B's width, FFN "
+                           "and KV geometry), so prefill and decode times are the 27B's")
+    setup.notes += engine_notes
     return setup
 
 
@@ -269,8 +424,11 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     elif provider is Provider.EXTERNAL:
         setup = _external_setup(settings)
     else:
-        model = request.getfixturevalue("sharedkv_perf_model_dir")
-        setup = _vllm_setup(settings, arms, model, tmp_path_factory)
+        gpus = _leased(request.node)
+        choice = choose_model(settings, _free_gib(gpus))
+        model = (settings.model if settings.model is not None else
+                 perf_model_dir(pytestconfig, tmp_path_factory, choice.kind))
+        setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice)
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
     setup.max_model_len = min(_context(setup.model), _longest(payload_set) + setup.max_tokens
@@ -294,10 +452,12 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         f"{', '.join(payload_set.sizes())}; payloads {payload_set.source} "
         f"(digest {payload_set.digest})")
     namespaces = Namespaces(run_id(pytestconfig), request.node.nodeid)
-    return BlockRunner(setup.launch, payload_set, plan, lambda key: namespaces(key).salt,
-                       model_digest=setup.digest, engine=engine, floor=setup.floor,
-                       notes=setup.notes, log=log,
-                       chunk_tokens=setup.chunk if setup.chunk_known else None)
+    runner = BlockRunner(setup.launch, payload_set, plan, lambda key: namespaces(key).salt,
+                         model_digest=setup.digest, engine=engine, floor=setup.floor,
+                         notes=setup.notes, log=log,
+                         chunk_tokens=setup.chunk if setup.chunk_known else None)
+    runner.run_record.model = dict(setup.model_record)
+    return runner
 
 
 def _pool_size(model: Path, payload_set: PayloadSet) -> tuple[float, str]:

@@ -117,6 +117,13 @@ class PerfRun:
     notes: list[str] = field(default_factory=list)
     chunk_tokens: int | None = None  # the pool's chunk: a full hit misses less than one
     runs: list[RunSource] = field(default_factory=list)  # a merge's separate runs, in order
+    # the served model: kind, weights (random / seeded / checkpoint), compute, why chosen
+    model: dict[str, str] = field(default_factory=dict)
+    # the launched vLLM's engine settings (stack.providers.EngineSettings.record); compare
+    # reads them: speed cells of runs whose engine flags differ are not judged
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    # each block's launched processes: {"arm", "processes": [{"name", "argv", "env"}]}
+    launches: list[dict[str, Any]] = field(default_factory=list)
 
 
 def size_tokens(size: str) -> int | None:
@@ -273,4 +280,17 @@ def from_json(data: object) -> PerfRun:
         restarts_s=[float(r) for r in restarts], wall_s=float(wall),
         notes=_strings(_list(data, "notes"), "perf.notes"), chunk_tokens=chunk,
         runs=[RunSource(**_fields(r, _RUN_SOURCE, f"perf.runs[{i}]"))
-              for i, r in enumerate(_list(data, "runs"))])
+              for i, r in enumerate(_list(data, "runs"))],
+        model=_mapping(data, "model", str_values=True),
+        engine_settings=_mapping(data, "engine_settings"),
+        launches=[dict(x) for x in _list(data, "launches") if isinstance(x, dict)])
+
+
+def _mapping(data: dict[str, Any], name: str, str_values: bool = False) -> dict[str, Any]:
+    """An optional object field (older reports lack it: empty)."""
+    value = data.get(name, {})
+    if not isinstance(value, dict) or (str_values and not all(
+            isinstance(v, str) for v in value.values())):
+        raise PerfReportError(f"perf.{name}: expected an object"
+                              f"{' of strings' if str_values else ''}, found {value!r}")
+    return dict(value)

@@ -247,9 +247,17 @@ def report_lines(analysis: Analysis) -> list[str]:
         [*session_table(analysis), session_verdict(analysis)],
         decode_table(analysis),
     ]
-    lines: list[str] = []
+    lines: list[str] = [model_note(analysis)] if analysis.run.model else []
     for block in blocks:
         if block:
             lines += ([""] if lines else []) + block
     return lines
+
+
+def model_note(analysis: Analysis) -> str:
+    """What the screening served: its weights and compute (random weights of real compute
+    time the 27B's work, not its answers), and why that model."""
+    model = analysis.run.model
+    return (f"NOTE model: {model.get('kind', '?')}: weights {model.get('weights', '?')}, "
+            f"compute {model.get('compute', '?')} ({model.get('why', '?')})")
 

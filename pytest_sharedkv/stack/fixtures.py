@@ -80,10 +80,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
-              kind: str, maker: Callable[[], tuple[str, Callable[[Path], object]]]) -> Path:
+              kind: str, maker: Callable[[], tuple[str, Callable[[Path], object]]],
+              done: str = "model.safetensors") -> Path:
     """--sharedkv-model (it must hold a config.json), or the KIND model that MAKER's
     (key, make) writes, once per run: under the run's base temp and a file lock, so xdist
-    workers share one. MAKER imports what it needs; missing torch etc. is a skip."""
+    workers share one (DONE: the file that says a directory is complete). MAKER imports
+    what it needs; missing torch etc. is a skip."""
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
@@ -98,7 +100,7 @@ def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFact
 
     path = tmp_path_factory.getbasetemp().parent / f"sharedkv-{kind}-model-{key}"
     with FileLock(str(path) + ".lock"):
-        if not (path / "model.safetensors").exists():
+        if not (path / done).exists():
             make(path)
     return path
 
@@ -153,6 +155,7 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
     stub test double; torn down (replicas, then the server) with no process left."""
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import (
+        EngineSettings,
         LaunchSpec,
         external_pair,
         launch_vllm_pair,
@@ -174,7 +177,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
     elif provider.provider is Provider.STUB:
         cases = request.getfixturevalue("sharedkv_case_set")
         pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
-                                    kv_audit=settings.kv_audit))
+                                    kv_audit=settings.kv_audit,
+                                    engine=EngineSettings(extra_args=settings.vllm_args)))
     else:
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")
@@ -185,7 +189,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
             inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=settings.kv_audit))
+            kv_audit=settings.kv_audit,
+            engine=EngineSettings(extra_args=settings.vllm_args)))
     yield pair
     leftovers = pair.close()
     if leftovers:

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
 
@@ -235,6 +235,12 @@ class Replica:
                             f"{self.process.log_path} ---\n{self.process.tail()}")
 
 
+class FactSink(Protocol):
+    """Where a fact goes (report.records.ResultSink; stack does not import report)."""
+
+    def fact(self, name: str, value: str) -> object: ...
+
+
 class ReplicaPair:
     """Two replicas (A, B) and, when launched, the LMCache server they share."""
 
@@ -253,7 +259,24 @@ class ReplicaPair:
         self.gate_control: Path | None = None
         self.gate_log: Path | None = None
         self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
+        # what the suite launched (providers.Launched.record: name, argv, env it set) and
+        # the engine settings of its vLLM replicas; empty for external endpoints and stubs
+        self.launches: list[dict[str, Any]] = []
+        self.engine_settings: dict[str, Any] = {}
+        self._launches_recorded = False
         self._lock = threading.Lock()
+
+    def record_launches(self, sink: FactSink) -> None:
+        """Put what this pair launched in the report, once per pair: a fact "launch" for
+        each process (JSON: name, argv, the env the suite set) and "engine_settings" (the
+        tiers other than perf, whose PerfRun holds them)."""
+        if self._launches_recorded or not (self.launches or self.engine_settings):
+            return
+        self._launches_recorded = True
+        for launch in self.launches:
+            sink.fact("launch", json.dumps(launch, sort_keys=True))
+        if self.engine_settings:
+            sink.fact("engine_settings", json.dumps(self.engine_settings, sort_keys=True))
 
     def __getitem__(self, name: str) -> Replica:
         if name not in self.replicas:

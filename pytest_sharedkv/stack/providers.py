@@ -16,8 +16,9 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook
 from pytest_sharedkv.engine_hooks.delay_hook import (
@@ -39,6 +40,80 @@ SERVED_NAME = "sharedkv-model"
 LAUNCH_ARMS = ("ON", "OFF", "NATIVE")
 
 
+SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # set unless the user's environment has it
+GDN_PREFILL = {"gdn_prefill_backend": "triton"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Every engine flag the suite chooses for a launched vLLM, in one recorded place, so a
+    report says what its engines ran with and ``compare`` can tell two reports apart by
+    it. ``enforce_eager``: the correctness tiers keep eager mode (no graph capture: faster
+    starts); the perf tier runs with CUDA graphs, as production does. ``kv_cache_bytes``:
+    an explicit ``--kv-cache-memory-bytes`` per replica (both replicas can then start
+    together on one GPU: no profiling of each other's memory); None: vLLM sizes its cache
+    from ``gpu_memory_utilization`` and the replicas start one after the other.
+    ``load_format``/``quantization``: a weightless model's (``--load-format dummy``).
+    ``extra_args``: the user's own (``--sharedkv-vllm-args``), appended last."""
+
+    enforce_eager: bool = True
+    max_num_seqs: int = 16
+    gpu_memory_utilization: float = 0.35
+    kv_cache_bytes: int | None = None
+    additional_config: tuple[tuple[str, str], ...] = tuple(GDN_PREFILL.items())
+    env: tuple[tuple[str, str], ...] = tuple(SAMPLER_ENV.items())
+    load_format: str | None = None
+    quantization: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def flags(self) -> list[str]:
+        """The vLLM flags these settings give (the same for every replica and arm)."""
+        argv = ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
+        if self.kv_cache_bytes is not None:
+            argv += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+        else:
+            argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.load_format is not None:
+            argv += ["--load-format", self.load_format]
+        if self.quantization is not None:
+            argv += ["--quantization", self.quantization]
+        return argv
+
+    def record(self) -> dict[str, Any]:
+        """The settings as the JSON report keeps them (``compare`` reads them back)."""
+        data = asdict(self)
+        data["additional_config"] = dict(self.additional_config)
+        data["env"] = dict(self.env)
+        data["extra_args"] = list(self.extra_args)
+        return data
+
+
+PERF_ENGINE = EngineSettings(enforce_eager=False)  # CUDA graphs, as served in production
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One process the suite launched: its name, argv, and the environment variables the
+    suite set or changed for it (the rest is the caller's environment, not recorded)."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "argv": list(self.argv), "env": dict(self.env)}
+
+
+def launched(name: str, argv: list[str], env: Mapping[str, str],
+             base: Mapping[str, str] | None = None) -> Launched:
+    """NAME's command line, with the variables ENV sets beyond BASE (os.environ)."""
+    base = os.environ if base is None else base
+    return Launched(name, tuple(argv),
+                    tuple(sorted((k, v) for k, v in env.items() if base.get(k) != v)))
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What a launched pair needs: where to log, which devices, which model, faults."""
@@ -51,8 +126,7 @@ class LaunchSpec:
     chunk_size: int = DEFAULT_CHUNK  # the launchers pass the model's (derive_chunk_size)
     l1_size_gb: float = 8.0
     max_model_len: int = 4096
-    max_num_seqs: int = 16
-    gpu_memory_utilization: float = 0.35
+    engine: EngineSettings = field(default_factory=EngineSettings)
     ready_timeout: float = 900.0
     gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
     kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
@@ -116,9 +190,8 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: Launch
         sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()", "serve",
         str(model),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
-        "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
-        "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
-        "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}",
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-model-len", str(spec.max_model_len), *spec.engine.flags(),
     ]
     ssm = _ssm_dtype(model)
     if ssm is not None:  # the geometry model's float32 state, as the 27B keeps it
@@ -133,7 +206,9 @@ def vllm_argv(model: Path, port: int, server: LMCacheServer | None, spec: Launch
                                           "lmcache.mp.port": server.port},
         }
         argv += ["--kv-transfer-config", json.dumps(transfer)]
-    return [*argv, "--additional-config", json.dumps({"gdn_prefill_backend": "triton"})]
+    if spec.engine.additional_config:
+        argv += ["--additional-config", json.dumps(dict(spec.engine.additional_config))]
+    return [*argv, *spec.engine.extra_args]
 
 
 def _ssm_dtype(model: Path) -> str | None:
@@ -156,6 +231,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     # The server maps every engine's KV cache through CUDA IPC: it must see every leased
     # device (on one GPU only, it failed register_kv_cache for the replica on the other).
     server: LMCacheServer | None = None
+    launches: list[Launched] = []
     if spec.arm == "ON":
         server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
         server = LMCacheServer(ServerConfig(allocator=spec.allocator,
@@ -164,14 +240,18 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                                             ready_timeout=spec.ready_timeout),
                                spec.log_dir, env=server_env)
         server.start()
+        launches.append(launched(server.process.name, server.process.argv, server.process.env))
     replicas = {}
     for index, name in enumerate(("A", "B")):
         devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
         port = free_port()
         env = process_env(spec, devices, role=f"replica {name}")
-        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        process = ManagedProcess(f"vllm replica {name}", vllm_argv(spec.model, port, server, spec),
+        for key, value in spec.engine.env:
+            env.setdefault(key, value)
+        argv = vllm_argv(spec.model, port, server, spec)
+        process = ManagedProcess(f"vllm replica {name}", argv,
                                  spec.log_dir / f"vllm-{name}-{port}.log", env=env)
+        launches.append(launched(f"vllm replica {name}", argv, env))
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
                                  ready_timeout=spec.ready_timeout, model=SERVED_NAME,
                                  reports_external=True,
@@ -194,8 +274,18 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
     if spec.kv_audit:
         pair.kv_audit_dir = audit_dir(spec.log_dir)
-    start_all(pair, together=len(spec.devices) > 1)  # one GPU each: no shared profiling
+    pair.launches = [x.record() for x in launches]
+    pair.engine_settings = spec.engine.record()
+    # one GPU each, or a fixed cache each: no profiling of each other's memory
+    start_all(pair, together=together(spec))
     return pair
+
+
+def together(spec: LaunchSpec) -> bool:
+    """Whether the two replicas start at once: each on its own GPU, or both on one GPU with
+    an explicit KV cache each (``--kv-cache-memory-bytes``: vLLM then does not size its
+    cache from free memory the other engine is still taking)."""
+    return len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
 
 
 # self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
@@ -210,6 +300,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     fault = os.environ.get(STUB_FAULT_ENV, "")
     pool = spec.log_dir / "stub-pool"
     control, log = gate_paths(spec.log_dir)
+    launches: list[Launched] = []
     replicas = {}
     for name in ("A", "B"):
         port = free_port()
@@ -239,6 +330,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
         process = ManagedProcess(f"stub replica {name}", argv,
                                  spec.log_dir / f"stub-{name}-{port}.log")
+        launches.append(launched(process.name, argv, process.env))
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
                                  reports_external=True)
     pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
@@ -249,6 +341,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     pair.gate_control, pair.gate_log = control, log
     if spec.kv_audit:
         pair.kv_audit_dir = audit_dir(spec.log_dir)
+    pair.launches = [x.record() for x in launches]
+    pair.engine_settings = spec.engine.record()  # what a vllm pair would have run with
     start_all(pair, together=True)
     return pair
 

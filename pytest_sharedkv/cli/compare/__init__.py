@@ -2,7 +2,8 @@
 
 One concern a module: ``reading`` (loading and validating reports), ``correctness`` (every
 tier's correctness differences; ``legacy`` reads records of older reports), ``speed`` (perf
-verdicts, significance), ``rendering`` (the Markdown lines), ``main`` (the command line).
+verdicts, significance), ``flags`` (the engine settings two screenings ran with),
+``rendering`` (the Markdown lines), ``main`` (the command line).
 
 Correctness first: any failed or unfinished test, any VOID or CONFOUNDED result,
 namespace leak, divergence, failed hit accounting, KV audit mismatch or PARTIAL pool hit in
@@ -18,6 +19,9 @@ when its block pairs also tell the change from noise (``significance.welch``, on
 the change's direction; pyperf's ``compare_to`` judges the same way and prints "Not
 significant"), else the verdict says "within noise" or "not judged" and the RESULT line
 counts them, slower and faster: an A/A pair of H200 runs differs by 10-35% in some cells.
+Where the two screenings' engine settings differ (CUDA graphs or eager, KV cache, fp8, the
+user's ``--sharedkv-vllm-args``), a FLAGS DIFFER line names them and speed cells are shown
+but not judged as regressions, unless ``--allow-flag-change``.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing or

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import differences
+from pytest_sharedkv.cli.compare.flags import flag_differences
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, comparable, read_report
 from pytest_sharedkv.cli.compare.rendering import report_lines
 
@@ -40,14 +41,20 @@ def max_regression(text: str) -> float:
     return value
 
 
-def compare(before: Report, after: Report, limit: float) -> tuple[int, list[str]]:
-    """(exit status, Markdown lines) of two comparable reports."""
+def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False
+            ) -> tuple[int, list[str]]:
+    """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
+    differ, speed cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE."""
     new, old = differences(before, after)
     changes, sessions = speed.changes(before.perf, after.perf)
     every = changes + sessions
-    status = 1 if new or old or speed.regressions(every, limit) or speed.missing(every) else 0
+    flags = flag_differences(before, after)
+    judged = allow_flag_change or not flags
+    regressed = judged and bool(speed.regressions(every, limit))
+    status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
-                                changes=changes, sessions=sessions)
+                                changes=changes, sessions=sessions, flags=flags,
+                                judged=judged)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -61,13 +68,16 @@ def main(argv: Sequence[str]) -> int:
                         default=max_regression(DEFAULT_MAX_REGRESSION), metavar="LIMIT",
                         help="a cell slower by more than this is a regression: 10%% or 0.1 "
                              f"(default {DEFAULT_MAX_REGRESSION.replace('%', '%%')})")
+    parser.add_argument("--allow-flag-change", action="store_true",
+                        help="judge speed cells even where the two screenings' engine flags "
+                             "differ (FLAGS DIFFER): the flag change is then what is measured")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
                         help="also write the report to this file")
     try:
         args = parser.parse_args(list(argv))
         before, after = read_report(args.before), read_report(args.after)
         comparable(before, after)
-        status, lines = compare(before, after, args.max_regression)
+        status, lines = compare(before, after, args.max_regression, args.allow_flag_change)
         text = "\n".join(lines) + "\n"
         if args.markdown is not None:
             try:

@@ -18,9 +18,19 @@ def _percent(change: Change) -> str:
     return "-" if relative is None else f"{relative:+.1%}"
 
 
-def _rows(changes: Sequence[Change], limit: float) -> list[list[str]]:
+def _verdict(change: Change, limit: float, judged: bool) -> str:
+    """The cell's verdict; where the engine flags differ (and no --allow-flag-change), a
+    change the block pairs tell from noise is shown, not judged."""
+    verdict = change.verdict(limit)
+    if judged or verdict not in ("REGRESSION", "faster"):
+        return verdict
+    return f"{'slower' if verdict == 'REGRESSION' else 'faster'} {_percent(change)}, not " \
+        "judged: FLAGS DIFFER"
+
+
+def _rows(changes: Sequence[Change], limit: float, judged: bool = True) -> list[list[str]]:
     return [[*c.what, str(c.before) if c.before else "-", str(c.after) if c.after else "-",
-             _percent(c), c.verdict(limit)] for c in changes]
+             _percent(c), _verdict(c, limit, judged)] for c in changes]
 
 
 
@@ -68,11 +78,14 @@ def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
 
 def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
-                 sessions: Sequence[Change]) -> list[str]:
+                 sessions: Sequence[Change], flags: Sequence[str] = (),
+                 judged: bool = True) -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
-    new ones first), the TTFT CHANGES and session-wall SESSIONS."""
+    new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
+    settings that differ (speed then not JUDGED unless --allow-flag-change)."""
     every = [*changes, *sessions]
-    regressions, missing = speed.regressions(every, limit), speed.missing(every)
+    regressions = speed.regressions(every, limit) if judged else []
+    missing = speed.missing(every)
     summary = []
     if new:
         summary.append(f"{len(new)} new correctness difference(s)")
@@ -86,8 +99,15 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
         f"RESULT: OK: no correctness difference, no significant regression beyond {limit:.0%}"
     lines = [f"# sharedkv compare: {before.path} -> {after.path}", "",
              f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}", "",
-             "; ".join([result, *_noise_notes(every, limit)]), "",
-             "## Correctness (AFTER)", ""]
+             "; ".join([result, *_noise_notes(every, limit)]), ""]
+    if flags:
+        lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (
+            "the engines ran differently (no perf screening: correctness as usual)"
+            if before.perf is None else
+            "speed cells judged anyway (--allow-flag-change)" if judged else
+            "speed cells are shown but not judged as regressions (the engines ran "
+            "differently); --allow-flag-change judges them"), ""]
+    lines += ["## Correctness (AFTER)", ""]
     if new or old:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
                 for f in [*new, *old]]
@@ -103,11 +123,11 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     if changes:
         lines += ["TTFT median s (n observations, block pairs behind each number):",
                   *markdown_table(["size", "arm", "step", "BEFORE", "AFTER", "change",
-                                   "verdict"], _rows(changes, limit))]
+                                   "verdict"], _rows(changes, limit, judged))]
     if sessions:
         lines += ["", "session wall time median s:",
                   *markdown_table(["arm", "placement", "BEFORE", "AFTER", "change",
-                                   "verdict"], _rows(sessions, limit))]
+                                   "verdict"], _rows(sessions, limit, judged))]
     if not changes and not sessions:
         lines.append("The screenings recorded no measured observations.")
     return lines
