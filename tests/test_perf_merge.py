@@ -146,9 +146,9 @@ def _change(field: str, data: dict[str, Any]) -> str:
     if field == "engine":
         perf["engine"]["vllm"] = "0.99.0"
         return "perf.engine.vllm"
-    if field == "argv":
-        perf["argv"] = [["vllm", "serve", "--enforce-eager"]] * len(perf["blocks"])
-        return "perf.argv (engine flags)"
+    if field == "engine settings":
+        perf["engine_settings"] = {"enforce_eager": True, "max_num_seqs": 16}
+        return "perf.engine_settings (engine flags)"
     if field == "arms":
         perf["blocks"] = ["ON", "OFF"]
         return "perf.blocks (arms order)"
@@ -167,7 +167,8 @@ def _change(field: str, data: dict[str, Any]) -> str:
     raise AssertionError(field)
 
 
-REFUSALS = ["model_digest", "corpus_digest", "payload", "engine", "argv", "arms", "sizes",
+REFUSALS = ["model_digest", "corpus_digest", "payload", "engine", "engine settings", "arms",
+            "sizes",
             "whole pairs", "chunk", "no perf"]
 
 
@@ -176,8 +177,8 @@ def test_a_merge_that_does_not_fit_is_refused_naming_file_and_field(
         tmp_path: Path, field: str, capsys: pytest.CaptureFixture[str]) -> None:
     whole = load()
     first = part(whole, 0, 4)
-    if field == "argv":  # compared only where both runs recorded them
-        first["perf"]["argv"] = [["vllm", "serve", "--port", "8001"]] * 4
+    if field == "engine settings":  # compared only where both runs recorded them
+        first["perf"]["engine_settings"] = {"enforce_eager": False, "max_num_seqs": 16}
     second = part(whole, 4, 2)
     named = _change(field, second)
     a, b = write(tmp_path, "a.json", first), write(tmp_path, "b.json", second)
@@ -190,17 +191,21 @@ def test_a_merge_that_does_not_fit_is_refused_naming_file_and_field(
     assert not out.exists()
 
 
-def test_engine_flags_compare_where_recorded_ports_aside(tmp_path: Path) -> None:
+def test_engine_flags_compare_where_recorded_launches_are_carried(tmp_path: Path) -> None:
     whole = load()
     first, second, third = part(whole, 0, 4), part(whole, 4, 2), part(whole, 4, 2)
-    first["perf"]["argv"] = [["vllm", "serve", "m", "--port", "8001"]] * 4
-    second["perf"]["argv"] = [["vllm", "serve", "m", "--port", "9002"]] * 2
+    settings = {"enforce_eager": False, "max_num_seqs": 16}
+    first["perf"]["engine_settings"] = second["perf"]["engine_settings"] = settings
+    first["perf"]["launches"] = [{"arm": "OFF", "processes": [
+        {"name": "A", "argv": ["vllm", "serve", "--port", "8001"], "env": {}}]}] * 4
     out = tmp_path / "merged.json"
     paths = [write(tmp_path, f"{i}.json", d) for i, d in enumerate((first, second, third))]
     assert main([str(out), *map(str, paths)]) == 0
     run = merged_analysis(out).run
     assert [r.engine_flags for r in run.runs] == ["recorded", "recorded", NOT_RECORDED]
     assert f"{NOT_RECORDED} in some runs" in run.notes[1]
+    data = load(out)
+    assert data["perf"]["engine_settings"] == settings  # carried from the first run
 
 
 def test_the_h200_aa_pair_merges_into_three_block_pairs(tmp_path: Path) -> None:

@@ -37,9 +37,12 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import blocks_per_pair
 
 PROG = "python -m pytest_sharedkv merge-screenings"
-# The engine command lines, one entry per block, where the perf tier records them (older
-# reports do not): the only place this module reads them from.
-ARGV_FIELD = "argv"
+# The engine settings the perf tier records (``perf.engine_settings``, one per run: the
+# flags every launched vLLM got; older reports lack them), and every block's launched
+# processes (``perf.launches``, one entry a block: argv and environment, with ports and
+# paths that change from run to run, so only carried, never compared).
+SETTINGS_FIELD = "engine_settings"
+ARGV_FIELD = "launches"
 NOT_RECORDED = "engine flags not recorded"
 RECORDED = "recorded"
 # argv values that change from run to run without changing what is measured
@@ -74,9 +77,9 @@ def _flags(entry: object) -> str:
 
 
 def engine_flags(report: Report) -> list[str] | None:
-    """The distinct engine command lines the run recorded, or None where it recorded none."""
+    """The run's engine settings, or None where it recorded none."""
     perf = report.data.get("perf")
-    value = perf.get(ARGV_FIELD) if isinstance(perf, dict) else None
+    value = perf.get(SETTINGS_FIELD) if isinstance(perf, dict) else None
     if not value:
         return None
     entries = value if isinstance(value, list) else [value]
@@ -120,7 +123,7 @@ def check_mergeable(first: Report, other: Report) -> None:
                     f"{o.request} {o.size} {o.step})", o.payload_sha256, first, theirs)
     flags, first_flags = engine_flags(other), engine_flags(first)
     if flags is not None and first_flags is not None and flags != first_flags:
-        _refuse(other, f"perf.{ARGV_FIELD} (engine flags)", flags, first, first_flags)
+        _refuse(other, f"perf.{SETTINGS_FIELD} (engine flags)", flags, first, first_flags)
 
 
 def _whole_pairs(report: Report) -> None:
@@ -238,6 +241,8 @@ def merge_reports(reports: Sequence[Report]) -> dict[str, Any]:
            for a, r in zip(recorded, reports, strict=True)):  # still one entry a block
         out["perf"][ARGV_FIELD] = [entry for a in recorded if isinstance(a, list)
                                    for entry in a]
+    for name in (SETTINGS_FIELD, "model"):  # the same in every run (settings: checked)
+        out["perf"][name] = reports[0].data["perf"].get(name) or {}
     return out
 
 
