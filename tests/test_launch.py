@@ -186,7 +186,7 @@ def test_a_launch_from_a_short_lived_thread_outlives_the_thread(tmp_path: Path) 
 
 POOL_OWNER = """
 import sys
-from pytest_sharedkv.pinned_pool.runner import child_env, run_child
+from pytest_sharedkv.pinned_pool.child import child_env, run_child
 run_child([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); "
            "time.sleep(600)"], child_env(None), 600, "held pool")
 """

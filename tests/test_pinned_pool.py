@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.pinned_pool.budget import HostBudget, Reservation
+from pytest_sharedkv.pinned_pool.child import ChildResult, child_env, run_child
 from pytest_sharedkv.pinned_pool.fixtures import RouteReport, _judge
 from pytest_sharedkv.pinned_pool.predict import next_power_of_two, predicted_reservation
-from pytest_sharedkv.pinned_pool.runner import ChildResult, child_env, run_child
 
 GIB = 1 << 30
 

@@ -19,7 +19,7 @@ from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:
     from pytest_sharedkv.pinned_pool.budget import HostBudget, Reservation
-    from pytest_sharedkv.pinned_pool.runner import ChildResult
+    from pytest_sharedkv.pinned_pool.child import ChildResult
     from pytest_sharedkv.report.records import ResultSink
     from pytest_sharedkv.report.terminal import TierReport
 TIER = "pinned_pool"
@@ -54,7 +54,7 @@ class PinnedPool:
 
     def _child(self, what: str, args: list[str], alloc_conf: str | None, reserve: int
                ) -> ChildResult | str:
-        from pytest_sharedkv.pinned_pool.runner import child_env, run_child, worker_argv
+        from pytest_sharedkv.pinned_pool.child import child_env, run_child, worker_argv
 
         reservation: Reservation | str = self.budget.reserve(reserve, what, wait_s=60.0)
         if isinstance(reservation, str):
@@ -66,8 +66,8 @@ class PinnedPool:
 
     def route(self, route: str, nbytes: int | None = None, alloc_conf: str | None = None
               ) -> RouteReport:
+        from pytest_sharedkv.pinned_pool.child import HOST_REGISTER_CONF
         from pytest_sharedkv.pinned_pool.predict import gib, predicted_reservation
-        from pytest_sharedkv.pinned_pool.runner import HOST_REGISTER_CONF
 
         n = nbytes or self.nbytes
         conf = alloc_conf if alloc_conf is not None else (
@@ -92,7 +92,7 @@ class PinnedPool:
         return report
 
     def conf_accepted(self, conf: str) -> ChildResult:
-        from pytest_sharedkv.pinned_pool.runner import child_env, run_child, worker_argv
+        from pytest_sharedkv.pinned_pool.child import child_env, run_child, worker_argv
 
         if conf not in self._conf:
             self._conf[conf] = run_child(worker_argv("probe-conf"), child_env(conf), 300,
@@ -100,7 +100,7 @@ class PinnedPool:
         return self._conf[conf]
 
     def hazard(self, conf: str) -> ChildResult:
-        from pytest_sharedkv.pinned_pool.runner import child_env, run_child, worker_argv
+        from pytest_sharedkv.pinned_pool.child import child_env, run_child, worker_argv
 
         return run_child(worker_argv("probe-hazard"), child_env(conf), 300,
                          f"pytorch#192722 regression check with {conf}")
