@@ -26,7 +26,7 @@ import pytest
 from tests.process_tags import TAG_ENV, Proc, tagged
 
 DEADLINE_S = 10.0
-LAUNCHED = ("stub_openai", "lmcache", "replicas.transfer", "supervise")
+LAUNCHED = ("stub_openai", "lmcache", "stack.transfer_provider", "supervise")
 
 HOLD_STUB = """
 import os, time
@@ -148,7 +148,7 @@ def test_transfer_provider_leaves_nothing(pytester: pytest.Pytester, sig: signal
         pytest.skip("lmcache not installed")
 
     def replica_up() -> bool:  # the server is ready once a replica has been started
-        return any("replicas.transfer" in p.cmdline for p in launched(tag))
+        return any("stack.transfer_provider" in p.cmdline for p in launched(tag))
 
     with inner_run(pytester, HOLD_TRANSFER, xdist) as (proc, tag, _ready):
         assert wait_for(replica_up, 180), "the transfer replica never started"
