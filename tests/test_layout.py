@@ -20,7 +20,7 @@ SHARED = {
     "config": {"host"},
     "report": {"host", "config"},
     "models": {"report"},
-    "layouts": {"config"},
+    "layouts": {"config", "models"},  # models.config_file reads config.json
     "engine_hooks": {"host"},
     "corpus": {"config", "models", "layouts"},
     "stack": {"host", "processes", "config", "report", "models", "layouts", "corpus",
