@@ -34,8 +34,9 @@ def pytest_sharedkv_layouts(registry: LayoutRegistry) -> None:
 
 
 @pytest.hookspec
-def pytest_sharedkv_tier_report() -> TierReport | None:
-    """A tier's part of the terminal summary: ``TierReport(tier, table, own_table, lines)``.
+def pytest_sharedkv_tier_report(config: pytest.Config) -> TierReport | None:
+    """A tier's part of the terminal summary: ``TierReport(tier, table, own_table, lines)``
+    (an implementation may take ``config``, or no argument).
 
     Every tier's pytest module implements it (the report layer imports no tier); a plugin
     that adds a tier of its own under a marker returns one for it.

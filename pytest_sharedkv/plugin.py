@@ -394,7 +394,8 @@ def pytest_terminal_summary(
     if not state.has_log:
         return
     from pytest_sharedkv.report import terminal
-    reports = {r.tier: r for r in config.hook.pytest_sharedkv_tier_report() if r is not None}
+    reports = {r.tier: r for r in config.hook.pytest_sharedkv_tier_report(config=config)
+               if r is not None}
     lines = terminal.summary_lines(state.log, reports)
     if lines:
         terminalreporter.section("sharedkv summary")

@@ -356,3 +356,78 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         shown = [m.line() for m in faults[:20]]
         more = f"\n... and {len(faults) - 20} more" if len(faults) > 20 else ""
         pytest.fail("\n".join(shown) + more, pytrace=False)
+
+
+def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
+                sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--sharedkv-triage: a pair that answered wrong after cross-replica hits sends its
+    diverging size group again under each control, a cell with the KV audit each, and the
+    controls that removed the fault name its class (one record per cell, one verdict)."""
+    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+    from pytest_sharedkv.service import triage
+    from pytest_sharedkv.service.execute import PROTOCOL
+    from pytest_sharedkv.service.runner import Runner, Salts
+    from pytest_sharedkv.stack import kv_audit
+
+    if not sharedkv_settings.triage:
+        pytest.skip("triage is off (--sharedkv-triage re-runs a diverging pair under controls)")
+    service_pass, pair = sharedkv_service_pass, sharedkv_replica_pair
+    run = service_pass.ensure(PROTOCOL)
+    if run.error:
+        pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
+    group = triage.diverging_group(run.answers, run.cases.cases, run.cases.sizes())
+    if group is None:
+        pytest.skip(f"nothing to triage: {pair.description} answered every cross-replica "
+                    "request right")
+    cases = [c for c in run.cases.cases if c.role == "measured" and c.size == group]
+    ids = {c.id for c in cases}
+    report = kv_audit.audit(pair.kv_audit_dir)
+    faults = None
+    if report is not None and report.void is None:
+        faults = sum(1 for m in report.mismatches if m.step == "cross" and m.request in ids)
+    allocator = str(pair.labels.get("allocator", ""))
+    wrong = sum(triage._right(c, run.answer(c.id, "cross"), run.answer(c.id, "cold")) is False
+                for c in cases)
+    base = triage.Base(allocator, group, len(cases), wrong, faults)
+    runner = service_pass.runner
+
+    def runner_of(target: ReplicaPair, salts: Salts, concurrency: int) -> Runner:
+        return Runner(target, run.cases, salts, runner.settle_s, concurrency, runner.log,
+                      runner.store_s_per_token)
+
+    cells = []
+    stopped = False
+    for control in triage.controls_for(allocator):
+        if not control.one_in_flight and not stopped and pair.has_server \
+                and pair.labels.get("provider") == "vllm":
+            # the cells' engines take the GPU memory this pair holds: the triage is the
+            # last test of its pair (test order), so the pair stops here
+            stopped = True
+            leftovers = pair.close()
+            runner.log("triage: stopped the pass's pair (its cells need its GPU)"
+                       + (f"; processes {leftovers} survived" if leftovers else ""))
+        cell = triage.run_cell(control, pair, cases, run.cases.by_role("warmup"), runner_of,
+                               runner.salts, runner.concurrency,
+                               tmp_path_factory.mktemp(f"triage-{control.name}"), runner.log)
+        cells.append(cell)
+        sharedkv_results.check(
+            TIER, {**pair.labels, "size": "triage", "step": control.name}, cell.exact,
+            cell.requests, kind="triage", status=cell.status,
+            message=cell.not_applicable or cell.why_unknown or cell.first_wrong,
+            detail={"control": control.what, "family": control.family, "group": group,
+                    "wrong": cell.wrong, "errors": cell.errors,
+                    "mismatches": cell.mismatches, "compared": cell.compared,
+                    "removed": cell.removed, "remedy": control.remedy,
+                    "suggestion": control.suggestion, "counts": cell.counts(),
+                    "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
+    verdict = triage.classify(base, cells)
+    sharedkv_results.note(TIER, verdict.line(base), kind="triage-verdict",
+                          status="unknown" if verdict.klass == "undecided" else "info")
+    unknown = [c for c in cells if c.removed is None and c.not_applicable is None]
+    if verdict.klass == "undecided":
+        pytest.fail(verdict.line(base), pytrace=False)
+    if unknown:
+        pytest.fail(verdict.line(base) + "\n" + "\n".join(
+            f"cell {c.control.name}: {c.why_unknown or c.counts()}" for c in unknown),
+            pytrace=False)

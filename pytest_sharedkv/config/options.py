@@ -527,6 +527,20 @@ class Settings:
         "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
         "when the hook finds nothing to audit)",
         parse_bool, flag=True)
+    triage: bool = setting(
+        False,
+        "service tier: when a launched pair answers wrong after cross-replica hits, run the "
+        "same configuration and corpus slice again under controls (CUDA_LAUNCH_BLOCKING=1 "
+        "in the server, then everywhere; a device synchronize around every KV transfer in "
+        "the server; one request in flight; the other allocator), each a cell with the KV "
+        "audit, and name the class of fault from the controls that removed it",
+        parse_bool, flag=True)
+    baseline: Path | None = setting(
+        None,
+        "service tier: a JSON report (--sharedkv-json) of an earlier run whose exact pairs "
+        "may prove a remedy this run names (e.g. LMCache's compiled kernels, the other "
+        "allocator); without it or a triage control a remedy is said as a suggestion",
+        parse_path, metavar="REPORT.json")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)

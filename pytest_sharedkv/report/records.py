@@ -33,6 +33,8 @@ KINDS = (
     "ordering",  # a stream-ordering probe cell
     "bytes",  # a byte-exact KV round trip (packed_page, the transfer pair)
     "pinned",  # a pinned-pool allocation route
+    "triage",  # a triage cell (pass: its control removed the fault; fail: it showed again)
+    "triage-verdict",  # the class of fault the triage's cells name
     "note",  # a note's default: it judges nothing
 )
 # pass/fail: whether the record's checks held (for an ordering negative control under

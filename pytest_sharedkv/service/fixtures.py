@@ -22,6 +22,7 @@ from pytest_sharedkv.state import state_of
 if TYPE_CHECKING:
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.service.baseline import Baseline
     from pytest_sharedkv.service.execute import Pass
     from pytest_sharedkv.stack.pair import ReplicaPair
 
@@ -76,9 +77,40 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
                 log=progress, store_s_per_token=per_token)
 
 
-def pytest_sharedkv_tier_report() -> TierReport:
-    """The service_regression tier's part of the terminal summary."""
+BASELINE: pytest.StashKey[Baseline] = pytest.StashKey()
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin's own, which puts the settings in place
+def pytest_configure(config: pytest.Config) -> None:
+    """--sharedkv-baseline is read now: a file that is no sharedkv report stops the run
+    before any test, naming the option and the file."""
+    settings = state_of(config).settings
+    if settings.baseline is None:
+        return
+    from pytest_sharedkv.service.baseline import BaselineError, read_baseline
+
+    try:
+        config.stash[BASELINE] = read_baseline(settings.baseline)
+    except BaselineError as exc:
+        raise pytest.UsageError(f"{settings.source_of('baseline')}: {exc}") from None
+
+
+def pytest_sharedkv_tier_report(config: pytest.Config) -> TierReport:
+    """The service_regression tier's part of the terminal summary (with the baseline, a
+    remedy it proves is said as proven)."""
+    from functools import partial
+
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.service import summary
 
-    return TierReport("service_regression", own_table=True, lines=summary.summary_lines)
+    return TierReport("service_regression", own_table=True,
+                      lines=partial(summary.summary_lines,
+                                    baseline=config.stash.get(BASELINE, None),
+                                    kernel_path=_kernel_path(config)))
+
+
+def _kernel_path(config: pytest.Config) -> str | None:
+    """This run's LMCache kernel path, where the header probed it."""
+    state = state_of(config)
+    lmcache = state.lmcache
+    return None if lmcache is None or isinstance(lmcache, str) else lmcache.kernel_path

@@ -4,7 +4,9 @@ tokens, the engines' own and pool hit counters, wall time) and one VERDICT line.
 A pair whose sensitivity gate is VOID or CONFOUNDED gets VOID unless answers diverged (then
 the divergences stand and the exact answers are said to prove nothing); external endpoints
 get "sensitivity unproven"; otherwise the verdict counts the requests that diverged after
-cross-replica hits, with the remedy for the lazy allocator on LMCache's torch fallback.
+cross-replica hits. A remedy is said as proven only where a run proved it: a triage cell of
+this run (``--sharedkv-triage``), the other allocator's exact pair in this run, or the
+report given with ``--sharedkv-baseline``; otherwise it is a suggestion, said as one.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from __future__ import annotations
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
-from pytest_sharedkv.stack.lmcache_server import LAZY_REMEDY as REMEDY
+from pytest_sharedkv.service.baseline import Baseline, remedies
+from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
-NOT_STEPS = ("gate", "session", "protocol", "model", "audit")  # not step totals
+NOT_STEPS = ("gate", "session", "protocol", "model", "audit", "triage")  # not step totals
+SUGGESTION = ("suggestion (not proven by this run; --sharedkv-triage or --sharedkv-baseline "
+              "REPORT would test it): start the LMCache server with --no-l1-use-lazy, or run "
+              "LMCache's compiled kernels (a build that loads against this torch)")
 
 
 def _pair(check: Check) -> tuple[str, ...]:
@@ -53,7 +59,56 @@ def _tally(checks: list[Check], size: str) -> str:
     return f"{sum(c.passed for c in group)}/{sum(c.trials for c in group)}"
 
 
-def verdicts(checks: list[Check]) -> list[str]:
+def _exact_pair(checks: list[Check], allocator: str) -> tuple[int, int] | None:
+    """(exact, total) cross-replica answers of this run's ALLOCATOR pair, where every one of
+    its records held and its gate was proven; else None."""
+    mine = [c for c in checks if c.key.get("allocator") == allocator
+            and c.key.get("size") not in ("model", "triage") and c.status != "info"]
+    cross = [c for c in _steps(mine) if c.key.get("step") == "cross"]
+    gate = next((c for c in mine if c.key.get("size") == "gate"), None)
+    if not cross or gate is None or gate.status != "pass" or not all(c.ok for c in mine):
+        return None
+    return sum(c.passed for c in cross), sum(c.trials for c in cross)
+
+
+def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None = None,
+                kernel_path: str | None = None) -> str:
+    """The remedy for a diverging ALLOCATOR pair: every one a run proved, else the
+    suggestion (said as one)."""
+    proven = [f"{c.detail.get('remedy')} (proven by the triage cell {c.key.get('step')}: "
+              f"{c.passed}/{c.trials} exact, {c.detail.get('mismatches') or 0} mismatching "
+              "digests)" for c in checks if c.key.get("size") == "triage"
+              and c.key.get("allocator") == allocator and c.status == "pass"
+              and c.detail.get("remedy")]
+    other = OTHER_ALLOCATOR.get(allocator)
+    exact = _exact_pair(checks, other) if other else None
+    if other and exact is not None and exact[0] == exact[1]:
+        proven.append(f"{ALLOCATOR_REMEDY[other]} (proven in this run: the {other} pair "
+                      f"answered {exact[0]}/{exact[1]} cross-replica requests exact)")
+    proven += remedies(baseline, allocator, kernel_path)
+    if proven:
+        return "remedy: " + "; or ".join(dict.fromkeys(proven))
+    return SUGGESTION if allocator == "lazy" else ("suggestion: --sharedkv-triage re-runs "
+                                                   "this pair under controls")
+
+
+def triage_table(checks: list[Check]) -> list[str]:
+    rows = [[str(c.key.get("allocator", "")), str(c.key.get("step", "")),
+             str(c.detail.get("control", "")), str(c.detail.get("group", "")),
+             f"{c.passed}/{c.trials}", _n(c.detail.get("mismatches")),
+             {"pass": "removed", "fail": "persists", "info": "n/a"}.get(c.status, "unknown"),
+             _n(c.detail.get("wall_s"))]
+            for c in checks if c.key.get("size") == "triage"]
+    if not rows:
+        return []
+    return ["triage: the diverging size group again under each control (its own cell, "
+            "KV audit on):",
+            *markdown_table(["allocator", "cell", "control", "group", "exact",
+                             "mismatching digests", "fault", "wall s"], rows)]
+
+
+def verdicts(checks: list[Check], baseline: Baseline | None = None,
+             kernel_path: str | None = None) -> list[str]:
     lines = []
     for pair in dict.fromkeys(_pair(c) for c in checks if c.key.get("size") != "model"):
         mine = [c for c in checks if _pair(c) == pair]
@@ -84,7 +139,8 @@ def verdicts(checks: list[Check]) -> list[str]:
                          f"local, cross-replica, receiver-local), hits as expected"
                          + (f"; {extra}" if extra else ""))
         elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
-            remedy = f"; {REMEDY}" if pair[1] == "lazy" else ""
+            remedy = f"; {remedy_line(checks, pair[1], baseline, kernel_path)}" \
+                if pair[0] == "vllm" else ""
             voids = (f"; the {total - wrong} exact answers prove nothing: {void.message}"
                      if void is not None else "")
             lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
@@ -113,10 +169,12 @@ def model_table(checks: list[Check]) -> list[str]:
                              "min margin (nats)"], rows)]
 
 
-def summary_lines(log: RunLog) -> list[str]:
+def summary_lines(log: RunLog, baseline: Baseline | None = None,
+                  kernel_path: str | None = None) -> list[str]:
     checks = [c for c in log.bundle.checks if c.tier == TIER]
-    lines: list[str] = []
-    for block in (model_table(checks), table(checks), verdicts(checks)):
+    lines: list[str] = []  # the triage's verdict is a note: the summary shows notes first
+    for block in (model_table(checks), table(checks), triage_table(checks),
+                  verdicts(checks, baseline, kernel_path)):
         if block:
             lines += ([""] if lines else []) + block
     return lines

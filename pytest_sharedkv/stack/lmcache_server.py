@@ -32,13 +32,12 @@ SERVER_ENV = {
 # on an H200, with margin (a cross-replica request sent sooner finds a partial entry).
 STORE_S_PER_TOKEN = 40e-6
 
-# What a run that found the lazy allocator's fault suggests. Both remedies were proven on an
-# H200 (vLLM 0.26, LMCache 0.5.6, copy model, 3k, audit on; fixtures/lmcache/h200/): on the
-# torch fallback the mixed allocator answered 200/200 where lazy answered 176/200, and with
-# a cuda_ops that loads against the host's torch lazy answered 200/200 too.
-LAZY_REMEDY = ("remedy: start the server with --no-l1-use-lazy, or run LMCache's compiled "
-               "cuda_ops (a build that loads against this torch); each gave 200/200 exact "
-               "answers where lazy on the torch fallback did not (H200, LMCache 0.5.6)")
+# What a run that found the lazy allocator's fault suggests, where nothing in that run
+# proved a remedy (the service tier names one as proven only where a triage cell, the other
+# allocator's pair or a --sharedkv-baseline report proved it).
+LAZY_REMEDY = ("suggestion (not proven by this run): start the server with "
+               "--no-l1-use-lazy, or run LMCache's compiled cuda_ops (a build that loads "
+               "against this torch)")
 
 
 @dataclass(frozen=True)

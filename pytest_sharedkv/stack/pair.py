@@ -259,6 +259,10 @@ class ReplicaPair:
         self.gate_control: Path | None = None
         self.gate_log: Path | None = None
         self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
+        self.sync_log: Path | None = None  # the server's synchronized transfers (triage)
+        # the same pair again with LaunchSpec fields changed (the triage's cells); None
+        # where the suite launched nothing (external endpoints)
+        self.relaunch: Callable[..., ReplicaPair] | None = None
         # what the suite launched (providers.Launched.record: name, argv, env it set) and
         # the engine settings of its vLLM replicas; empty for external endpoints and stubs
         self.launches: list[dict[str, Any]] = []
@@ -277,6 +281,11 @@ class ReplicaPair:
             sink.fact("launch", json.dumps(launch, sort_keys=True))
         if self.engine_settings:
             sink.fact("engine_settings", json.dumps(self.engine_settings, sort_keys=True))
+
+    @property
+    def has_server(self) -> bool:
+        """Whether the suite launched an LMCache server for this pair."""
+        return self._stop_server is not None
 
     def __getitem__(self, name: str) -> Replica:
         if name not in self.replicas:

@@ -16,11 +16,11 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook
+from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook, sync_hook
 from pytest_sharedkv.engine_hooks.delay_hook import (
     CYCLES_ENV,
     LOG_ENV,
@@ -132,6 +132,11 @@ class LaunchSpec:
     kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
     arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
     stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
+    # the service triage's controls: variables set in the LMCache server / both replicas,
+    # and a device synchronize around every KV transfer in the server (sync_hook)
+    server_env: tuple[tuple[str, str], ...] = ()
+    replica_env: tuple[tuple[str, str], ...] = ()
+    sync_transfers: bool = False
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -146,6 +151,11 @@ def gate_paths(log_dir: Path) -> tuple[Path, Path]:
 def audit_dir(log_dir: Path) -> Path:
     """Where the replicas' in-engine KV audit writes its digest logs."""
     return log_dir / "kv-audit"
+
+
+def sync_log(log_dir: Path) -> Path:
+    """Where the server logs each synchronized KV transfer (the triage's sync control)."""
+    return log_dir / "sync-transfers.log"
 
 
 def inject_log(log_dir: Path) -> Path:
@@ -172,6 +182,14 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
         env[corrupt_hook.CONTROL_ENV] = str(control)
         env[corrupt_hook.LOG_ENV] = str(log)
         hooked = True
+    if role == SERVER_ROLE:
+        env.update(spec.server_env)
+        if spec.sync_transfers:
+            env[sync_hook.LOG_ENV] = str(sync_log(spec.log_dir))
+            env[ROLE_ENV] = role
+            hooked = True
+    elif role.startswith("replica "):
+        env.update(spec.replica_env)
     if spec.kv_audit and role.startswith("replica "):
         env[kv_audit_hook.DIR_ENV] = str(audit_dir(spec.log_dir))
         env[kv_audit_hook.ROLE_ENV] = role.removeprefix("replica ")
@@ -274,8 +292,11 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
     if spec.kv_audit:
         pair.kv_audit_dir = audit_dir(spec.log_dir)
+    if spec.sync_transfers and server is not None:
+        pair.sync_log = sync_log(spec.log_dir)
     pair.launches = [x.record() for x in launches]
     pair.engine_settings = spec.engine.record()
+    pair.relaunch = lambda **changes: launch_vllm_pair(replace(spec, **changes))
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))
     return pair
@@ -291,6 +312,8 @@ def together(spec: LaunchSpec) -> bool:
 # self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
 # "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
 # "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
+# "corrupt-external-unless=VAR": the same, unless the replicas' environment sets VAR (a
+# fault a triage control removes: the stand-in of a race CUDA_LAUNCH_BLOCKING=1 hides);
 # "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits;
 # "metrics-fail=N[,M]" makes B's Nth (and Mth) metrics scrape fail (HTTP 503)
 STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
@@ -312,7 +335,9 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--pool", str(pool.with_name(f"stub-pool-{name}"))]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
-        if name == "B" and fault == "corrupt-external":
+        if name == "B" and (fault == "corrupt-external" or (
+                fault.startswith("corrupt-external-unless=")
+                and fault.split("=", 1)[1] not in dict(spec.replica_env))):
             argv.append("--corrupt-external")
         if name == "B" and fault.startswith("crash-after="):
             argv += ["--crash-after", fault.split("=", 1)[1]]
@@ -328,8 +353,9 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
             argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
+        env = {**os.environ, **dict(spec.replica_env)} if spec.replica_env else None
         process = ManagedProcess(f"stub replica {name}", argv,
-                                 spec.log_dir / f"stub-{name}-{port}.log")
+                                 spec.log_dir / f"stub-{name}-{port}.log", env=env)
         launches.append(launched(process.name, argv, process.env))
         replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
                                  reports_external=True)
@@ -343,6 +369,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.kv_audit_dir = audit_dir(spec.log_dir)
     pair.launches = [x.record() for x in launches]
     pair.engine_settings = spec.engine.record()  # what a vllm pair would have run with
+    pair.relaunch = lambda **changes: stub_pair(replace(spec, **changes))
     start_all(pair, together=True)
     return pair
 

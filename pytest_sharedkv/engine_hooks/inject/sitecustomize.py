@@ -1,7 +1,8 @@
 """Loaded by launched processes whose PYTHONPATH starts with this directory: turns on
 pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
-service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set, and the in-engine KV
-audit when SHAREDKV_KV_AUDIT_DIR is set."""
+service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set, the in-engine KV
+audit when SHAREDKV_KV_AUDIT_DIR is set, and the triage's synchronize around KV transfers
+when SHAREDKV_SYNC_LOG is set."""
 
 import os
 
@@ -19,6 +20,11 @@ if os.environ.get("SHAREDKV_KV_AUDIT_DIR"):
     from pytest_sharedkv.engine_hooks.kv_audit_hook import install as audit_kv
 
     audit_kv()
+
+if os.environ.get("SHAREDKV_SYNC_LOG"):
+    from pytest_sharedkv.engine_hooks.sync_hook import install as synchronize_transfers
+
+    synchronize_transfers()
 
 
 def _load_the_next_sitecustomize() -> None:

@@ -1,0 +1,125 @@
+"""The report given with ``--sharedkv-baseline``: an earlier run whose exact pairs can prove
+a remedy this run names (LMCache's compiled kernels where this run is on the fallback, the
+other allocator), read from its records' kind and status and its ``environment.lmcache``.
+
+Read once, before any test: a file that is not a sharedkv JSON report is a usage error
+naming the option and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TIER = "service_regression"
+NOT_STEPS = ("gate", "session", "protocol", "model", "audit", "triage")
+
+
+class BaselineError(ValueError):
+    """A baseline that cannot be read; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class BaselinePair:
+    """One service pair of the baseline: its cross-replica answers and whether every one
+    of its step, request, audit and gate records held."""
+
+    allocator: str
+    cross_exact: int
+    cross_total: int
+    clean: bool
+
+    @property
+    def exact(self) -> bool:
+        return self.clean and self.cross_total > 0 and self.cross_exact == self.cross_total
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: str
+    lmcache_version: str | None
+    kernel_path: str  # compiled | torch-fallback | unknown | not-installed | not-checked
+    kernel_module: str | None
+    pairs: tuple[BaselinePair, ...]
+
+    def pair(self, allocator: str) -> BaselinePair | None:
+        return next((p for p in self.pairs if p.allocator == allocator), None)
+
+    def describe(self) -> str:
+        module = f" ({self.kernel_module})" if self.kernel_module else ""
+        return (f"{Path(self.path).name}: LMCache {self.lmcache_version or '?'} on "
+                f"{self.kernel_path}{module}")
+
+
+def _pairs(checks: list[Any]) -> tuple[BaselinePair, ...]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for check in checks:
+        if isinstance(check, dict) and check.get("tier") == TIER and isinstance(
+                check.get("key"), dict) and check["key"].get("size") != "model":
+            found.setdefault(str(check["key"].get("allocator", "")), []).append(check)
+    pairs = []
+    for allocator, records in found.items():
+        cross = [r for r in records if r["key"].get("step") == "cross"
+                 and r["key"].get("size") not in (*NOT_STEPS, "warm-up")]
+        judged = [r for r in records if r["key"].get("size") != "triage"
+                  and r.get("status") != "info"]
+        clean = all(r.get("status", "pass" if r.get("passed") == r.get("trials") else "fail")
+                    == "pass" for r in judged)
+        pairs.append(BaselinePair(allocator, sum(int(r.get("passed", 0)) for r in cross),
+                                  sum(int(r.get("trials", 0)) for r in cross), clean))
+    return tuple(pairs)
+
+
+def read_baseline(path: Path) -> Baseline:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BaselineError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"{path}: cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
+            "pytest-sharedkv/"):
+        raise BaselineError(f"{path}: not a sharedkv JSON report (no pytest-sharedkv schema; "
+                            "write one with --sharedkv-json)")
+    environment = data.get("environment")
+    environment = environment if isinstance(environment, dict) else {}
+    lmcache = environment.get("lmcache")
+    lmcache = lmcache if isinstance(lmcache, dict) else {}
+    checks = data.get("checks")
+    if not isinstance(checks, list):
+        raise BaselineError(f"{path}: its checks are not a list")
+    pairs = _pairs(checks)
+    if not pairs:
+        raise BaselineError(f"{path}: holds no service_regression pair (run it with "
+                            "-m service_regression)")
+    return Baseline(str(path), lmcache.get("version"),
+                    str(lmcache.get("kernel_path") or "unknown (an older report: no "
+                        "environment.lmcache)"),
+                    lmcache.get("kernel_module"), pairs)
+
+
+def remedies(baseline: Baseline | None, allocator: str, kernel_path: str | None
+             ) -> list[str]:
+    """What BASELINE proves for a diverging ALLOCATOR pair of a run on KERNEL_PATH."""
+    if baseline is None:
+        return []
+    found = []
+    mine = baseline.pair(allocator)
+    if (mine is not None and mine.exact and baseline.kernel_path == "compiled"
+            and kernel_path != "compiled"):
+        found.append(f"run LMCache's compiled kernels, a build that loads against this "
+                     f"torch (proven by the baseline {baseline.describe()}: the {allocator} "
+                     f"pair answered {mine.cross_exact}/{mine.cross_total} cross-replica "
+                     "requests exact)")
+    other = {"lazy": "mixed", "mixed": "lazy"}.get(allocator)
+    theirs = baseline.pair(other) if other else None
+    if theirs is not None and theirs.exact and baseline.kernel_path == kernel_path:
+        flag = "--no-l1-use-lazy" if other == "mixed" else "--l1-use-lazy"
+        found.append(f"start the LMCache server with {flag} (proven by the baseline "
+                     f"{baseline.describe()}: the {other} pair answered "
+                     f"{theirs.cross_exact}/{theirs.cross_total} exact)")
+    return found

@@ -1,0 +1,302 @@
+"""Service-level triage (``--sharedkv-triage``): a launched pair that answered wrong after
+cross-replica hits sends the same corpus slice again under controls, each a cell of its
+own with the KV audit, and the controls that removed the fault name its class.
+
+A control *removes* the fault when its cell answers every cross-replica request as
+constructed and the audit finds no mismatching digest; it *leaves* it when either shows
+again. A cell that could not start, lost requests, or whose control never acted (the
+server's sync log is empty, the pair has no server or allocator to change) is unknown and
+decides nothing. Cells run one after the other, each alone on the GPU as the pair was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_sharedkv.corpus.cases import Case
+from pytest_sharedkv.service.answers import Answer, Step
+from pytest_sharedkv.service.runner import Runner, Salts
+from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
+
+# the cells' own step names: their requests (and audit digests) never mix with the pass's
+COLD = Step("triage-cold", "A", "none")
+CROSS = Step("triage-cross", "B", "external")
+LAUNCH_BLOCKING = (("CUDA_LAUNCH_BLOCKING", "1"),)
+OTHER_ALLOCATOR = {"lazy": "mixed", "mixed": "lazy"}
+ALLOCATOR_REMEDY = {"mixed": "start the LMCache server with --no-l1-use-lazy",
+                    "lazy": "start the LMCache server with --l1-use-lazy"}
+ORDERING, CONCURRENCY, ALLOCATOR = "ordering", "concurrency", "allocator"
+
+
+@dataclass(frozen=True)
+class Control:
+    """One triage control: what it changes, the family of fault it rules in when it removes
+    one, and the deployable remedy it then proves ("" where it is a diagnosis only)."""
+
+    name: str
+    what: str
+    family: str
+    server_env: tuple[tuple[str, str], ...] = ()
+    replica_env: tuple[tuple[str, str], ...] = ()
+    sync_transfers: bool = False
+    one_in_flight: bool = False
+    allocator: str | None = None  # the other allocator's name
+    remedy: str = ""
+    suggestion: str = ""  # what a user could try where it removed the fault, untested
+
+    @property
+    def needs_server(self) -> bool:
+        """Whether it changes only the LMCache server (a pair without one: not applicable)."""
+        return (bool(self.server_env) and not self.replica_env) or self.sync_transfers \
+            or self.allocator is not None
+
+
+def controls_for(allocator: str) -> tuple[Control, ...]:
+    """The controls, cheapest first (one in flight reuses the pair; the rest relaunch)."""
+    controls = [
+        Control("one-in-flight", "one request in flight (no store overlapping a retrieve)",
+                CONCURRENCY, one_in_flight=True,
+                suggestion="send the replicas one request at a time"),
+        Control("launch-blocking-all",
+                "CUDA_LAUNCH_BLOCKING=1 in the LMCache server and both replicas", ORDERING,
+                server_env=LAUNCH_BLOCKING, replica_env=LAUNCH_BLOCKING),
+        Control("launch-blocking-server", "CUDA_LAUNCH_BLOCKING=1 in the LMCache server only",
+                ORDERING, server_env=LAUNCH_BLOCKING,
+                remedy="set CUDA_LAUNCH_BLOCKING=1 in the LMCache server's environment "
+                       "(every launch there synchronous: it costs the server throughput)"),
+        Control("sync-transfers",
+                "a device synchronize before and after every KV transfer in the server",
+                ORDERING, sync_transfers=True,
+                suggestion="make LMCache's KV transfers wait for the streams that produce "
+                           "and read their buffers (a code change)"),
+    ]
+    other = OTHER_ALLOCATOR.get(allocator)
+    controls.append(Control("other-allocator", f"the {other or 'other'} allocator", ALLOCATOR,
+                            allocator=other or "",
+                            remedy=ALLOCATOR_REMEDY.get(other or "", "")))
+    return tuple(controls)
+
+
+@dataclass
+class Cell:
+    control: Control
+    requests: int = 0
+    exact: int = 0
+    errors: int = 0
+    mismatches: int | None = None  # None: the cell's audit compared nothing
+    compared: int = 0
+    why_unknown: str | None = None
+    not_applicable: str | None = None  # why this pair offers the control nothing to change
+    wall_s: float = 0.0
+    first_wrong: str = ""
+    launches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def wrong(self) -> int:
+        return self.requests - self.exact - self.errors
+
+    @property
+    def removed(self) -> bool | None:
+        """True: the fault is gone in this cell; False: it showed again; None: unknown."""
+        if self.why_unknown is not None or self.not_applicable is not None:
+            return None
+        if self.wrong or self.mismatches:
+            return False
+        if self.errors or not self.requests:
+            return None
+        return True
+
+    @property
+    def status(self) -> str:
+        if self.not_applicable is not None:
+            return "info"
+        return {True: "pass", False: "fail", None: "unknown"}[self.removed]
+
+    def counts(self) -> str:
+        audit = ("audit off" if self.mismatches is None
+                 else f"{self.mismatches:,} mismatching digests of {self.compared:,}")
+        return (f"{self.wrong} of {self.requests} wrong, {audit}"
+                + (f", {self.errors} errors" if self.errors else ""))
+
+
+@dataclass(frozen=True)
+class Base:
+    """The pass's own divergence in the slice the cells send again."""
+
+    allocator: str
+    group: str
+    requests: int
+    wrong: int
+    mismatches: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    klass: str  # none | ordering | ordering-concurrency | concurrency | allocator |
+    # not-ordering | persists | undecided
+    text: str
+    proven: tuple[str, ...]  # remedies a cell of this run proved
+    suggestions: tuple[str, ...]
+
+    def line(self, base: Base) -> str:
+        audit = "" if base.mismatches is None else f", {base.mismatches:,} mismatching digests"
+        return (f"TRIAGE {base.allocator}: {self.text} (the pass: {base.wrong} of "
+                f"{base.requests} {base.group} cross-replica answers wrong{audit})")
+
+
+def _names(cells: Sequence[Cell]) -> str:
+    return ", ".join(c.control.what for c in cells)
+
+
+def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
+    """The class of fault, from which controls removed it and which left it."""
+    removed = [c for c in cells if c.removed is True]
+    unknown = [c for c in cells if c.removed is None and c.not_applicable is None]
+    by_name = {c.control.name: c for c in cells}
+    ordering = [c for c in removed if c.control.family == ORDERING]
+    concurrent = [c for c in removed if c.control.family == CONCURRENCY]
+    allocator = [c for c in removed if c.control.family == ALLOCATOR]
+    blocking = by_name.get("launch-blocking-all")
+    proven = tuple(f"{c.control.remedy} (proven by the triage cell {c.control.name}: "
+                   f"{c.exact}/{c.requests} exact, {c.mismatches or 0} mismatching digests)"
+                   for c in removed if c.control.remedy)
+    suggestions = tuple(f"{c.control.suggestion} (the cell {c.control.name} removed the "
+                        "fault; as a remedy it is untested)"
+                        for c in removed if c.control.suggestion)
+    if not base.wrong and not base.mismatches:
+        return Verdict("none", "nothing to triage: no wrong answer and no mismatching digest",
+                       (), ())
+    persists_blocking = blocking is not None and blocking.removed is False
+    if concurrent and not ordering:
+        text = "interaction between concurrent operations (removed by one request in flight)"
+        if persists_blocking and blocking is not None:
+            text += ("; not a stream-ordering fault: it persists with CUDA_LAUNCH_BLOCKING=1 "
+                     f"in the server and replicas ({blocking.counts()})")
+        return Verdict("concurrency", text, proven, suggestions)
+    if persists_blocking and blocking is not None:
+        text = ("not an ordering fault (persists with CUDA_LAUNCH_BLOCKING=1 in the server "
+                f"and replicas: {blocking.counts()})")
+        if allocator:
+            text += (f"; removed by {_names(allocator)}: a fault of the {base.allocator} "
+                     "allocator's path")
+        return Verdict("not-ordering", text, proven, suggestions)
+    if ordering and concurrent:
+        return Verdict("ordering-concurrency", "stream-ordering race between concurrent "
+                       f"operations (removed by {_names(ordering)}, and by one request in "
+                       "flight)", proven, suggestions)
+    if ordering:
+        return Verdict("ordering", f"stream-ordering race (removed by {_names(ordering)})",
+                       proven, suggestions)
+    if allocator and not unknown:
+        return Verdict("allocator", f"a fault of the {base.allocator} allocator's path "
+                       f"(removed only by {_names(allocator)}; every ordering and concurrency "
+                       "control left it)", proven, suggestions)
+    if not unknown:
+        return Verdict("persists", "not removed by any control (it persists under every "
+                       "control)", proven, suggestions)
+    why = "; ".join(f"{c.control.name}: {c.why_unknown or c.counts()}" for c in unknown)
+    return Verdict("undecided", f"UNDECIDED: the controls that could tell could not be "
+                   f"judged ({why})", proven, suggestions)
+
+
+def _right(case: Case, answer: Answer | None, cold: Answer | None) -> bool | None:
+    """Whether the cross answer is the right one (None: the request failed)."""
+    if answer is None or answer.error:
+        return None
+    if case.expected is not None:
+        return answer.ids == case.expected
+    return cold is not None and not cold.error and answer.text == cold.text
+
+
+def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups: Sequence[Case],
+             runner_of: Callable[[ReplicaPair, Salts, int], Runner], salts: Salts,
+             concurrency: int, log_dir: Path, log: Callable[[str], None]) -> Cell:
+    """One control's cell: its pair (the same one for one-in-flight, else relaunched with
+    the control's change), COLD on A and CROSS on B for every case, then its audit."""
+    started = time.perf_counter()
+    cell = Cell(control)
+    allocator = pair.labels.get("allocator", "")
+    target = pair
+    if not control.one_in_flight:
+        if pair.relaunch is None:
+            cell.not_applicable = "the suite did not launch this pair: it cannot relaunch it"
+            return cell
+        if control.needs_server and not pair.has_server:
+            cell.not_applicable = "this pair has no LMCache server for the control to change"
+            return cell
+        if control.allocator == "":
+            cell.not_applicable = f"the allocator {allocator!r} has no other to compare"
+            return cell
+        changes: dict[str, Any] = {"log_dir": log_dir, "gate": False, "kv_audit": True,
+                                   "server_env": control.server_env,
+                                   "replica_env": control.replica_env,
+                                   "sync_transfers": control.sync_transfers,
+                                   "inject_delay_cycles": 0}
+        if control.allocator:
+            changes["allocator"] = control.allocator
+        log(f"triage {control.name}: starting a pair with {control.what}")
+        try:
+            target = pair.relaunch(**changes)
+        except (ReplicaError, RuntimeError, OSError) as exc:
+            cell.why_unknown = f"its pair did not start: {str(exc).splitlines()[0][:300]}"
+            cell.wall_s = time.perf_counter() - started
+            return cell
+        cell.launches = list(target.launches)
+    try:
+        runner = runner_of(target, lambda key: salts(f"triage-{control.name}/{key}"),
+                           1 if control.one_in_flight else concurrency)
+        if target is not pair and warmups:
+            runner.chain("triage warm-up", warmups, (COLD, CROSS))
+        runner.chain(f"triage {control.name}", cases, (COLD, CROSS))
+        run = runner.run
+        for case in cases:
+            right = _right(case, run.answer(case.id, CROSS.name), run.answer(case.id, COLD.name))
+            cell.requests += 1
+            cell.exact += right is True
+            cell.errors += right is None
+            if right is False and not cell.first_wrong:
+                answer = run.answer(case.id, CROSS.name)
+                cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
+        _audit(cell, target, {c.id for c in cases})
+        if control.sync_transfers:
+            from pytest_sharedkv.engine_hooks.sync_hook import calls
+
+            done = calls(target.sync_log) if target.sync_log is not None else {}
+            if not done.get("server"):
+                cell.why_unknown = ("VOID: the synchronize never ran in the LMCache server "
+                                    f"(synchronized calls per process: {done or 'none'})")
+    finally:
+        if target is not pair:
+            leftovers = target.close()
+            if leftovers and cell.why_unknown is None:
+                cell.why_unknown = f"processes {leftovers} survived the cell's teardown"
+    cell.wall_s = time.perf_counter() - started
+    log(f"triage {control.name}: {cell.counts()} ({cell.wall_s:.0f}s)")
+    return cell
+
+
+def _audit(cell: Cell, pair: ReplicaPair, ids: set[str]) -> None:
+    from pytest_sharedkv.stack import kv_audit
+
+    report = kv_audit.audit(pair.kv_audit_dir)
+    if report is None or report.void is not None:
+        return  # judged on its answers alone (the summary says audit off)
+    mine = [m for m in report.mismatches if m.step == CROSS.name and m.request in ids]
+    cell.mismatches = len(mine)
+    cell.compared = report.compared
+
+
+def diverging_group(answers: dict[tuple[str, str], Answer], cases: Sequence[Case],
+                    sizes: Sequence[str]) -> str | None:
+    """The first size whose cross-replica answers diverged (the slice the cells send)."""
+    for size in sizes:
+        for case in cases:
+            if case.role == "measured" and case.size == size and _right(
+                    case, answers.get((case.id, "cross")), answers.get((case.id, "cold"))
+            ) is False:
+                return size
+    return None

@@ -1,0 +1,198 @@
+"""The service triage (``--sharedkv-triage``) and the remedies a run may call proven.
+
+The classifier is held to every class by the cell outcomes that must produce it, and each
+outcome flipped must change it (the checker can fail). End to end on the stub: a fault
+the replicas' CUDA_LAUNCH_BLOCKING=1 removes is named a stream-ordering race, one no
+control removes is named by what persisted, and controls a stub pair cannot act on (no
+server, no allocator) are "n/a", not a verdict. A remedy is proven only by a triage cell,
+the other allocator's exact pair or a ``--sharedkv-baseline`` report; else a suggestion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_sharedkv.config.options import MEASURED_ENV
+from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.service import summary
+from pytest_sharedkv.service.baseline import Baseline, BaselinePair, read_baseline, remedies
+from pytest_sharedkv.service.triage import Base, Cell, classify, controls_for
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
+        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
+        "--sharedkv-service-sizes=3k", "--sharedkv-triage", "--sharedkv-kv-audit",
+        "-k", "triage"]
+H200 = Path(__file__).parent.parent / "fixtures" / "lmcache" / "h200"
+
+
+def _cells(outcomes: dict[str, bool | None]) -> list[Cell]:
+    """A cell per control: True removed (4/4 exact, clean audit), False persisted, None n/a."""
+    cells = []
+    for control in controls_for("lazy"):
+        outcome = outcomes.get(control.name, False)
+        cell = Cell(control, requests=4, exact=4 if outcome else 0,
+                    mismatches=0 if outcome else 12, compared=100)
+        if outcome is None:
+            cell = Cell(control, not_applicable="not here")
+        cells.append(cell)
+    return cells
+
+
+LAZY = Base("lazy", "3k", 200, 24, 10_889)
+CASES = [
+    ({"launch-blocking-server": True, "launch-blocking-all": True, "sync-transfers": True},
+     "ordering", "stream-ordering race (removed by"),
+    ({"launch-blocking-all": True, "one-in-flight": True}, "ordering-concurrency",
+     "between concurrent operations"),
+    ({"one-in-flight": True}, "concurrency", "interaction between concurrent operations"),
+    ({"other-allocator": True}, "not-ordering",
+     "not an ordering fault (persists with CUDA_LAUNCH_BLOCKING=1"),
+    ({"other-allocator": True, "launch-blocking-all": None}, "allocator",
+     "removed only by the mixed allocator"),
+    ({}, "not-ordering", "not an ordering fault"),
+    ({"launch-blocking-all": None}, "persists", "not removed by any control"),
+]
+
+
+@pytest.mark.parametrize(("outcomes", "klass", "text"), CASES,
+                         ids=[c[1] + "-" + "-".join(c[0]) for c in CASES])
+def test_each_class_comes_from_the_controls_that_removed_the_fault(
+        outcomes: dict[str, bool | None], klass: str, text: str) -> None:
+    verdict = classify(LAZY, _cells(outcomes))
+    assert verdict.klass == klass
+    assert text in verdict.text
+    assert verdict.line(LAZY).startswith(f"TRIAGE lazy: {verdict.text} (the pass: 24 of 200")
+
+
+def test_a_cell_that_could_not_run_decides_nothing() -> None:
+    cells = _cells({"launch-blocking-all": None})
+    cells[0] = Cell(cells[0].control, why_unknown="its pair did not start: boom")
+    verdict = classify(LAZY, cells)
+    assert verdict.klass == "undecided" and "one-in-flight: its pair did not start" in \
+        verdict.text
+
+
+def test_flipping_any_decisive_cell_changes_the_class() -> None:
+    """A mutation test of the classifier: each decisive outcome, flipped, moves the class."""
+    ordering = {"launch-blocking-server": True, "launch-blocking-all": True}
+    assert classify(LAZY, _cells(ordering)).klass == "ordering"
+    assert classify(LAZY, _cells({**ordering, "launch-blocking-all": False})).klass == \
+        "not-ordering"
+    assert classify(LAZY, _cells({**ordering, "one-in-flight": True})).klass == \
+        "ordering-concurrency"
+    assert classify(LAZY, _cells({"launch-blocking-all": False, "other-allocator": False}
+                                 )).klass == "not-ordering"
+
+
+def test_proven_remedies_are_the_removing_cells_with_a_deployable_change() -> None:
+    verdict = classify(LAZY, _cells({"launch-blocking-server": True, "other-allocator": True,
+                                     "sync-transfers": True, "launch-blocking-all": True}))
+    assert [p.split(" (")[0] for p in verdict.proven] == [
+        "set CUDA_LAUNCH_BLOCKING=1 in the LMCache server's environment",
+        "start the LMCache server with --no-l1-use-lazy"]
+    assert any("a code change" in s and "untested" in s for s in verdict.suggestions)
+    assert not classify(LAZY, _cells({})).proven  # nothing removed: nothing proven
+
+
+def _step(allocator: str, step: str, passed: int, status: str, size: str = "3k") -> Check:
+    return Check("service_regression", {"provider": "vllm", "allocator": allocator,
+                                        "delay": "0", "size": size, "step": step},
+                 passed, 200 if size != "gate" else 8, kind="gate" if size == "gate"
+                 else "divergence", status=status)
+
+
+def test_the_remedy_is_a_suggestion_unless_a_run_proved_it() -> None:
+    lazy = [_step("lazy", "cross", 176, "fail")]
+    assert summary.remedy_line(lazy, "lazy").startswith("suggestion (not proven by this run")
+    mixed = [_step("mixed", "zeroed chunk", 8, "pass", "gate"),
+             _step("mixed", "cross", 200, "pass")]
+    line = summary.remedy_line(lazy + mixed, "lazy")
+    assert line.startswith("remedy: start the LMCache server with --no-l1-use-lazy (proven in "
+                           "this run: the mixed pair answered 200/200")
+    # an unproven gate proves nothing: the mixed pair's exact answers do not count
+    unproven = [_step("mixed", "zeroed chunk", 0, "void", "gate"), mixed[1]]
+    assert summary.remedy_line(lazy + unproven, "lazy").startswith("suggestion")
+
+
+def test_a_compiled_baseline_proves_the_compiled_kernels_for_a_fallback_run() -> None:
+    base = Baseline("b.json", "0.5.6", "compiled", "lmcache.cuda_ops",
+                    (BaselinePair("lazy", 200, 200, True),))
+    assert remedies(base, "lazy", "torch-fallback")[0].startswith(
+        "run LMCache's compiled kernels, a build that loads against this torch (proven by "
+        "the baseline b.json: LMCache 0.5.6 on compiled (lmcache.cuda_ops): the lazy pair "
+        "answered 200/200")
+    assert remedies(base, "lazy", "compiled") == []  # same path: it proves nothing new
+    wrong = Baseline("b.json", "0.5.6", "compiled", None, (BaselinePair("lazy", 199, 200, True),))
+    assert remedies(wrong, "lazy", "torch-fallback") == []
+
+
+def test_an_older_report_reads_as_a_baseline_without_a_kernel_path() -> None:
+    baseline = read_baseline(H200 / "service-0.5.6-compiled.json")
+    assert {p.allocator: (p.cross_exact, p.cross_total, p.exact) for p in baseline.pairs} == {
+        "lazy": (200, 200, True), "mixed": (200, 200, True)}
+    assert baseline.kernel_path.startswith("unknown")  # so it proves no kernel remedy
+    assert remedies(baseline, "lazy", "torch-fallback") == []
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "no such file"), ("{not json", "not valid JSON"),
+    ('{"schema": "other/1"}', "not a sharedkv JSON report"),
+    ('{"schema": "pytest-sharedkv/1", "checks": []}', "holds no service_regression pair")])
+def test_a_bad_baseline_is_a_usage_error_naming_the_option_and_file(
+        pytester: pytest.Pytester, content: str | None, why: str) -> None:
+    if content is not None:
+        pytester.path.joinpath("b.json").write_text(content)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--sharedkv-baseline=b.json", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--sharedkv-baseline: b.json: {why}*"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def _triage_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: str
+                ) -> tuple[pytest.RunResult, dict[str, Check | dict[str, object]]]:
+    monkeypatch.setenv(MEASURED_ENV, "4")
+    monkeypatch.setenv("SHAREDKV_STUB_FAULT", fault)
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
+    report = json.loads((pytester.path / "r.json").read_text())
+    cells = {c["key"]["step"]: c for c in report["checks"] if c["key"].get("size") == "triage"}
+    return result, cells
+
+
+def test_a_fault_launch_blocking_hides_is_named_a_stream_ordering_race(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, cells = _triage_run(pytester, monkeypatch,
+                                "corrupt-external-unless=CUDA_LAUNCH_BLOCKING")
+    result.assert_outcomes(passed=1)
+    assert {k: c["status"] for k, c in cells.items()} == {
+        "one-in-flight": "fail", "launch-blocking-all": "pass",
+        # the stub pair has no LMCache server and no allocator: nothing to change
+        "launch-blocking-server": "info", "sync-transfers": "info", "other-allocator": "info"}
+    assert cells["one-in-flight"]["detail"]["mismatches"] > 0  # the audit saw it too
+    result.stdout.fnmatch_lines([
+        "*TRIAGE n/a: stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 in the LMCache "
+        "server and both replicas) (the pass: 4 of 4 3k cross-replica answers wrong*",
+        "*| n/a *| launch-blocking-all *| CUDA_LAUNCH_BLOCKING=1 *| 3k *| 4/4 *| 0 *| removed*",
+        "*| n/a *| launch-blocking-server *|*| n/a *|*"])
+
+
+def test_a_fault_no_control_removes_is_not_called_a_race(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, cells = _triage_run(pytester, monkeypatch, "corrupt-external")
+    result.assert_outcomes(passed=1)
+    assert cells["launch-blocking-all"]["status"] == "fail"
+    result.stdout.fnmatch_lines(["*TRIAGE n/a: not an ordering fault (persists with "
+                                 "CUDA_LAUNCH_BLOCKING=1 in the server and replicas: 4 of 4 "
+                                 "wrong*"])
+
+
+def test_a_pair_that_answered_right_has_nothing_to_triage(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEASURED_ENV, "2")
+    result = pytester.runpytest_subprocess(*BASE)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*nothing to triage: stub x2 (test double) answered every "
+                                 "cross-replica request right*"])
