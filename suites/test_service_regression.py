@@ -108,12 +108,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
     sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.answers import STEPS
-    from pytest_sharedkv.service.checks import (
-        UNKNOWN,
-        step_problems,
-        totals_problems,
-        totals_unknown,
-    )
+    from pytest_sharedkv.service.checks import step_problems, totals_problems, totals_unknown
     from pytest_sharedkv.service.execute import SESSIONS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
@@ -148,7 +143,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             detail={"replica": totals.replica, "cached": totals.cached, "local": totals.local,
                     "external": totals.external, "other_local": totals.other_local,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
-                    "shareable": shareable, **({"status": UNKNOWN} if why_unknown else {})})
+                    "shareable": shareable})
     sharedkv_results.note(TIER, _wall_line(run, sharedkv_replica_pair.labels))
     _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
     if unknown:  # neither a pass nor a hit failure: the evidence is missing
@@ -305,7 +300,6 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
     every control request, or the audit is VOID. Requests whose answers diverged are
     matched against the chunks the audit caught."""
     sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
-    from pytest_sharedkv.report.records import VOID
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import SESSIONS
     from pytest_sharedkv.stack import kv_audit
@@ -344,8 +338,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         report.compared - len(faults), report.compared, role="check", kind="audit-mismatch",
         status="void" if void else "fail" if faults else "pass",
         message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
-        detail={**({"status": VOID} if void else {}),
-                "compared": report.compared, "unmatched": report.unmatched,
+        detail={"compared": report.compared, "unmatched": report.unmatched,
                 "mismatches": [m.line() for m in faults[:200]],
                 "chunks_per_request": report.chunks_per_request,
                 "cost_us_per_token": report.cost_us_per_token(),

@@ -45,6 +45,8 @@ RECORDS = [
      "KV audit mismatch"),
     (_check("round", "-", "divergence", "fail", "B answered 'x', A answered 'y'",
             tier="replica_pair"), "divergence"),
+    (_check("4KiB", "D2H", "ordering", "void", "the negative control passed 3/3 delayed",
+            tier="ordering"), "VOID"),
     # what these say sounds bad; their status says otherwise
     (_check("8k", "receiver-local", "hits", "pass", "no leak, no divergence, nothing VOID:"),
      None),
@@ -52,6 +54,9 @@ RECORDS = [
      None),
     (_check("gate", "unproven", "gate", "unproven", "VOID: sensitivity unproven"), None),
     (_check("protocol", "stream", "protocol", "fail", "the stream ended early"), None),
+    # a tier's own word in the detail is evidence; only the record's status is read
+    ({**_check("4KiB", "H2D", "ordering", "pass", "", tier="ordering"),
+      "detail": {"status": "VOID"}}, None),
 ]
 NOTES = [
     ({"tier": TIER, "text": "KV AUDIT mixed: VOID: the hook never saw replica B",

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
+ORDERING_NODE = "suites/test_ordering.py::test_copy_path_is_stream_ordered[sim-ordered-D2H-4KiB]"
 FAST = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cacheprovider",
         "--sharedkv-sizes=4KiB,64KiB", "--sharedkv-trials=3", "--sharedkv-delay-cycles=5e6"]
 
@@ -60,14 +65,19 @@ def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
     assert {c["key"]["target"] for c in failing} == {"sim-raw", "sim-unordered"}
     first = failing[0]["detail"]["mismatches"][0]
     assert set(first) == {"trial", "count", "nbytes", "first_offset", "expected", "observed"}
+    assert {c["status"] for c in checks} == {"pass", "fail"}  # a sensitive probe voids none
 
 
 def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
                                         simulated: Callable[[str], None]) -> None:
     simulated("blocking-default-stream")
-    result = pytester.runpytest_subprocess(*FAST)
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
     # nothing can pass when the negative control cannot see a fault
     result.assert_outcomes(failed=16)
+    checks = json.loads((pytester.path / "report.json").read_text())["checks"]
+    assert len(checks) == 4 * 2 * 2 * 2
+    assert {(c["kind"], c["status"]) for c in checks} == {("ordering", "void")}
+    assert not [c for c in checks if "status" in c["detail"]]  # one place says it
     result.stdout.fnmatch_lines([
         "*WARNING: probe NOT sensitive: sim-raw saw stale bytes in only 0/12 delayed checks;"
         " every result of this run is VOID*",
@@ -209,6 +219,51 @@ def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(
     assert judgement.message.startswith("VOID: probe NOT sensitive")
     assert "Unset CUDA_LAUNCH_BLOCKING for the ordering tier" in judgement.message
     assert "--sharedkv-delay-cycles" not in judgement.message
+
+
+def test_an_insensitive_cell_is_a_void_record_that_compare_does_not_pass(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A blind probe (a blocking default stream: the negative control cannot see a fault)
+    gives the cell's records status "void" (not a pass or fail with the VOID only in their
+    detail), so ``compare`` of a report that holds them against a passing one is a FAIL
+    with a VOID row per record, not an OK."""
+    from pytest_sharedkv.cli.compare.main import main
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.ordering.cells import Cell
+    from pytest_sharedkv.ordering.session import OrderingSession
+    from pytest_sharedkv.ordering.simulated import SimulatedBackend
+    from pytest_sharedkv.ordering.targets import builtin_registry
+    from pytest_sharedkv.report.records import Bundle, ResultSink
+
+    bundle = Bundle()
+    session = OrderingSession(SimulatedBackend(blocking_default_stream=True),
+                              builtin_registry(),
+                              Settings(trials=2, delay_cycles=2_000_000, sizes=(4096,)))
+    try:
+        judgement = session.judge(Cell("sim-ordered", "D2H", 4096),
+                                  ResultSink(ORDERING_NODE, bundle))
+    finally:
+        session.close()
+    assert judgement.message.startswith("VOID: probe NOT sensitive")
+    # the negative control passed its delayed checks, the control all of its: none proves
+    assert [(c.key["target"], c.key["delay"], c.passed, c.trials, c.status)
+            for c in bundle.checks] == [("sim-raw", "2e6", 2, 2, "void"),
+                                        ("sim-ordered", "2e6", 2, 2, "void"),
+                                        ("sim-ordered", "0", 2, 2, "void")]
+    assert all(c.void for c in bundle.checks)
+    passing: dict[str, Any] = json.loads(SCREENING.read_text())
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps({**passing, "checks": [*passing["checks"], *(
+        asdict(c) for c in bundle.checks)]}))
+    assert main([str(SCREENING), str(after)]) == 1
+    out = capsys.readouterr().out
+    assert "RESULT: FAIL: 3 new correctness difference(s)" in out
+    rows = [[cell.strip() for cell in line.strip("|").split("|")][:3]
+            for line in out.splitlines() if line.startswith("| NEW")]
+    assert rows == [["NEW", "VOID", f"ordering [target={target}, direction=D2H, size=4KiB, "
+                                    f"delay={delay}]"]
+                    for target, delay in (("sim-raw", "2e6"), ("sim-ordered", "2e6"),
+                                          ("sim-ordered", "0"))]
 
 
 STAND_IN_LMCACHE = """

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.report.json_report import write_or_fallback
-from pytest_sharedkv.report.records import VOID, Bundle, Check
+from pytest_sharedkv.report.records import Bundle, Check
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.report.run_log import TestResult as Result
 from pytest_sharedkv.report.terminal import TableSpec, check_table
@@ -187,8 +187,7 @@ def _log(outcomes: dict[str, str], void: tuple[str, ...] = ()) -> RunLog:
                                        categories=[outcome])
     for nodeid in void:  # a record that says its result proves nothing, whatever its text
         log.bundle.checks.append(Check("replica_pair", {"k": nodeid}, 0, 1, nodeid=nodeid,
-                                       message="delay never ran",
-                                       detail={"status": VOID}))
+                                       message="delay never ran", status="void"))
     return log
 
 
@@ -207,6 +206,11 @@ def test_one_verdict_line_ends_the_summary() -> None:
     voided_text = _log({"a": "passed"})
     voided_text.bundle.checks.append(Check("replica_pair", {}, 1, 1, message="VOID: text"))
     assert summary_lines(voided_text)[-1].startswith("sharedkv: PASS")
+    # a tier's own word in its detail is evidence, not a status: only ``status`` voids
+    voided_detail = _log({"a": "passed"})
+    voided_detail.bundle.checks.append(Check("service_regression", {}, 1, 1, nodeid="a",
+                                             detail={"status": "VOID"}))
+    assert summary_lines(voided_detail)[-1].startswith("sharedkv: PASS")
     stopped = _log({"a": "passed"})
     stopped.tests["b"] = Result("b", "replica_pair")
     stopped.interrupted = "KeyboardInterrupt: SIGTERM"

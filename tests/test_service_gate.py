@@ -15,6 +15,7 @@ from pytest_sharedkv.service.sensitivity import (
     VOID,
     GateResult,
     judge,
+    record_status,
 )
 from pytest_sharedkv.service.summary import verdicts
 
@@ -49,7 +50,8 @@ def test_the_gate_is_judged_from_its_counts(changed: int, others_exact: int, log
 
 def _checks(status: str, message: str, wrong: int) -> list[Check]:
     gate = Check(TIER, {**LABELS, "size": "gate", "step": "zeroed chunk"}, 3, 4,
-                 role="negative-control", message=message, detail={"status": status})
+                 role="negative-control", message=message, kind="gate",
+                 status=record_status(status), detail={"status": status})
     cross = Check(TIER, {**LABELS, "size": "3k", "step": "cross"}, 200 - wrong, 200)
     audit = Check(TIER, {**LABELS, "size": "audit", "step": "kv digests"}, 9972, 21247)
     return [gate, cross, audit]

@@ -186,8 +186,9 @@ def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
     checks = json.loads((pytester.path / "r.json").read_text())["checks"]
     step = next(c for c in checks if c["key"].get("size") == "3k"
                 and c["key"].get("step") == "receiver-local")
-    assert step["detail"]["status"] == "unknown" and step["detail"]["external"] is None
-    assert not [c for c in checks if c["message"] and "status" not in c["detail"]]
+    assert (step["kind"], step["status"]) == ("hits-unknown", "unknown")
+    assert step["detail"]["external"] is None and "status" not in step["detail"]
+    assert not [c for c in checks if c["message"] and c["status"] != "unknown"]
 
 
 @pytest.mark.parametrize("value", ["0", "ten"])

@@ -22,7 +22,7 @@ from pytest_sharedkv.ordering.targets import (
     TargetRegistry,
     remedy_lines,
 )
-from pytest_sharedkv.report.records import VOID, ResultSink
+from pytest_sharedkv.report.records import ResultSink
 
 if TYPE_CHECKING:
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
@@ -124,13 +124,12 @@ class OrderingSession:
             {"target": target.name, "direction": result.direction, "size": result.size,
              "delay": format_cycles(result.delay_cycles)},
             result.passed, result.trials, role=target.role, message=result.first_failure(),
-            kind="ordering",
+            kind="ordering", status="" if sensitive else "void",
             detail={**result.detail(), "backend": self.backend.name,
                     "simulated": self.backend.simulated, "sensitive": sensitive,
                     "launch_blocking": launch_blocking(),
                     "description": self.impl(target).description or target.summary,
-                    "remedy": target.remedy, **self._path_detail(target),
-                    **({} if sensitive else {"status": VOID})},
+                    "remedy": target.remedy, **self._path_detail(target)},
         )
 
     def _path_detail(self, target: CopyTarget) -> dict[str, object]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.engine_hooks.delay_hook import read_log, void_problem
-from pytest_sharedkv.report.records import VOID, Problem, ResultSink, kinds_of, worst_kind
+from pytest_sharedkv.report.records import Problem, ResultSink, kinds_of, worst_kind
 from pytest_sharedkv.stack import kv_audit
 from pytest_sharedkv.stack.namespaces import Namespaces
 from pytest_sharedkv.stack.pair import UNREAD, ReplicaPair
@@ -106,9 +106,7 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
                                                                   "divergence")
     sink.check(TIER, dict(pair.labels), exact, len(chosen),
                message="; ".join(shown[:3]) or unknown, kind=kind, status=status,
-               detail={**({"status": VOID} if voids else {"status": "unknown"}
-                          if status == "unknown" else {}),
-                       "requests": 2 * len(chosen), "external_hit_tokens": external,
+               detail={"requests": 2 * len(chosen), "external_hit_tokens": external,
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "kv_audit": None if audit is None else {

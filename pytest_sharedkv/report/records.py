@@ -12,9 +12,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ROLES = ("control", "negative-control", "under-test", "check")
-# detail["status"] of a check whose result proves nothing (its probe, gate or audit could
-# not have seen a fault): the run's verdict reads this, never the message.
-VOID = "VOID"
 # A record's kind: what it found wrong or, when it found nothing wrong, what it checks.
 # ``compare`` reads kind and status, never the message, so rewording a message cannot
 # change a verdict.
@@ -42,7 +39,9 @@ KINDS = (
 # proves nothing (the gate or delay never acted); confounded: the gate's corruption may
 # have been undone by the fault under test; unproven: nothing could be injected; xfail: a
 # combination refused by design; unknown: a counter the verdict needs could not be read;
-# info: recorded, judges nothing (warm-ups, notes).
+# info: recorded, judges nothing (warm-ups, notes). A record's ``status`` is the one place
+# a reader learns this: ``detail`` may carry a tier's own finer word (the gate's
+# "proven"/"VOID"/"CONFOUNDED"), but no verdict is read from it.
 STATUSES = ("pass", "fail", "void", "confounded", "unproven", "unknown", "xfail", "info")
 # When one record found several things, the kind it carries (the first here wins).
 PRECEDENCE = ("leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
@@ -114,7 +113,8 @@ class Check:
 
     @property
     def void(self) -> bool:
-        return self.status == "void" or self.detail.get("status") == VOID
+        """The record proves nothing (its probe, gate or audit could not have seen a fault)."""
+        return self.status == "void"
 
 
 @dataclass

@@ -127,9 +127,6 @@ def chain_failures(run: ServiceRun, case: Case) -> list[Problem]:
     return out
 
 
-UNKNOWN = "unknown"  # a check's detail["status"] when its evidence could not be read
-
-
 def totals_unknown(totals: StepTotals) -> str | None:
     """Why a step's hit accounting is UNKNOWN (a replica's counters could not be read
     before or after it), or None: a failed scrape is no evidence either way."""

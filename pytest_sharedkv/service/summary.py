@@ -123,8 +123,8 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
         extra = ", ".join(x for x in (f"sessions {sessions} turns" if sessions else "",
                                       f"protocol {protocol}" if protocol else "") if x)
-        status = gate.detail.get("status") if gate is not None else None
-        void = gate if gate is not None and status in ("VOID", "CONFOUNDED") else None
+        status = gate.status if gate is not None else None
+        void = gate if gate is not None and status in ("void", "confounded") else None
         if void is not None and not wrong:
             lines.append(f"VERDICT {name}: VOID: {void.message}")
             continue
