@@ -33,6 +33,7 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import blocks_per_pair
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
+from pytest_sharedkv.stack.completions import request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 
@@ -207,8 +208,7 @@ class BlockRunner:
         return self._salts[key]
 
     def _body(self, payload: Payload, salt: str) -> dict[str, Any]:
-        return {"prompt": payload.text, "max_tokens": self.plan.max_tokens,
-                "temperature": 0.0, "cache_salt": salt, **self.plan.extra}
+        return request_body(payload.text, self.plan.max_tokens, salt, extra=self.plan.extra)
 
     def _warm_burst(self, block: int, arm: str) -> int:
         """The widest window's concurrency once per block before anything is measured

@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import OTHER, STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
     EXTERNAL_HITS,
@@ -34,27 +35,16 @@ from pytest_sharedkv.stack.request_tags import request_tag
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
 
 
-def body(case_text: str, tokens: int, salt: str | None, logprobs: bool = True
-         ) -> dict[str, object]:
-    out: dict[str, object] = {"prompt": case_text, "max_tokens": tokens, "temperature": 0.0}
-    if logprobs:
-        out["logprobs"] = 1
-    if salt is not None:
-        out["cache_salt"] = salt
-    return out
-
-
 def read_answer(data: dict[str, Any], case: str, step: str, replica: str,
                 decode: Callable[[str], tuple[int, ...]] | None, seconds: float) -> Answer:
     choice = (data.get("choices") or [{}])[0]
-    usage = data.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
+    usage = read_usage(data)
     text = str(choice.get("text", ""))
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     return Answer(
         case, step, replica, text, decode(text) if decode else None,
-        usage.get("prompt_tokens"), details.get("cached_tokens"),
-        usage.get("completion_tokens"), choice.get("finish_reason"),
+        usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+        choice.get("finish_reason"),
         tuple(float(x) for x in logprobs if x is not None) if logprobs else None, seconds)
 
 
@@ -82,8 +72,9 @@ class Runner:
              ) -> Answer:
         started = time.perf_counter()
         try:
-            data = self.pair[replica].post(body(text, self.cases.answer_tokens, salt),
-                                           request_id=request_tag(case_id, step, replica))
+            data = self.pair[replica].post(
+                request_body(text, self.cases.answer_tokens, salt, logprobs=True),
+                request_id=request_tag(case_id, step, replica))
         except ReplicaError as exc:
             return Answer(case_id, step, replica, seconds=time.perf_counter() - started,
                           error=str(exc).splitlines()[0])
