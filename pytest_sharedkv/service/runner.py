@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
-from pytest_sharedkv.service.answers import OTHER, STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
     EXTERNAL_HITS,
     LOCAL_HITS,
+    REPLICAS,
     Counters,
     ReplicaError,
     ReplicaPair,
@@ -31,6 +32,7 @@ from pytest_sharedkv.stack.pair import (
     counters_read,
 )
 from pytest_sharedkv.stack.request_tags import request_tag
+from pytest_sharedkv.stack.steps import OTHER, STEPS, Step
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
 
@@ -82,7 +84,7 @@ class Runner:
         return read_answer(data, case_id, step, replica, self.cases.decode, seconds)
 
     def counters(self) -> dict[str, Counters | None]:
-        return {name: self.pair[name].counters() for name in ("A", "B")}
+        return {name: self.pair[name].counters() for name in REPLICAS}
 
     def step(self, group: str, step: Step, cases: Sequence[Case]) -> StepTotals:
         before = self.counters()
@@ -104,7 +106,7 @@ class Runner:
                             delta(step.replica, LOCAL_HITS), delta(step.replica, EXTERNAL_HITS),
                             delta(other, LOCAL_HITS), delta(other, EXTERNAL_HITS), wall,
                             sum(a.cached_tokens or 0 for a in answers),
-                            tuple(r for r in ("A", "B")
+                            tuple(r for r in REPLICAS
                                   if not counters_read(before[r], after[r])))
         self.run.totals.append(totals)
         exact = sum(a.ids == c.expected for a, c in zip(answers, cases, strict=True))
