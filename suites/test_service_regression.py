@@ -107,9 +107,9 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
     fails when a step's hits are not the one kind that step may have."""
     sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
-    from pytest_sharedkv.service.answers import STEPS
     from pytest_sharedkv.service.checks import step_problems, totals_problems, totals_unknown
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.stack.steps import STEPS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
     steps = {s.name: s for s in STEPS}

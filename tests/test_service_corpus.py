@@ -74,3 +74,15 @@ def test_copy_rule() -> None:
     assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
     assert first_divergence([1, 2], [1, 2]) is None
     assert first_divergence([1, 2], [1]) == 1
+
+
+def test_one_chunk_count_rounds_for_built_documents_and_floors_for_fixed_ones() -> None:
+    """chunks_for, the one count: the copy corpus and perf payloads build documents to the
+    nearest whole chunk; the text corpus keeps NOMINAL tokens, so only chunks inside count."""
+    from pytest_sharedkv.corpus.copy_corpus import chunks_for
+    from pytest_sharedkv.perf.payloads import _tokens
+
+    assert chunks_for(3_000, 256) == 12 and chunks_for(3_000, 256, within=True) == 11
+    assert chunks_for(8_000, 256) == 31 and chunks_for(8_000, 256, within=True) == 31
+    assert chunks_for(100, 256) == 2 and chunks_for(100, 256, within=True) == 2
+    assert _tokens("3k", 256, 1 << 30) == 12 * 256 + 1

@@ -101,8 +101,9 @@ def test_planted_leak_is_caught_by_name(pytester: pytest.Pytester,
 
 def test_a_cold_request_that_hits_is_a_namespace_leak() -> None:
     from pytest_sharedkv.corpus.cases import Case
-    from pytest_sharedkv.service.answers import STEPS, Answer
+    from pytest_sharedkv.service.answers import Answer
     from pytest_sharedkv.service.checks import hit_problem
+    from pytest_sharedkv.stack.steps import STEPS
 
     case = Case("3k-000", "measured", "3k", "w00", "0" * 64, prompt_tokens=3009)
     cold, local = STEPS[0], STEPS[1]

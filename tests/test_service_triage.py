@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,7 +154,7 @@ def test_a_bad_baseline_is_a_usage_error_naming_the_option_and_file(
 
 
 def _triage_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: str
-                ) -> tuple[pytest.RunResult, dict[str, Check | dict[str, object]]]:
+                ) -> tuple[pytest.RunResult, dict[str, Any]]:
     monkeypatch.setenv(MEASURED_ENV, "4")
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", fault)
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")

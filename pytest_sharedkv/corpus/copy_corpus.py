@@ -56,8 +56,12 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def chunks_for(nominal: int, chunk: int) -> int:
-    return max(2, round(nominal / chunk))
+def chunks_for(nominal: int, chunk: int, *, within: bool = False) -> int:
+    """How many CHUNK-token chunks a NOMINAL-token document of the plan spans, at least 2 (a
+    source chunk and one after it). The copy corpus builds its documents to whole chunks
+    (``m * chunk + 1`` tokens), so it takes the nearest count; WITHIN: the document stays
+    NOMINAL tokens long (the text corpus), so only the chunks that fit inside it count."""
+    return max(2, nominal // chunk if within else round(nominal / chunk))
 
 
 @dataclass(frozen=True)

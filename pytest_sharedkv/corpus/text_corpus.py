@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet
-from pytest_sharedkv.corpus.copy_corpus import PLAN, PROTOCOL, control_chunks, spread
+from pytest_sharedkv.corpus.copy_corpus import PLAN, PROTOCOL, chunks_for, control_chunks, spread
 from pytest_sharedkv.models.tiny_model import synthetic_corpus
 
 ANSWER_TOKENS = 16
@@ -80,7 +80,7 @@ def build_text(model: Path | None, chunk: int, max_tokens: int, seed: str = "sha
         if nominal + ANSWER_TOKENS > max_tokens:
             skipped.append(size)
             continue
-        m = max(2, nominal // chunk)
+        m = chunks_for(nominal, chunk, within=True)
         for i, c in enumerate(spread(warmups, m)):
             cases.append(text_case(f"warm-text-{size}-{i:02d}", "warmup", size, nominal, c,
                                    chunk, f"{seed}/warm/{size}/{i}", count, exact))
@@ -88,7 +88,7 @@ def build_text(model: Path | None, chunk: int, max_tokens: int, seed: str = "sha
             cases.append(text_case(case_id("text", size, i), "measured", size, nominal, c,
                                    chunk, f"{seed}/{size}/{i}", count, exact))
     first = PLAN[0]
-    m = max(2, first[1] // chunk)
+    m = chunks_for(first[1], chunk, within=True)
     chunks = control_chunks(m)
     for i, c in enumerate(chunks):
         cases.append(text_case(f"control-text-{i:02d}", "control", first[0], first[1], c,

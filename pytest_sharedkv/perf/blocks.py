@@ -33,12 +33,13 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import blocks_per_pair
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
+from pytest_sharedkv.stack.completions import request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
+from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
 
 Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
 Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
-STEP_REPLICA = {"cold": "A", "local": "A", "cross": "B", "receiver-local": "B"}
 PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
 
 
@@ -151,12 +152,12 @@ class BlockRunner:
         done(2 * len(self.payloads.warmups) + self._warm_burst(block, arm))
         for size in self.payloads.sizes():
             group = self.payloads.of_size(size)
-            for step in ("cold", "local", "cross", "receiver-local"):
-                done = self._phase(block, arm, f"{size} {step}")
-                if step == "cross":
+            for step in STEPS:
+                done = self._phase(block, arm, f"{size} {step.name}")
+                if step.name == "cross":
                     self._settle(sum(prompt_size(p.prompt_tokens, p.text) for p in group))
                 for payload in group:
-                    self._request(block, arm, step, STEP_REPLICA[step], payload, payload.id)
+                    self._request(block, arm, step.name, step.replica, payload, payload.id)
                 done(len(group))
         for placement in PLACEMENTS:
             sessions = self.payloads.sessions[:self.plan.sessions_per_placement]
@@ -207,8 +208,7 @@ class BlockRunner:
         return self._salts[key]
 
     def _body(self, payload: Payload, salt: str) -> dict[str, Any]:
-        return {"prompt": payload.text, "max_tokens": self.plan.max_tokens,
-                "temperature": 0.0, "cache_salt": salt, **self.plan.extra}
+        return request_body(payload.text, self.plan.max_tokens, salt, extra=self.plan.extra)
 
     def _warm_burst(self, block: int, arm: str) -> int:
         """The widest window's concurrency once per block before anything is measured
@@ -296,7 +296,7 @@ class BlockRunner:
         if not cached:
             return ["cached tokens: the replicas reported none (no usage details)"]
         parts = []
-        for step in STEP_REPLICA:
+        for step in STEP_NAMES:
             arms = [f"{arm} {100 * sum(v) / len(v):.0f}%"
                     for (arm, s), v in cached.items() if s == step]
             if arms:

@@ -410,6 +410,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms
     from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
+    from pytest_sharedkv.stack.providers import max_model_len
 
     settings = state_of(pytestconfig).settings
     resolved = sharedkv_perf_provider
@@ -431,8 +432,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice)
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
-    setup.max_model_len = min(_context(setup.model), _longest(payload_set) + setup.max_tokens
-                              + 64)
+    setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     if provider is Provider.VLLM and setup.model is not None:
         setup.l1_size_gb, why = _pool_size(setup.model, payload_set)
         setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm ({why})"
@@ -478,7 +478,7 @@ def _pool_size(model: Path, payload_set: PayloadSet) -> tuple[float, str]:
 def _longest(payload_set: PayloadSet) -> int:
     counts = [p.prompt_tokens or 0 for p in (*payload_set.requests, *payload_set.warmups)]
     counts += [t.prompt_tokens or 0 for s in payload_set.sessions for t in s.turns]
-    return max([4096, *counts])
+    return max(counts, default=0)
 
 
 def attach_run(item: pytest.Item, run: PerfRun) -> None:

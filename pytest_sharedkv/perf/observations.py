@@ -10,11 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_sharedkv.stack.steps import STEP_NAMES
+
 PERF_SCHEMA = "pytest-sharedkv-perf/1"
 # OFF: GPU prefix caching, no shared pool; ON: the shared LMCache pool (validated
 # allocator); NATIVE: vLLM's native CPU offloading.
 ARMS = ("OFF", "ON", "NATIVE")
-STEPS = ("cold", "local", "cross", "receiver-local")
+STEPS = STEP_NAMES
 # window-N: N alternating sessions at once (throughput screening), kept apart from the
 # plain placements so their wall times never mix
 PLACEMENTS = ("fixed", "alternating", "window-4", "window-8")

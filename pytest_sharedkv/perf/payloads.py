@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_sharedkv.corpus.copy_corpus import chunks_for
 from pytest_sharedkv.perf.observations import size_tokens
 
 SEED = "sharedkv-perf"
@@ -116,7 +117,7 @@ def _tokens(size: str, chunk: int, limit: int) -> int:
     nominal = size_tokens(size)
     if nominal is None:
         raise ValueError(f"perf size {size!r} is not a token count like 8k")
-    chunks = max(2, round(nominal / chunk))
+    chunks = chunks_for(nominal, chunk)
     while chunks > 2 and chunks * chunk + 1 > limit:
         chunks -= 1
     return chunks * chunk + 1

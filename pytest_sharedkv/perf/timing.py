@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sharedkv.perf.observations import Observation
+from pytest_sharedkv.stack.completions import read_usage
 from pytest_sharedkv.stack.pair import Replica, ReplicaError
 
 
@@ -83,13 +84,10 @@ def stream_timing(replica: Replica, body: dict[str, Any], timeout: float = 600.0
     ended = time.perf_counter()
     if first is None or last is None:
         raise _failure(replica, "the stream carried no token")
-    details = usage.get("prompt_tokens_details") or {}
-    prompt = usage.get("prompt_tokens")
-    cached = details.get("cached_tokens")
+    counts = read_usage({"usage": usage})
     return Timing(replica.name, first - started, first - started, last - started,
-                  ended - started, int(usage.get("completion_tokens") or chunks),
-                  int(prompt) if isinstance(prompt, int) else None,
-                  int(cached) if isinstance(cached, int) else None)
+                  ended - started, counts.completion_tokens or chunks, counts.prompt_tokens,
+                  counts.cached_tokens)
 
 
 def observation(timing: Timing, *, arm: str, block: int, pair: int, size: str, step: str,

@@ -19,8 +19,10 @@ from pytest_sharedkv.stack import kv_audit
 from pytest_sharedkv.stack.namespaces import Namespaces
 from pytest_sharedkv.stack.pair import UNREAD, ReplicaPair
 from pytest_sharedkv.stack.request_tags import request_tag
+from pytest_sharedkv.stack.steps import step
 
 TIER = "replica_pair"
+COLD, CROSS = step("cold"), step("cross")  # the round is the first and the pool step
 
 
 def delayed_calls(pair: ReplicaPair) -> Counter[str] | None:
@@ -54,12 +56,12 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
     chosen = cases.by_role("measured")[:prompts]
     for index, case in enumerate(chosen):
         namespace = namespaces(f"prompt-{index}")
-        a = pair.send("A", case.text, cases.answer_tokens, namespace.salt,
-                      request_tag(case.id, "cold", "A"))
+        a = pair.send(COLD.replica, case.text, cases.answer_tokens, namespace.salt,
+                      request_tag(case.id, COLD.name, COLD.replica))
         namespace.expect_cold(a)
         time.sleep(settle_s)
-        b = pair.send("B", case.text, cases.answer_tokens, namespace.salt,
-                      request_tag(case.id, "cross", "B"))
+        b = pair.send(CROSS.replica, case.text, cases.answer_tokens, namespace.salt,
+                      request_tag(case.id, CROSS.name, CROSS.replica))
         hit = b.external_hit_tokens or 0
         if not b.counters_read:
             unread.append(f"prompt {index}")

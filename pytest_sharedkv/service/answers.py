@@ -1,6 +1,6 @@
-"""What a service pass records, as plain data: the four steps, every answer with its
-counters, and the per-step totals. The runner fills it; checks, references and the
-summary read it."""
+"""What a service pass records, as plain data: every answer with its counters, and the
+per-step totals (the steps themselves are stack.steps'). The runner fills it; checks,
+references and the summary read it."""
 
 from __future__ import annotations
 
@@ -8,18 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import CaseSet
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    replica: str
-    hits: str  # the only kind of hit this step may have: none | local | external
-
-
-STEPS = (Step("cold", "A", "none"), Step("local", "A", "local"),
-         Step("cross", "B", "external"), Step("receiver-local", "B", "local"))
-OTHER = {"A": "B", "B": "A"}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.models.copy_rule import first_divergence
 from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
-from pytest_sharedkv.service.answers import STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
+from pytest_sharedkv.stack.steps import STEPS, Step
 
 SHOWN_WORDS = 8
 

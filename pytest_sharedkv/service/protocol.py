@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case
-from pytest_sharedkv.service.runner import Runner, body
+from pytest_sharedkv.service.runner import Runner
+from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.pair import ReplicaError
 
 LOGPROB_TOLERANCE = 0.1  # nats: A's cold and B's pool-served chosen-token logprobs
@@ -40,23 +41,17 @@ class ProtocolContext:
 
     def post(self, replica: str, case: Case, salt: str | None, **extra: Any
              ) -> dict[str, Any]:
-        request = {**body(case.text, self.tokens, salt), **extra}
+        request = request_body(case.text, self.tokens, salt, logprobs=True, extra=extra)
         return self.runner.pair[replica].post(request)
 
     def stream(self, replica: str, case: Case, salt: str, **extra: Any
                ) -> list[dict[str, Any]]:
-        request = {**body(case.text, self.tokens, salt, logprobs=False), **extra}
+        request = request_body(case.text, self.tokens, salt, extra=extra)
         return self.runner.pair[replica].stream(request)
 
 
 def _choice(data: dict[str, Any]) -> dict[str, Any]:
     return dict((data.get("choices") or [{}])[0])
-
-
-def _cached(data: dict[str, Any]) -> int | None:
-    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
-    value = details.get("cached_tokens")
-    return int(value) if isinstance(value, int) else None
 
 
 Check = Callable[[ProtocolContext], tuple[bool, str]]
@@ -90,7 +85,7 @@ def _usage(ctx: ProtocolContext) -> tuple[bool, str]:
 @check("prompt-tokens-match-the-corpus")
 def _prompt_tokens(ctx: ProtocolContext) -> tuple[bool, str]:
     case = ctx.cases[0]
-    got = (ctx.post("A", case, ctx.salt("count")).get("usage") or {}).get("prompt_tokens")
+    got = read_usage(ctx.post("A", case, ctx.salt("count"))).prompt_tokens
     if case.prompt_tokens is None:
         return isinstance(got, int), f"{got} prompt tokens (the corpus does not fix a count)"
     return got == case.prompt_tokens, f"{got} prompt tokens, the corpus made {case.prompt_tokens}"
@@ -98,7 +93,7 @@ def _prompt_tokens(ctx: ProtocolContext) -> tuple[bool, str]:
 
 @check("cached-tokens-present-on-a-cold-request")
 def _cached_present(ctx: ProtocolContext) -> tuple[bool, str]:
-    cached = _cached(ctx.post("A", ctx.cases[1], ctx.salt("present")))
+    cached = read_usage(ctx.post("A", ctx.cases[1], ctx.salt("present"))).cached_tokens
     return cached == 0, f"usage.prompt_tokens_details.cached_tokens = {cached}"
 
 
@@ -107,7 +102,8 @@ def _cached_repeat(ctx: ProtocolContext) -> tuple[bool, str]:
     case, salt = ctx.cases[1], ctx.salt("repeat")
     ctx.post("A", case, salt)
     data = ctx.post("A", case, salt)
-    cached, prompt = _cached(data), (data.get("usage") or {}).get("prompt_tokens")
+    usage = read_usage(data)
+    cached, prompt = usage.cached_tokens, usage.prompt_tokens
     want = case.shareable if case.shareable is not None else prompt
     ok = cached is not None and isinstance(prompt, int) and cached <= prompt and (
         cached == want if case.shareable is not None else cached > 0)
@@ -118,7 +114,7 @@ def _cached_repeat(ctx: ProtocolContext) -> tuple[bool, str]:
 def _salt(ctx: ProtocolContext) -> tuple[bool, str]:
     case = ctx.cases[2]
     ctx.post("A", case, ctx.salt("first"))
-    cached = _cached(ctx.post("A", case, ctx.salt("second")))
+    cached = read_usage(ctx.post("A", case, ctx.salt("second"))).cached_tokens
     return cached == 0, f"the same prompt under another cache_salt: {cached} cached"
 
 
@@ -129,7 +125,7 @@ def _salt_cross(ctx: ProtocolContext) -> tuple[bool, str]:
     case = ctx.cases[2]
     ctx.post("A", case, ctx.salt("a-side"))
     time.sleep(ctx.runner.settle_s)
-    cached = _cached(ctx.post("B", case, ctx.salt("b-side")))
+    cached = read_usage(ctx.post("B", case, ctx.salt("b-side"))).cached_tokens
     return cached == 0, f"B under another cache_salt after A stored it: {cached} cached"
 
 
@@ -158,7 +154,7 @@ def _logprobs(ctx: ProtocolContext) -> tuple[bool, str]:
     data = ctx.post("A", ctx.cases[0], ctx.salt("lp"))
     logprobs = _choice(data).get("logprobs") or {}
     values = logprobs.get("token_logprobs") or []
-    n = (data.get("usage") or {}).get("completion_tokens")
+    n = read_usage(data).completion_tokens
     ok = len(values) == n and all(isinstance(v, (int, float)) and v <= 1e-6 for v in values)
     ok = ok and len(logprobs.get("top_logprobs") or []) == n
     return ok, f"{len(values)} token logprobs for {n} completion tokens"
@@ -177,14 +173,15 @@ def _logprobs_cross(ctx: ProtocolContext) -> tuple[bool, str]:
     worst = max((abs(x - y) for x, y in zip(la, lb, strict=False)), default=float("inf"))
     ok = len(la) == len(lb) > 0 and worst <= LOGPROB_TOLERANCE
     return ok, (f"chosen-token logprobs differ by at most {worst:.3g} nats between A cold and "
-                f"B with {_cached(b_data)} cached tokens (tolerance {LOGPROB_TOLERANCE})")
+                f"B with {read_usage(b_data).cached_tokens} cached tokens "
+                f"(tolerance {LOGPROB_TOLERANCE})")
 
 
 @check("finish-reason-length-at-max-tokens")
 def _finish(ctx: ProtocolContext) -> tuple[bool, str]:
     data = ctx.post("A", ctx.cases[0], ctx.salt("finish"))
     reason = _choice(data).get("finish_reason")
-    n = (data.get("usage") or {}).get("completion_tokens")
+    n = read_usage(data).completion_tokens
     return reason == "length" and n == ctx.tokens, f"finish_reason {reason}, {n} tokens"
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case
-from pytest_sharedkv.service.answers import STEPS, ServiceRun
+from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.stack.pair import ReplicaPair
+from pytest_sharedkv.stack.steps import STEPS
 
 if TYPE_CHECKING:
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus

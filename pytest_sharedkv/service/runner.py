@@ -18,11 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
-from pytest_sharedkv.service.answers import OTHER, STEPS, Answer, ServiceRun, Step, StepTotals
+from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
+from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
     EXTERNAL_HITS,
     LOCAL_HITS,
+    REPLICAS,
     Counters,
     ReplicaError,
     ReplicaPair,
@@ -30,31 +32,21 @@ from pytest_sharedkv.stack.pair import (
     counters_read,
 )
 from pytest_sharedkv.stack.request_tags import request_tag
+from pytest_sharedkv.stack.steps import OTHER, STEPS, Step
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
-
-
-def body(case_text: str, tokens: int, salt: str | None, logprobs: bool = True
-         ) -> dict[str, object]:
-    out: dict[str, object] = {"prompt": case_text, "max_tokens": tokens, "temperature": 0.0}
-    if logprobs:
-        out["logprobs"] = 1
-    if salt is not None:
-        out["cache_salt"] = salt
-    return out
 
 
 def read_answer(data: dict[str, Any], case: str, step: str, replica: str,
                 decode: Callable[[str], tuple[int, ...]] | None, seconds: float) -> Answer:
     choice = (data.get("choices") or [{}])[0]
-    usage = data.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
+    usage = read_usage(data)
     text = str(choice.get("text", ""))
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
     return Answer(
         case, step, replica, text, decode(text) if decode else None,
-        usage.get("prompt_tokens"), details.get("cached_tokens"),
-        usage.get("completion_tokens"), choice.get("finish_reason"),
+        usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+        choice.get("finish_reason"),
         tuple(float(x) for x in logprobs if x is not None) if logprobs else None, seconds)
 
 
@@ -82,8 +74,9 @@ class Runner:
              ) -> Answer:
         started = time.perf_counter()
         try:
-            data = self.pair[replica].post(body(text, self.cases.answer_tokens, salt),
-                                           request_id=request_tag(case_id, step, replica))
+            data = self.pair[replica].post(
+                request_body(text, self.cases.answer_tokens, salt, logprobs=True),
+                request_id=request_tag(case_id, step, replica))
         except ReplicaError as exc:
             return Answer(case_id, step, replica, seconds=time.perf_counter() - started,
                           error=str(exc).splitlines()[0])
@@ -91,7 +84,7 @@ class Runner:
         return read_answer(data, case_id, step, replica, self.cases.decode, seconds)
 
     def counters(self) -> dict[str, Counters | None]:
-        return {name: self.pair[name].counters() for name in ("A", "B")}
+        return {name: self.pair[name].counters() for name in REPLICAS}
 
     def step(self, group: str, step: Step, cases: Sequence[Case]) -> StepTotals:
         before = self.counters()
@@ -113,7 +106,7 @@ class Runner:
                             delta(step.replica, LOCAL_HITS), delta(step.replica, EXTERNAL_HITS),
                             delta(other, LOCAL_HITS), delta(other, EXTERNAL_HITS), wall,
                             sum(a.cached_tokens or 0 for a in answers),
-                            tuple(r for r in ("A", "B")
+                            tuple(r for r in REPLICAS
                                   if not counters_read(before[r], after[r])))
         self.run.totals.append(totals)
         exact = sum(a.ids == c.expected for a, c in zip(answers, cases, strict=True))

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.service.answers import Step
 from pytest_sharedkv.service.runner import Runner
+from pytest_sharedkv.stack.steps import step
 
 PROVEN, VOID, UNPROVEN, CONFOUNDED = "proven", "VOID", "unproven", "CONFOUNDED"
 
@@ -64,11 +64,11 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
         return GateResult(UNPROVEN, "sensitivity unproven: this corpus has no control "
                           "requests")
     zeroed = cases.zeroed_chunk
-    runner.step("gate", Step("cold", "A", "none"), controls)
+    runner.step("gate", step("cold"), controls)
     time.sleep(runner.settle_for(controls))
     control.write_text(json.dumps({"zero_chunks": [zeroed]}))
     try:
-        runner.step("gate", Step("cross", "B", "external"), controls)
+        runner.step("gate", step("cross"), controls)
     finally:
         control.unlink(missing_ok=True)
     logged = [row for row in (read_log(log) if log is not None else []) if row[1] == zeroed]

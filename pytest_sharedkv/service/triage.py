@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case
-from pytest_sharedkv.service.answers import Answer, Step
+from pytest_sharedkv.service.answers import Answer
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
+from pytest_sharedkv.stack.steps import Step
 
 # the cells' own step names: their requests (and audit digests) never mix with the pass's
 COLD = Step("triage-cold", "A", "none")

@@ -159,6 +159,7 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         LaunchSpec,
         external_pair,
         launch_vllm_pair,
+        max_model_len,
         stub_pair,
     )
 
@@ -187,7 +188,8 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         devices = visible_tokens()
         pair = launch_vllm_pair(LaunchSpec(
             log_dir=log_dir, allocator=allocator, model=model, devices=devices,
-            inject_delay_cycles=delay, max_model_len=max_model_len(model, cases),
+            inject_delay_cycles=delay,
+            max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
             kv_audit=settings.kv_audit,
             engine=EngineSettings(extra_args=settings.vllm_args)))
@@ -197,14 +199,10 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
 
 
-def max_model_len(model: Path, cases: CaseSet) -> int:
-    """The longest prompt the corpus sends plus its answer, within the model's context."""
-    from pytest_sharedkv.models.config_file import max_position_embeddings
-
+def longest_prompt(cases: CaseSet) -> int:
+    """The longest prompt the corpus sends (its cases and session turns), in tokens."""
     longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
-    longest = max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
-    need = max(4096, longest + cases.answer_tokens + 64)
-    return min(need, max_position_embeddings(model, need))
+    return max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
+from pytest_sharedkv.stack.completions import read_usage, request_body
 
 LOCAL_HITS = "vllm:prefix_cache_hits"
 UNREAD = "counters could not be read"
@@ -161,11 +162,8 @@ class Replica:
     def complete(self, prompt: str, max_tokens: int, cache_salt: str | None,
                  request_id: str | None = None) -> Reply:
         before = self.counters()
-        body: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens,
-                                   "temperature": 0.0}
-        if cache_salt is not None:
-            body["cache_salt"] = cache_salt
-        request = self._completion_request(body, request_id)
+        request = self._completion_request(request_body(prompt, max_tokens, cache_salt),
+                                           request_id)
         started = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
@@ -174,16 +172,14 @@ class Replica:
             raise self._failure(f"request failed: {exc}") from None
         seconds = time.perf_counter() - started
         after = self.counters()
-        usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-
-        cached = int(details.get("cached_tokens") or 0)
+        usage = read_usage(data)
+        cached = usage.cached_tokens or 0
         local = counter_delta(before, after, LOCAL_HITS)
         external = counter_delta(before, after, EXTERNAL_HITS)
         if external is None and local is not None and self.reports_external:
             external = cached - local  # the engine's cached tokens count both kinds
         return Reply(replica=self.name, text=str(data["choices"][0]["text"]),
-                     prompt_tokens=int(usage.get("prompt_tokens", 0)), cached_tokens=cached,
+                     prompt_tokens=usage.prompt_tokens or 0, cached_tokens=cached,
                      local_hit_tokens=local, external_hit_tokens=external, seconds=seconds,
                      counters_read=counters_read(before, after))
 

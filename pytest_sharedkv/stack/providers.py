@@ -114,6 +114,20 @@ def launched(name: str, argv: list[str], env: Mapping[str, str],
                     tuple(sorted((k, v) for k, v in env.items() if base.get(k) != v)))
 
 
+MIN_MODEL_LEN = 4096  # the served context a launched pair gets at least
+ANSWER_MARGIN = 64  # tokens of slack past prompt and answer
+
+
+def max_model_len(longest_prompt: int, answer_tokens: int, model: Path | None) -> int:
+    """The served context a pair needs (vLLM's --max-model-len): the longest prompt it is
+    sent plus its answer and a margin, at least MIN_MODEL_LEN, and never past the context
+    the model was built for (its config.json) where that is known."""
+    from pytest_sharedkv.models.config_file import max_position_embeddings
+
+    need = max(MIN_MODEL_LEN, longest_prompt + answer_tokens + ANSWER_MARGIN)
+    return min(need, max_position_embeddings(model, need))
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What a launched pair needs: where to log, which devices, which model, faults."""
@@ -125,7 +139,7 @@ class LaunchSpec:
     inject_delay_cycles: int = 0
     chunk_size: int = DEFAULT_CHUNK  # the launchers pass the model's (derive_chunk_size)
     l1_size_gb: float = 8.0
-    max_model_len: int = 4096
+    max_model_len: int = MIN_MODEL_LEN
     engine: EngineSettings = field(default_factory=EngineSettings)
     ready_timeout: float = 900.0
     gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server

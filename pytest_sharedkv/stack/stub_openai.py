@@ -46,9 +46,10 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 
@@ -197,139 +198,220 @@ def _copy_answer(words: list[str], max_tokens: int, zeroed: list[int], block: in
     return [vocab[i].removeprefix("\u2581") for i in answer]
 
 
-def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+@dataclass(frozen=True)
+class _Prefill:
+    """What the stub's cache made of one prompt: its tokens (``<s>`` first for copy prompts),
+    the hit granularity, the hits, the blocks this prompt put in the pool, and which
+    completion this is (1-based)."""
 
-        def log_message(self, format: str, *args: object) -> None:
-            print(f"[{state.name}] {self.command} {self.path}", flush=True)
+    words: list[str]
+    tokens: list[str]
+    copy: bool
+    block: int
+    local: int
+    external: int
+    stored: list[int]
+    done: int
 
-        def _headers(self, code: int, content_type: str, length: int | None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            if length is not None:
-                self.send_header("Content-Length", str(length))
-            else:
-                self.send_header("Connection", "close")
-            self.send_header("X-Sharedkv-Test-Double", "1")
-            self.end_headers()
+    @property
+    def cached(self) -> int:
+        return self.local + self.external
 
-        def _send(self, code: int, body: object, content_type: str = "application/json"
-                  ) -> None:
-            data = (body if isinstance(body, str) else json.dumps(body)).encode()
-            self._headers(code, content_type, len(data))
-            self.wfile.write(data)
+    @property
+    def loaded(self) -> range:
+        """The chunks this prompt took from the pool."""
+        return range(self.local // self.block, (self.local + self.external) // self.block)
 
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                never = state.args.never_ready
-                self._send(503 if never else 200, {"ok": not never})
-            elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
-            elif self.path == "/metrics":
-                with state.lock:
-                    state.scrapes += 1
-                    scrape = state.scrapes
-                if scrape in state.args.fail_metrics:
-                    self._send(503, {"error": f"scrape {scrape} fails on purpose"})
-                    return
-                text = (f"vllm:prefix_cache_queries_total {state.queries}\n"
-                        f"vllm:prefix_cache_hits_total {state.hits}\n"
-                        f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
-                self._send(200, text, "text/plain")
-            else:
-                self._send(404, {"error": "not found"})
 
-        def do_POST(self) -> None:
-            if self.path != "/v1/completions":
-                self._send(404, {"error": "not found"})
-                return
-            length = int(self.headers.get("Content-Length", "0"))
-            request: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
-            prompt = str(request.get("prompt", ""))
-            salt = str(request.get("cache_salt", ""))
-            if "/" in salt:  # as LMCache 0.5.6's IPCCacheServerKey refuses it
-                self._send(400, {"error": {"message": f"cache_salt must not contain '/' "
-                                                      f"(got {salt!r})", "code": 400}})
-                return
-            max_tokens = int(request.get("max_tokens", 16))
-            words = prompt.split()
-            copy = len(words) > 5 and all(COPY_WORD.match(w) for w in words)
-            tokens = ["<s>", *words] if copy else words
-            with state.lock:
-                limit = len(tokens) - 1 if copy else len(tokens)
-                block = state.args.block if copy else BLOCK
-                local, external, stored = state.lookup(salt, tokens, block, limit)
-                cached = local + external
-                state.queries += len(tokens)
-                state.hits += local
-                state.external_hits += external
-                state.completions += 1
-                done = state.completions
-            if state.args.prefill_us:
-                time.sleep(state.args.prefill_us * 1e-6 * (len(tokens) - cached))
-            zeroed = _zeroed_in_retrieve(state, block, local, external) if copy else []
-            state.audit_records(self.headers.get("X-Request-Id") or f"cmpl-stub-{done}",
-                                salt, tokens, block, stored,
-                                range(local // block, (local + external) // block), zeroed)
-            if copy:
-                out = _copy_answer(words, max_tokens, zeroed, block, state.args.diverge)
-            else:
-                out = _continuation(prompt, max_tokens)
-            if external and state.args.corrupt_external:
-                out = _continuation(prompt + " stale", max_tokens)
-            finish = "length"
-            for stop in request.get("stop") or []:
-                text_so_far = ""
-                for i, word in enumerate(out):
-                    text_so_far += " " + word
-                    if stop in text_so_far:
-                        out, finish = out[:i], "stop"
-                        break
-                if finish == "stop":
-                    break
-            usage = {"prompt_tokens": len(tokens), "completion_tokens": len(out),
-                     "total_tokens": len(tokens) + len(out),
-                     "prompt_tokens_details": {"cached_tokens": cached}}
-            choice: dict[str, Any] = {"index": 0, "text": "".join(" " + w for w in out),
-                                      "finish_reason": finish}
-            if request.get("logprobs") is not None:
-                choice["logprobs"] = {
-                    "tokens": [" " + w for w in out], "token_logprobs": [0.0] * len(out),
-                    "top_logprobs": [{" " + w: 0.0} for w in out],
-                    "text_offset": [4 * i for i in range(len(out))]}
-            if request.get("return_token_ids") and copy:
-                from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of
+def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
+    """Look PROMPT up in the stub's cache and pool and count it in the engine counters
+    /metrics reports: copy prompts count ``<s>`` and hit one token short, as vLLM's do."""
+    words = prompt.split()
+    copy = len(words) > 5 and all(COPY_WORD.match(w) for w in words)
+    tokens = ["<s>", *words] if copy else words
+    with state.lock:
+        limit = len(tokens) - 1 if copy else len(tokens)
+        block = state.args.block if copy else BLOCK
+        local, external, stored = state.lookup(salt, tokens, block, limit)
+        state.queries += len(tokens)
+        state.hits += local
+        state.external_hits += external
+        state.completions += 1
+        done = state.completions
+    return _Prefill(words, tokens, copy, block, local, external, stored, done)
 
-                choice["token_ids"] = ids_of(" ".join(out), CopyModelRecipe())
-            if request.get("stream"):
-                self._stream(done, out, choice, usage, request)
-            else:
-                self._send(200, {"id": f"cmpl-{done}", "object": "text_completion",
-                                 "model": "stub", "choices": [choice], "usage": usage})
-            if state.args.crash_after is not None and done >= state.args.crash_after:
-                print(f"[{state.name}] crashing on purpose after {done} completions",
-                      flush=True)
-                os._exit(3)
 
-        def _stream(self, done: int, out: list[str], choice: dict[str, Any],
-                    usage: dict[str, Any], request: dict[str, Any]) -> None:
-            self._headers(200, "text/event-stream", None)
-            base = {"id": f"cmpl-{done}", "object": "text_completion", "model": "stub"}
-            for i, word in enumerate(out):
-                last = i == len(out) - 1
-                part = {**base, "choices": [{"index": 0, "text": " " + word,
-                                             "finish_reason": choice["finish_reason"]
-                                             if last else None}]}
-                self.wfile.write(f"data: {json.dumps(part)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(0.001)
-            if (request.get("stream_options") or {}).get("include_usage"):
-                tail = {**base, "choices": [], "usage": usage}
-                self.wfile.write(f"data: {json.dumps(tail)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
+def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
+                  zeroed: list[int]) -> list[str]:
+    """The continuation, with the faults asked for: copy prompts by the copy rule (the
+    gate's ZEROED chunks hidden, one word off under --diverge), others a hash of the
+    prompt; any pool hit under --corrupt-external answers as if from stale KV."""
+    if pre.copy:
+        out = _copy_answer(pre.words, max_tokens, zeroed, pre.block, state.args.diverge)
+    else:
+        out = _continuation(prompt, max_tokens)
+    if pre.external and state.args.corrupt_external:
+        out = _continuation(prompt + " stale", max_tokens)
+    return out
+
+
+def _apply_stop(out: list[str], stops: list[str]) -> tuple[list[str], str]:
+    """(the words before the first stop string, finish_reason), as an engine stops."""
+    for stop in stops:
+        text_so_far = ""
+        for i, word in enumerate(out):
+            text_so_far += " " + word
+            if stop in text_so_far:
+                return out[:i], "stop"
+    return out, "length"
+
+
+def _usage(pre: _Prefill, out: list[str]) -> dict[str, Any]:
+    return {"prompt_tokens": len(pre.tokens), "completion_tokens": len(out),
+            "total_tokens": len(pre.tokens) + len(out),
+            "prompt_tokens_details": {"cached_tokens": pre.cached}}
+
+
+def _choice(request: dict[str, Any], out: list[str], finish: str, copy: bool
+            ) -> dict[str, Any]:
+    """The answer's choice: text, and logprobs / vLLM's token_ids when REQUEST asks."""
+    choice: dict[str, Any] = {"index": 0, "text": "".join(" " + w for w in out),
+                              "finish_reason": finish}
+    if request.get("logprobs") is not None:
+        choice["logprobs"] = {
+            "tokens": [" " + w for w in out], "token_logprobs": [0.0] * len(out),
+            "top_logprobs": [{" " + w: 0.0} for w in out],
+            "text_offset": [4 * i for i in range(len(out))]}
+    if request.get("return_token_ids") and copy:
+        from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of
+
+        choice["token_ids"] = ids_of(" ".join(out), CopyModelRecipe())
+    return choice
+
+
+def _metrics_text(state: _State) -> str:
+    """The prefix-cache counters the suite reads, in Prometheus text."""
+    return (f"vllm:prefix_cache_queries_total {state.queries}\n"
+            f"vllm:prefix_cache_hits_total {state.hits}\n"
+            f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
+
+
+class _StubHandler(BaseHTTPRequestHandler):
+    """The stub's HTTP side: routing, headers and the completion answer; make_handler
+    binds it to one server's state."""
+
+    stub: ClassVar[_State]
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        print(f"[{self.stub.name}] {self.command} {self.path}", flush=True)
+
+    def _headers(self, code: int, content_type: str, length: int | None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        else:
+            self.send_header("Connection", "close")
+        self.send_header("X-Sharedkv-Test-Double", "1")
+        self.end_headers()
+
+    def _send(self, code: int, body: object, content_type: str = "application/json"
+              ) -> None:
+        data = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self._headers(code, content_type, len(data))
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._health()
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+        elif self.path == "/metrics":
+            self._metrics()
+        else:
+            self._send(404, {"error": "not found"})
+
+    def _health(self) -> None:
+        never = self.stub.args.never_ready  # a replica that never becomes ready
+        self._send(503 if never else 200, {"ok": not never})
+
+    def _metrics(self) -> None:
+        with self.stub.lock:
+            self.stub.scrapes += 1
+            scrape = self.stub.scrapes
+        if scrape in self.stub.args.fail_metrics:  # a failed Prometheus scrape, on purpose
+            self._send(503, {"error": f"scrape {scrape} fails on purpose"})
+            return
+        self._send(200, _metrics_text(self.stub), "text/plain")
+
+    def do_POST(self) -> None:
+        if self.path != "/v1/completions":
+            self._send(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        request: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+        done = self._completion(request)
+        if done is not None:
+            self._crash_if_due(done)
+
+    def _completion(self, request: dict[str, Any]) -> int | None:
+        """Answer one completion; which completion it was, or None if refused."""
+        prompt = str(request.get("prompt", ""))
+        salt = str(request.get("cache_salt", ""))
+        if "/" in salt:  # as LMCache 0.5.6's IPCCacheServerKey refuses it
+            self._send(400, {"error": {"message": f"cache_salt must not contain '/' "
+                                                  f"(got {salt!r})", "code": 400}})
+            return None
+        max_tokens = int(request.get("max_tokens", 16))
+        pre = _prefill(self.stub, prompt, salt)
+        if self.stub.args.prefill_us:
+            time.sleep(self.stub.args.prefill_us * 1e-6 * (len(pre.tokens) - pre.cached))
+        zeroed = (_zeroed_in_retrieve(self.stub, pre.block, pre.local, pre.external)
+                  if pre.copy else [])
+        request_id = self.headers.get("X-Request-Id") or f"cmpl-stub-{pre.done}"
+        self.stub.audit_records(request_id, salt, pre.tokens, pre.block, pre.stored,
+                                pre.loaded, zeroed)
+        out, finish = _apply_stop(_answer_words(self.stub, prompt, max_tokens, pre, zeroed),
+                                  request.get("stop") or [])
+        usage = _usage(pre, out)
+        choice = _choice(request, out, finish, pre.copy)
+        if request.get("stream"):
+            self._stream(pre.done, out, choice, usage, request)
+        else:
+            self._send(200, {"id": f"cmpl-{pre.done}", "object": "text_completion",
+                             "model": "stub", "choices": [choice], "usage": usage})
+        return pre.done
+
+    def _crash_if_due(self, done: int) -> None:
+        if self.stub.args.crash_after is not None and done >= self.stub.args.crash_after:
+            print(f"[{self.stub.name}] crashing on purpose after {done} completions",
+                  flush=True)
+            os._exit(3)
+
+    def _stream(self, done: int, out: list[str], choice: dict[str, Any],
+                usage: dict[str, Any], request: dict[str, Any]) -> None:
+        self._headers(200, "text/event-stream", None)
+        base = {"id": f"cmpl-{done}", "object": "text_completion", "model": "stub"}
+        for i, word in enumerate(out):
+            last = i == len(out) - 1
+            part = {**base, "choices": [{"index": 0, "text": " " + word,
+                                         "finish_reason": choice["finish_reason"]
+                                         if last else None}]}
+            self.wfile.write(f"data: {json.dumps(part)}\n\n".encode())
             self.wfile.flush()
-            self.close_connection = True
+            time.sleep(0.001)
+        if (request.get("stream_options") or {}).get("include_usage"):
+            tail = {**base, "choices": [], "usage": usage}
+            self.wfile.write(f"data: {json.dumps(tail)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+def make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
+    class Handler(_StubHandler):
+        stub = state
 
     return Handler
 
@@ -340,7 +422,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="stub")
@@ -363,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="answer these GET /metrics (1-based) with HTTP 503")
     parser.add_argument("--kv-audit", type=Path, default=None,
                         help="write kv_audit_hook's digest records into this directory")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)
     server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
