@@ -87,7 +87,7 @@ def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
     result.assert_outcomes(passed=4)
     # the gate still ran: the negative control's delayed rows are in the table
     result.stdout.fnmatch_lines(["| sim-raw*| negative-control |*| -*| 0/3*|"])
-    bad = pytester.runpytest(*FAST, "--sharedkv-targets=sim-ordered,nope")  # stops at once
+    bad = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-ordered,nope")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["ERROR: --sharedkv-targets: unknown copy target(s) nope; known:"
                               " sim-raw, sim-ordered, sim-sync-then-raw, sim-unordered"])
@@ -105,7 +105,7 @@ def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
                                     "a third-party copy path", SimOrderedCopy,
                                     backend="simulated"))
     """)
-    listed = pytester.runpytest("--sharedkv-list-targets")  # lists, runs nothing
+    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
     assert listed.ret == 0
     listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
     result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")

@@ -43,7 +43,7 @@ def test_cpu_round_trips_tables_and_xfails(pytester: pytest.Pytester,
 
 
 def test_unknown_layout_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest(*BASE, "--sharedkv-layouts=fa-nhd-bf16,nope")  # runs nothing
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16,nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --sharedkv-layouts: unknown layout(s) nope; known: *"])
 
