@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +26,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def run_directory(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory this run alone owns: its basetemp, or under xdist the parent of the
+    workers' basetemps (pytest-N/popen-gwK). The parent of a plain run's basetemp is
+    pytest-of-USER, which every run on the machine shares."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base
+
+
 @pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch,
+def _isolated_environment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """Inner pytest runs must not inherit this run's xdist identity or device binding, and
     each test gets its own machine-wide directory (leases, host budget, launch records):
@@ -36,8 +45,10 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path_factory.mktemp("runtime")))
     # One copy-model corruption matrix per input for the whole self-test run, every xdist
-    # worker and inner run alike (the basetemp's parent is the run's).
-    monkeypatch.setenv(MATRIX_CACHE_ENV, str(tmp_path_factory.getbasetemp().parent / "matrix"))
+    # worker and inner run alike, and never one another run computed (other code, other
+    # checkout): a cache outside the run would let a changed matrix pass on old results.
+    monkeypatch.setenv(MATRIX_CACHE_ENV,
+                       str(run_directory(request.config, tmp_path_factory) / "matrix"))
 
 
 @pytest.fixture

@@ -119,8 +119,12 @@ def test_bad_device_environment_is_one_usage_error(
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     pytester.makepyfile(SHAREDKV_TEST)
-    args = ["-p", "no:cacheprovider"] + (["-n", workers] if workers else [])
-    result = pytester.runpytest_subprocess(*args)
+    # in-process where no xdist worker is involved (nothing here reaches a device); under
+    # xdist the error must cross from the workers to the controller of a real run
+    if workers:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", workers)
+    else:
+        result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     out = result.stdout.str() + result.stderr.str()

@@ -10,9 +10,17 @@ import json
 
 import pytest
 
-from tests.test_service_suite import BASE, _stubs_left
+from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.test_service_suite import BASE, CHAINS, _stubs_left
 
 AUDIT = [*BASE, "--sharedkv-kv-audit", "-k", "kv_audit or gate"]
+
+
+@pytest.fixture(autouse=True)
+def _small_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service suite's small plan (its fixture is not autouse here): the audit reads
+    every cross-replica request the pass sends, 10 of them are plumbing enough."""
+    monkeypatch.setenv(MEASURED_ENV, str(CHAINS))
 
 
 def test_a_clean_audit_passes_with_its_positive_control(pytester: pytest.Pytester,

@@ -87,9 +87,9 @@ def test_endpoints_must_be_two_urls(pytester: pytest.Pytester) -> None:
 
 def test_launched_provider_skips_without_a_gpu(pytester: pytest.Pytester,
                                                fake_gpus: Callable[[str], None]) -> None:
-    result = pytester.runpytest_subprocess("--pyargs", "pytest_sharedkv.suites", "-m",
-                                           "replica_pair", "-k", "cross_replica",
-                                           "--sharedkv-provider=vllm", "-rs")
+    result = pytester.runpytest("--pyargs", "pytest_sharedkv.suites", "-m",  # no launch
+                                "replica_pair", "-k", "cross_replica",
+                                "--sharedkv-provider=vllm", "-rs")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
 

@@ -86,3 +86,29 @@ def test_one_chunk_count_rounds_for_built_documents_and_floors_for_fixed_ones() 
     assert chunks_for(8_000, 256) == 31 and chunks_for(8_000, 256, within=True) == 31
     assert chunks_for(100, 256) == 2 and chunks_for(100, 256, within=True) == 2
     assert _tokens("3k", 256, 1 << 30) == 12 * 256 + 1
+
+
+def test_a_case_set_makes_a_payload_when_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the case set regenerates nothing (a run that sends 3 prompts must not make
+    200); reading a case's text makes it once, with the digest still checked."""
+    from pytest_sharedkv.corpus.cases import copy_case_set
+
+    corpus = copy_corpus.load(bundled_manifest(32), CopyModelRecipe())
+    made: list[str] = []
+    real = copy_corpus.Corpus.text
+
+    def counting(self: copy_corpus.Corpus, request: copy_corpus.Request) -> str:
+        made.append(request.id)
+        return real(self, request)
+
+    monkeypatch.setattr(copy_corpus.Corpus, "text", counting)
+    cases = copy_case_set(corpus, "committed")
+    assert made == [] and len(cases.cases) > 200
+    first = cases.by_role("measured")[0]
+    assert first.text == first.text and made == [first.id]
+    assert copy_corpus.sha256(first.text) == first.sha256
+    tampered = cases.by_role("measured")[1]
+    request = next(r for r in corpus.requests if r.id == tampered.id)
+    object.__setattr__(request, "sha256", "0" * 64)
+    with pytest.raises(copy_corpus.CorpusError, match="does not hash to the committed"):
+        _ = tampered.text

@@ -17,36 +17,40 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "reference and 3k-00"]
 
 
+# The first 3 measured requests (the ones -k selects) instead of all 200: enough for one
+# reference that changes while the others still match.
+REQUESTS = 3
+
+
 @pytest.fixture(autouse=True)
 def _small_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first 10 measured requests (the ones -k selects) instead of all 200."""
-    monkeypatch.setenv(MEASURED_ENV, "10")
+    monkeypatch.setenv(MEASURED_ENV, str(REQUESTS))
 
 
 def test_write_then_compare_then_drift(pytester: pytest.Pytester) -> None:
     written = pytester.runpytest_subprocess(*BASE, "--snapshot-update", "-n", "2",
                                             "--dist", "loadgroup")
-    written.assert_outcomes(passed=10)
+    written.assert_outcomes(passed=REQUESTS)
     assert "Can not relate" not in written.stdout.str()  # syrupy location warnings
     stored = pytester.path / "refs" / "copy-rule" / "stub"
     files = sorted(p.name for p in stored.glob("*.json"))
-    assert files == [f"3k-00{i}.json" for i in range(10)]
+    assert files == [f"3k-00{i}.json" for i in range(REQUESTS)]
     data = json.loads((stored / "3k-000.json").read_text())
     assert data["cached_tokens"] == {"cold": 0, "local": 3008, "cross": 3008,
                                      "receiver-local": 3008}
     assert len(data["answer"]["ids"]) == 16 and data["prompt_tokens"] == 3009
 
     pytester.runpytest_subprocess(*BASE, "-n", "2", "--dist", "loadgroup").assert_outcomes(
-        passed=10)
+        passed=REQUESTS)
 
     data["answer"]["text"] = " w00 w00"
     (stored / "3k-001.json").write_text(json.dumps(data))
     changed = pytester.runpytest_subprocess(*BASE)
-    changed.assert_outcomes(passed=9, failed=1)
+    changed.assert_outcomes(passed=REQUESTS - 1, failed=1)
 
     stored.rename(stored.parent / "vllm-0.25.0+lmcache-0.5.5")
     drift = pytester.runpytest_subprocess(*BASE)
-    drift.assert_outcomes(passed=9, failed=1)
+    drift.assert_outcomes(passed=REQUESTS - 1, failed=1)
     drift.stdout.fnmatch_lines(["*ENGINE DRIFT (not cache-induced): replica A's cold answer to "
                                 "3k-001 with stub differs from the reference recorded with "
                                 "vllm-0.25.0+lmcache-0.5.5*"])
@@ -54,7 +58,7 @@ def test_write_then_compare_then_drift(pytester: pytest.Pytester) -> None:
 
 def test_no_reference_is_a_skip_that_says_how_to_record(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(*BASE, "-rs")
-    result.assert_outcomes(skipped=10)
+    result.assert_outcomes(skipped=REQUESTS)
     result.stdout.fnmatch_lines(["*no stored reference for copy-rule/stub under refs: record "
                                  "them with --snapshot-update*"])
     assert not Path(pytester.path / "refs").exists()

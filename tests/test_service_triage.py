@@ -11,6 +11,7 @@ the other allocator's exact pair or a ``--sharedkv-baseline`` report; else a sug
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
 H200 = Path(__file__).parent.parent / "fixtures" / "lmcache" / "h200"
 
 
-def _cells(outcomes: dict[str, bool | None]) -> list[Cell]:
+def _cells(outcomes: Mapping[str, bool | None]) -> list[Cell]:
     """A cell per control: True removed (4/4 exact, clean audit), False persisted, None n/a."""
     cells = []
     for control in controls_for("lazy"):
@@ -43,7 +44,7 @@ def _cells(outcomes: dict[str, bool | None]) -> list[Cell]:
 
 
 LAZY = Base("lazy", "3k", 200, 24, 10_889)
-CASES = [
+CASES: list[tuple[dict[str, bool | None], str, str]] = [
     ({"launch-blocking-server": True, "launch-blocking-all": True, "sync-transfers": True},
      "ordering", "stream-ordering race (removed by"),
     ({"launch-blocking-all": True, "one-in-flight": True}, "ordering-concurrency",

@@ -2,6 +2,10 @@
 process or to its process group, with and without xdist, for the stub pair (a test double)
 and the transfer provider (the real LMCache server and two replica processes, on CPU).
 
+The default cases are a pairwise covering design (6 per provider, every pair of factor
+values at least once; a self-test below checks the cover). The full 12-case matrix per
+provider runs with ``SHAREDKV_SELFTEST_FULL_SIGNALS=1`` in the environment.
+
 Each case runs an inner pytest in its own session, waits until its processes are up, sends
 the signal, and counts the launched processes still alive after 10 s: the target is 0. The
 processes are found by a tag in their environment (every launched process inherits the
@@ -125,9 +129,46 @@ def describe(procs: list[Proc], log: Path) -> str:
 
 
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
-CASES = [pytest.param(sig, target, xdist,
-                      id=f"{sig.name}-{target}-{'xdist' if xdist else 'no-xdist'}")
-         for sig in SIGNALS for target in ("pid", "group") for xdist in (False, True)]
+TARGETS = ("pid", "group")
+XDIST = (False, True)
+FULL_MATRIX_ENV = "SHAREDKV_SELFTEST_FULL_SIGNALS"  # "1": every signal x target x xdist case
+FULL = [(sig, target, xdist) for sig in SIGNALS for target in TARGETS for xdist in XDIST]
+# A covering design: every pair of factor values (signal and target, signal and xdist,
+# target and xdist) is in some case, so each provider still sees every signal, every
+# target and both xdist modes; 6 cases, the fewest that hold 3 signals x 2 targets.
+PAIRWISE = [(signal.SIGINT, "pid", False), (signal.SIGINT, "group", True),
+            (signal.SIGTERM, "pid", True), (signal.SIGTERM, "group", False),
+            (signal.SIGKILL, "pid", False), (signal.SIGKILL, "group", True)]
+
+
+def _param(sig: signal.Signals, target: str, xdist: bool) -> object:
+    return pytest.param(sig, target, xdist,
+                        id=f"{sig.name}-{target}-{'xdist' if xdist else 'no-xdist'}")
+
+
+CASES = [_param(*case) for case in (FULL if os.environ.get(FULL_MATRIX_ENV) == "1"
+                                    else PAIRWISE)]
+
+
+def uncovered_pairs(cases: list[tuple[signal.Signals, str, bool]]) -> list[str]:
+    """The pairs of factor values no case holds (empty for a covering design)."""
+    factors = (SIGNALS, TARGETS, XDIST)
+    missing = []
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        for a in factors[i]:
+            for b in factors[j]:
+                if not any(case[i] == a and case[j] == b for case in cases):
+                    missing.append(f"{getattr(a, 'name', a)}/{getattr(b, 'name', b)}")
+    return missing
+
+
+def test_the_default_cases_cover_every_pair_of_factor_values() -> None:
+    """The pairwise design is only worth its cut if it holds every pair; the checker must
+    see a pair a design drops."""
+    assert uncovered_pairs(PAIRWISE) == []
+    assert uncovered_pairs(FULL) == []
+    assert uncovered_pairs(PAIRWISE[1:]) == ["SIGINT/pid", "SIGINT/False"]
+    assert {case[0] for case in PAIRWISE} == set(SIGNALS)
 
 
 @pytest.mark.parametrize(("sig", "target", "xdist"), CASES)

@@ -8,6 +8,7 @@ care which model is served.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,12 +20,21 @@ class Case:
     id: str
     role: str  # measured | warmup | control | protocol
     size: str
-    text: str
+    # the prompt, or how to make it: the copy corpus regenerates a payload from its seed
+    # (and checks its digest) when a test first sends it, not for every case of a run
+    payload: str | Callable[[], str] = field(repr=False, compare=False)
     sha256: str
     prompt_tokens: int | None = None  # with <s>, when the corpus knows it
     expected: tuple[int, ...] | None = None  # word ids known by construction
     source_chunk: int | None = None
     codeword: str | None = None  # text corpus: what a correct answer contains
+
+    @property
+    def text(self) -> str:
+        if not isinstance(self.payload, str):
+            object.__setattr__(self, "payload", self.payload())  # made once, then kept
+        assert isinstance(self.payload, str)
+        return self.payload
 
     @property
     def shareable(self) -> int | None:
@@ -71,6 +81,12 @@ class CaseSet:
     def by_role(self, role: str) -> list[Case]:
         return [c for c in self.cases if c.role == role]
 
+    def make_payloads(self) -> None:
+        """Every case's prompt made now (a pass that sends them all makes them before its
+        first request, so no request waits on a payload being generated)."""
+        for case in self.cases:
+            _ = case.text
+
     def case(self, case_id: str) -> Case | None:
         return next((c for c in self.cases if c.id == case_id), None)
 
@@ -90,8 +106,9 @@ def copy_case_set(corpus: object, source: str,
 
     assert isinstance(corpus, Corpus)
     recipe = corpus.recipe
-    cases = [Case(r.id, r.role, r.size, corpus.text(r), r.sha256, r.prompt_tokens,
-                  r.expected, r.source_chunk) for r in corpus.requests if keep(r.role, r.size)]
+    cases = [Case(r.id, r.role, r.size, functools.partial(corpus.text, r), r.sha256,
+                  r.prompt_tokens, r.expected, r.source_chunk)
+             for r in corpus.requests if keep(r.role, r.size)]
     sessions = [SessionCase(s.id, tuple(
         SessionTurn(t.index, t.replica, text, t.sha256, t.prompt_tokens, t.expected,
                     t.source_chunk) for t, text in corpus.session_prompts(s)))

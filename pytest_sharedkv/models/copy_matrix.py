@@ -87,17 +87,45 @@ class CopyRunner:
         return cache, stale
 
     def continue_greedy(self, cache: Any, last: int, steps: int) -> tuple[list[int], float]:
+        (one,) = self.continue_batch(cache, [last], steps)
+        return one
+
+    def continue_batch(self, cache: Any, lasts: Sequence[int], steps: int
+                       ) -> list[tuple[list[int], float]]:
+        """Greedy continuations of every batch row of CACHE (row i after LASTS[i]), each
+        with its smallest top-1 minus top-2 logit: one forward a step for all rows."""
         torch = self.torch
-        token, out, margin = last, [], float("inf")
+        tokens = list(lasts)
+        outs: list[list[int]] = [[] for _ in tokens]
+        margins = [float("inf")] * len(tokens)
         with torch.no_grad():
             for _ in range(steps):
-                logits = self.model(input_ids=torch.tensor([[token]]), use_cache=True,
-                                    **{self.cache_kw: cache}).logits[0, -1].float()
-                top = logits.topk(2).values
-                margin = min(margin, float(top[0] - top[1]))
-                token = int(logits.argmax())
-                out.append(token)
-        return out, margin
+                logits = self.model(input_ids=torch.tensor([[t] for t in tokens]),
+                                    use_cache=True,
+                                    **{self.cache_kw: cache}).logits[:, -1].float()
+                top = logits.topk(2, dim=-1).values
+                tokens = [int(t) for t in logits.argmax(dim=-1)]
+                for row, token in enumerate(tokens):
+                    margins[row] = min(margins[row], float(top[row, 0] - top[row, 1]))
+                    outs[row].append(token)
+        return list(zip(outs, margins, strict=True))
+
+
+def batched(caches: Sequence[Any]) -> Any:
+    """One cache whose batch rows are CACHES (single-row caches of one length), built in
+    the first one: the corruptions of a request are continued in one batch."""
+    import torch
+
+    merged = caches[0]
+    for i, layer in enumerate(merged.layers):
+        if hasattr(layer, "conv_states"):
+            layer.conv_states[0] = torch.cat([c.layers[i].conv_states[0] for c in caches])
+            layer.recurrent_states[0] = torch.cat(
+                [c.layers[i].recurrent_states[0] for c in caches])
+        else:
+            layer.keys = torch.cat([c.layers[i].keys for c in caches])
+            layer.values = torch.cat([c.layers[i].values for c in caches])
+    return merged
 
 
 def linear_layers(cache: Any) -> list[Any]:
@@ -203,19 +231,25 @@ def _run_matrix(model_dir: Path, requests: Sequence[tuple[str, list[int], int, i
                 chunk: int, corruptions: Sequence[str], steps: int, dtype: str,
                 progress: Callable[[MatrixRow], None] | None) -> list[MatrixRow]:
     runner = CopyRunner(model_dir, dtype)
+    # One prefill per request: request n+1's cache is request n's foreign KV (another
+    # prompt's), and every corruption of a request is a row of one batch.
+    prefilled = [runner.prefill(ids[:-1], split=len(ids) - 1 - chunk)
+                 for _, ids, _, _ in requests]
     rows: list[MatrixRow] = []
     for n, (rid, ids, source_chunk, source) in enumerate(requests):
         expected = tuple(ids[source:source + steps])
         prefix, last = ids[:-1], ids[-1]
         chunks = len(prefix) // chunk
         other = (source_chunk + chunks // 2) % (chunks - 1)
-        _, foreign_ids, _, _ = requests[(n + 1) % len(requests)]
-        foreign, _ = runner.prefill(foreign_ids[:-1])
-        pristine, stale = runner.prefill(prefix, split=len(prefix) - chunk)
+        pristine, stale = prefilled[n]
+        foreign, _ = prefilled[(n + 1) % len(requests)]
+        caches = []
         for name in corruptions:
-            cache = copy.deepcopy(pristine)  # one prefill per request, a copy per corruption
+            cache = copy.deepcopy(pristine)
             corrupt(name, cache, stale, foreign, chunk, source_chunk, other)
-            answer, margin = runner.continue_greedy(cache, last, steps)
+            caches.append(cache)
+        answers = runner.continue_batch(batched(caches), [last] * len(caches), steps)
+        for name, (answer, margin) in zip(corruptions, answers, strict=True):
             row = MatrixRow(name, rid, expected, tuple(answer), margin)
             rows.append(row)
             if progress is not None:

@@ -72,6 +72,7 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     # an explicit --sharedkv-settle-s is the whole settle; by default it grows with the
     # tokens LMCache must store first
     per_token = 0.0 if settings.settle_s is not None else STORE_S_PER_TOKEN
+    sharedkv_case_set.make_payloads()
     return Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
                 settings.settle_for(pair.delay_cycles), concurrency=settings.concurrency,
                 log=progress, store_s_per_token=per_token)
