@@ -6,6 +6,26 @@ when SHAREDKV_SYNC_LOG is set."""
 
 import os
 
+
+def _see_the_plugin() -> None:
+    """The hooks live in pytest_sharedkv. A launched process finds it where pytest found it
+    (installed, or the checkout on sys.path), but not where pytest ran from a checkout's
+    root (``python -m pytest_sharedkv``: found through the working directory, which a
+    ``python -c`` child does not search at start-up): then the checkout goes on sys.path,
+    last, so it shadows nothing."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("pytest_sharedkv") is None:
+        here = os.path.dirname(os.path.realpath(__file__))  # pytest_sharedkv/engine_hooks/inject
+        sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+
+
+if any(os.environ.get(name) for name in (
+        "SHAREDKV_INJECT_DELAY_CYCLES", "SHAREDKV_CORRUPT_CONTROL", "SHAREDKV_KV_AUDIT_DIR",
+        "SHAREDKV_SYNC_LOG")):
+    _see_the_plugin()
+
 if os.environ.get("SHAREDKV_INJECT_DELAY_CYCLES"):
     from pytest_sharedkv.engine_hooks.delay_hook import install
 
