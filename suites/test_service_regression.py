@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_sharedkv.config.markers import skip_not_asked
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -293,7 +295,8 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
 
 
 def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
-                  sharedkv_settings: Settings, sharedkv_results: ResultSink) -> None:
+                  sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                  request: pytest.FixtureRequest) -> None:
     """--sharedkv-kv-audit: every chunk, KV group and layer B loaded from the pool equals,
     byte for byte, what A stored (digests taken inside both engines). The sensitivity gate
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
@@ -306,7 +309,8 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
 
     pair = sharedkv_replica_pair
     if not sharedkv_settings.kv_audit:
-        pytest.skip("the in-engine KV audit is off (--sharedkv-kv-audit turns it on)")
+        skip_not_asked(request.node, "the in-engine KV audit is off (--sharedkv-kv-audit "
+                       "turns it on)")
     if pair.kv_audit_dir is None:
         pytest.skip("the KV audit runs inside launched vLLM replicas (and the stub test "
                     "double); this pair has none")
@@ -353,7 +357,8 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
 
 def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
                 sharedkv_settings: Settings, sharedkv_results: ResultSink,
-                tmp_path_factory: pytest.TempPathFactory) -> None:
+                tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+                ) -> None:
     """--sharedkv-triage: a pair that answered wrong after cross-replica hits sends its
     diverging size group again under each control, a cell with the KV audit each, and the
     controls that removed the fault name its class (one record per cell, one verdict)."""
@@ -364,15 +369,16 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
     from pytest_sharedkv.stack import kv_audit
 
     if not sharedkv_settings.triage:
-        pytest.skip("triage is off (--sharedkv-triage re-runs a diverging pair under controls)")
+        skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
+                       "pair under controls)")
     service_pass, pair = sharedkv_service_pass, sharedkv_replica_pair
     run = service_pass.ensure(PROTOCOL)
     if run.error:
         pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
     group = triage.diverging_group(run.answers, run.cases.cases, run.cases.sizes())
     if group is None:
-        pytest.skip(f"nothing to triage: {pair.description} answered every cross-replica "
-                    "request right")
+        skip_not_asked(request.node, f"nothing to triage: {pair.description} answered every "
+                       "cross-replica request right")
     cases = [c for c in run.cases.cases if c.role == "measured" and c.size == group]
     ids = {c.id for c in cases}
     report = kv_audit.audit(pair.kv_audit_dir)

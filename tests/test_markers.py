@@ -50,3 +50,26 @@ def test_bad_marker_arguments(pytester: pytest.Pytester, mark: str, message: str
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([message])
     assert "Traceback" not in result.stdout.str() and "markers.py" not in result.stdout.str()
+
+
+def test_require_gpu_fails_a_missing_device_not_an_option_left_off(
+        pytester: pytest.Pytester) -> None:
+    """--sharedkv-require-gpu turns a gated test's skip into a failure when hardware or a
+    package is missing; a skip because an option is off (the triage, the KV audit) or
+    there is nothing to do stays a skip (on an H200 "triage is off" failed a clean run)."""
+    pytester.makepyfile("""
+        import pytest
+        from pytest_sharedkv.config.markers import skip_not_asked
+
+        @pytest.mark.sharedkv_requires("pytest")  # gated, and satisfied here
+        def test_option_off(request):
+            skip_not_asked(request.node, "the audit is off")
+
+        @pytest.mark.sharedkv_requires("pytest")
+        def test_no_device():
+            pytest.skip("no CUDA device")
+    """)
+    result = pytester.runpytest("--sharedkv-require-gpu", "-p", "no:cacheprovider", "-rsf")
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*off.py:4: the audit is off"])  # at the test
+    result.stdout.fnmatch_lines(["*FAILED*test_no_device*"])

@@ -8,6 +8,7 @@ markers state what a test needs, and the plugin turns an unmet need into a preci
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pytest
 
@@ -88,9 +89,20 @@ def required_distributions(item: pytest.Item) -> tuple[str, ...]:
     return tuple(names)
 
 
+NOT_ASKED = pytest.StashKey[str]()  # why a gated test skipped by choice, not for hardware
+
+
+def skip_not_asked(node: pytest.Item, reason: str) -> NoReturn:
+    """Skip a gated test because its option is off or it has nothing to do (the triage
+    of a pair that answered right): no missing GPU, lmcache or vLLM, so
+    --sharedkv-require-gpu keeps it a skip."""
+    node.stash[NOT_ASKED] = reason
+    raise pytest.skip.Exception(reason, _use_item_location=True)  # reported at the test
+
+
 def is_gated(item: pytest.Item) -> bool:
     """True for tests whose skips --sharedkv-require-gpu must turn into failures."""
-    return (
+    return NOT_ASKED not in item.stash and (
         item.get_closest_marker(GPU_MARKER) is not None
         or item.get_closest_marker(REQUIRES_MARKER) is not None
     )
