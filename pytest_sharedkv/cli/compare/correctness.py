@@ -60,6 +60,10 @@ def _note_kind(note: dict[str, Any]) -> str | None:
 
 def _record(check: dict[str, Any]) -> str:
     key = check.get("key") or {}
+    if isinstance(key, dict):  # a request's own record names its case (in its detail)
+        detail = check.get("detail")
+        case = detail.get("case") if isinstance(detail, dict) else None
+        key = {**key, "case": case} if case is not None and "case" not in key else key
     where = ", ".join(f"{k}={v}" for k, v in key.items()) if isinstance(key, dict) else key
     return f"{check.get('tier', '?')} [{where}]"
 
@@ -138,7 +142,9 @@ def lost_tests(before: Report, after: Report) -> list[Finding]:
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
     """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
     a test that passed in BEFORE and not in AFTER is always new."""
+    from pytest_sharedkv.cli.compare.kernels import lost_kernels
+
     earlier = {f.key for f in findings(before)}
-    problems = findings(after) + lost_tests(before, after)
+    problems = lost_kernels(before, after) + findings(after) + lost_tests(before, after)
     return ([f for f in problems if f.key not in earlier],
             [f for f in problems if f.key in earlier])

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import Finding
+from pytest_sharedkv.cli.compare.kernels import kernel_line
 from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.cli.compare.speed import Change
 from pytest_sharedkv.perf.significance import MIN_PAIRS
@@ -98,7 +99,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     result = ("RESULT: FAIL: " + ", ".join(summary)) if status else \
         f"RESULT: OK: no correctness difference, no significant regression beyond {limit:.0%}"
     lines = [f"# sharedkv compare: {before.path} -> {after.path}", "",
-             f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}", "",
+             f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}",
+             kernel_line(before, after), "",
              "; ".join([result, *_noise_notes(every, limit)]), ""]
     if flags:
         lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (

@@ -1,0 +1,80 @@
+"""``compare`` between the real H200 service reports (fixtures/lmcache/h200/): the upgrade an
+operator on a torch-2.11 host makes when a newer LMCache wheel silently loses its compiled
+kernels (compiled -> fallback, LMCache 0.5.6 on both sides) must FAIL, naming the lost
+kernel path and every request that diverged; going back to the compiled path passes; a
+clean report against itself passes. The fallback report's triage is held to what it
+measured, so a reader or format change that misreads it fails here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.cli.compare.main import main
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "lmcache" / "h200"
+COMPILED = H200 / "service-0.5.6-compiled-lazy-run2.json"  # written by this plugin version
+COMPILED_CLEAN = H200 / "service-0.5.6-compiled.json"  # lazy + mixed, an older report
+FALLBACK = H200 / "service-0.5.6-fallback-lazy-triage.json"
+
+
+def _compare(capsys: pytest.CaptureFixture[str], before: Path, after: Path) -> tuple[int, str]:
+    status = main([str(before), str(after)])
+    return status, capsys.readouterr().out
+
+
+def _diverged(path: Path) -> list[str]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return sorted(c["detail"]["case"] for c in data["checks"]
+                  if c["key"].get("step") == "chain" and c["kind"] == "divergence"
+                  and c["key"].get("size") == "3k")
+
+
+def test_losing_the_compiled_kernels_fails_naming_the_path_and_every_divergent_request(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _compare(capsys, COMPILED, FALLBACK)
+    assert status == 1
+    assert "- LMCache: BEFORE LMCache 0.5.6 on compiled (lmcache.cuda_ops); AFTER LMCache " \
+        "0.5.6 on torch-fallback: ImportError:" in out
+    assert "| NEW | kernel path lost | LMCache 0.5.6 -> 0.5.6 | BEFORE ran LMCache's " \
+        "compiled kernels (lmcache.cuda_ops); AFTER runs torch-fallback" in " ".join(
+            out.split())
+    diverged = _diverged(FALLBACK)
+    assert len(diverged) == 18
+    for case in diverged:
+        assert f"step=chain, case={case}]" in out, case
+
+
+def test_back_to_the_compiled_path_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _compare(capsys, FALLBACK, COMPILED_CLEAN)
+    assert status == 0, out
+    assert "RESULT: OK: no correctness difference" in out
+
+
+def test_a_clean_report_against_itself_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _compare(capsys, COMPILED_CLEAN, COMPILED_CLEAN)
+    assert status == 0 and "RESULT: OK" in out
+
+
+def test_the_fallback_triage_is_what_the_h200_measured() -> None:
+    """LMCache 0.5.6 on its torch fallback, lazy, copy model, 3k, one H200: 18 of 200
+    cross-replica answers wrong; CUDA_LAUNCH_BLOCKING=1 (server only, and everywhere) and
+    the mixed allocator removed it, one request in flight did not; the sync control never
+    ran (its hook did not load: VOID, no verdict)."""
+    data: dict[str, Any] = json.loads(FALLBACK.read_text())
+    assert data["environment"]["lmcache"]["kernel_path"] == "torch-fallback"
+    cells = {c["key"]["step"]: (c["passed"], c["trials"], c["status"]) for c in data["checks"]
+             if c["key"].get("size") == "triage"}
+    assert cells == {"one-in-flight": (183, 200, "fail"),
+                     "launch-blocking-all": (200, 200, "pass"),
+                     "launch-blocking-server": (200, 200, "pass"),
+                     "sync-transfers": (186, 200, "unknown"),
+                     "other-allocator": (200, 200, "pass")}
+    verdict = [n["text"] for n in data["notes"] if n["kind"] == "triage-verdict"]
+    assert verdict == ["TRIAGE lazy: stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 "
+                       "in the LMCache server and both replicas, CUDA_LAUNCH_BLOCKING=1 in the "
+                       "LMCache server only) (the pass: 18 of 200 3k cross-replica answers "
+                       "wrong)"]
