@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pytest
 
-__version__ = "0.1.0"
+from pytest_sharedkv.version import __version__
+
+__all__ = ["PLUGIN_NAME", "__version__", "pytest_addhooks"]
 
 PLUGIN_NAME = "sharedkv"
 

@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv import __version__
 from pytest_sharedkv.report.run_log import RunLog
+from pytest_sharedkv.version import __version__
 
 SCHEMA = "pytest-sharedkv/1"
 

@@ -142,9 +142,7 @@ def lost_tests(before: Report, after: Report) -> list[Finding]:
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
     """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
     a test that passed in BEFORE and not in AFTER is always new."""
-    from pytest_sharedkv.cli.compare.kernels import lost_kernels
-
     earlier = {f.key for f in findings(before)}
-    problems = lost_kernels(before, after) + findings(after) + lost_tests(before, after)
+    problems = findings(after) + lost_tests(before, after)
     return ([f for f in problems if f.key not in earlier],
             [f for f in problems if f.key in earlier])

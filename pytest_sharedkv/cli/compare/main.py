@@ -12,6 +12,7 @@ from typing import NoReturn
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import differences
 from pytest_sharedkv.cli.compare.flags import flag_differences
+from pytest_sharedkv.cli.compare.kernels import lost_kernels
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, comparable, read_report
 from pytest_sharedkv.cli.compare.rendering import report_lines
 
@@ -46,6 +47,7 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
     differ, speed cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE."""
     new, old = differences(before, after)
+    new = lost_kernels(before, after) + new  # an upgrade that lost the compiled kernels
     changes, sessions = speed.changes(before.perf, after.perf)
     every = changes + sessions
     flags = flag_differences(before, after)
