@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.service_regression
 TIER = "service_regression"
+TRIAGE_HINT = ("(--sharedkv-triage re-runs this pair's diverging size group under controls "
+               "and names the class of fault)")
 
 
 def _verdict(run: ServiceRun, problems: Sequence[str] = ()) -> None:
@@ -78,7 +80,7 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: Re
 
 
 def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
-                       sharedkv_replica_pair: ReplicaPair,
+                       sharedkv_replica_pair: ReplicaPair, sharedkv_settings: Settings,
                        sharedkv_results: ResultSink) -> None:
     sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
@@ -91,6 +93,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
         pytest.fail(gated.error, pytrace=False)
     run = sharedkv_service_pass.ensure(case.size)
     failures = chain_failures(run, case)
+    hint: list[str] = []
     if failures:
         answers = {step: a.to_data() for (cid, step), a in run.answers.items()
                    if cid == case.id}
@@ -99,7 +102,10 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
             message=failures[0][:600], kind=worst_kind(kinds_of(failures), "error"),
             detail={"case": case.id, "sha256": case.sha256, "answers": answers,
                     "expected": list(case.expected or ())})
-    _verdict(run, failures)
+        if "divergence" in kinds_of(failures) and not sharedkv_settings.triage \
+                and sharedkv_replica_pair.relaunch is not None:
+            hint.append(TRIAGE_HINT)
+    _verdict(run, [*failures, *hint])
 
 
 def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,

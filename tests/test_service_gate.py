@@ -24,8 +24,10 @@ LABELS = {"provider": "vllm", "allocator": "lazy", "delay": "0"}
 
 
 def _gate(changed: int, others_exact: int, logged: int = 8) -> GateResult:
+    """LOGGED zeroed chunks (-1: none, and the hook never recorded that it loaded)."""
     return GateResult("", "", 47, copying=4, changed=changed, others=4,
-                      others_exact=others_exact, zeroed_chunks_logged=logged)
+                      others_exact=others_exact, zeroed_chunks_logged=max(logged, 0),
+                      hook_loaded=logged >= 0)
 
 
 @pytest.mark.parametrize(("changed", "others_exact", "logged", "broken", "status", "words"), [
@@ -37,6 +39,7 @@ def _gate(changed: int, others_exact: int, logged: int = 8) -> GateResult:
                               "from intact chunks changed too: the pool corrupts KV"),
     (0, 0, 8, [], CONFOUNDED, "--no-l1-use-lazy"),
     (4, 4, 0, [], VOID, "hook never zeroed a chunk"),
+    (4, 4, -1, [], VOID, "hook never loaded in the LMCache server"),
     (4, 4, 8, ["control-00"], VOID, "['control-00'] failed before any corruption"),
 ])
 def test_the_gate_is_judged_from_its_counts(changed: int, others_exact: int, logged: int,

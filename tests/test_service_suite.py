@@ -70,6 +70,8 @@ def test_planted_corruption_is_caught_and_blamed_on_the_cache(
         "divergent token 0: expected * (by construction), replica B answered * [[]*cross on B: "
         "3008 cached*; zero-hit control (same request, fresh cache_salt, replica B): right, "
         "so the fault is in cache transfer or reuse, not the model[]]",
+        "(--sharedkv-triage re-runs this pair's diverging size group under controls and "
+        "names the class of fault)",  # offered where the pair can be relaunched
     ])
     assert not _stubs_left(process_tag)
 
@@ -146,7 +148,8 @@ def test_a_gate_whose_hook_never_fires_makes_every_result_void(
     gate = next(c for c in checks if c["key"].get("size") == "gate")
     assert (gate["kind"], gate["status"]) == ("gate", "void")
     result.stdout.fnmatch_lines([
-        "*VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server*",
+        # the stub's "no-gate" fault leaves the hook out altogether
+        "*VOID: the sensitivity gate's hook never loaded in the LMCache server*",
         "*VERDICT stub (test double): VOID: *",
     ])
 

@@ -44,6 +44,18 @@ def chunks_to_zero(control: Path) -> list[int]:
     return [int(c) for c in chunks if isinstance(c, int) and c >= 0]
 
 
+def armed_path(log: str | Path) -> Path:
+    """Where the hook records that it loaded (its pid), beside the zeroed-chunk log: a gate
+    that zeroed nothing is then told apart from a hook that never loaded."""
+    return Path(f"{log}.armed")
+
+
+def log_armed(log: str | None) -> None:
+    if log:
+        with open(armed_path(log), "a", encoding="utf-8") as out:
+            out.write(f"{os.getpid()}\n")
+
+
 def log_zeroed(log: str | None, group: int, chunk: int, nbytes: int) -> None:
     if log:
         with open(log, "a", encoding="utf-8") as out:  # one short line: an atomic append
@@ -101,6 +113,7 @@ def install() -> post_import.PostImportFinder | None:
         return None
     finder = post_import.install(TARGETS, wrapper(Path(path), os.environ.get(LOG_ENV)), TAG,
                                  verb="zeroing named chunks in")
+    log_armed(os.environ.get(LOG_ENV))
     print(f"sharedkv-{TAG}: sensitivity gate armed (control file {path})", file=sys.stderr,
           flush=True)
     return finder

@@ -41,6 +41,7 @@ class GateResult:
     others: int = 0  # control requests that copy from other chunks
     others_exact: int = 0  # ... whose answer stayed exact (should be all)
     zeroed_chunks_logged: int = 0
+    hook_loaded: bool | None = None  # the server's hook recorded that it loaded (None: unknown)
     details: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -72,7 +73,10 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
     finally:
         control.unlink(missing_ok=True)
     logged = [row for row in (read_log(log) if log is not None else []) if row[1] == zeroed]
-    result = GateResult("", "", zeroed, zeroed_chunks_logged=len(logged))
+    from pytest_sharedkv.engine_hooks.corrupt_hook import armed_path
+
+    result = GateResult("", "", zeroed, zeroed_chunks_logged=len(logged),
+                        hook_loaded=armed_path(log).exists() if log is not None else None)
     broken = []
     for case in controls:
         cold = runner.run.answer(case.id, "cold")
@@ -111,6 +115,11 @@ def judge(result: GateResult, broken: list[str]) -> GateResult:
         result.status, result.message = VOID, (
             f"VOID: the sensitivity gate's control requests {broken} failed before any "
             "corruption (cold answers wrong or errors): the model or engine is broken here")
+    elif not result.zeroed_chunks_logged and result.hook_loaded is False:
+        result.status, result.message = VOID, (
+            "VOID: the sensitivity gate's hook never loaded in the LMCache server (it "
+            "recorded no start beside its log): the launched server could not import it, so "
+            "no result of this tier shows the model can see corrupted KV")
     elif not result.zeroed_chunks_logged:
         result.status, result.message = VOID, (
             "VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server "

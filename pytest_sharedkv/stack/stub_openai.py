@@ -450,6 +450,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.corrupt_control is not None and args.corrupt_log:  # as the server's hook does
+        from pytest_sharedkv.engine_hooks.corrupt_hook import log_armed
+
+        log_armed(args.corrupt_log)
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)
     server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
