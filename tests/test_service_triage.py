@@ -97,6 +97,10 @@ def test_proven_remedies_are_the_removing_cells_with_a_deployable_change() -> No
         "start the LMCache server with --no-l1-use-lazy"]
     assert any("a code change" in s and "untested" in s for s in verdict.suggestions)
     assert not classify(LAZY, _cells({})).proven  # nothing removed: nothing proven
+    cells = _cells({"other-allocator": True, "launch-blocking-all": None})
+    cells[-1].mismatches = None  # its audit compared nothing: the line says so, not "0"
+    [line] = classify(LAZY, cells).proven
+    assert line.endswith("4/4 exact, the audit compared nothing (answers only))")
 
 
 def _step(allocator: str, step: str, passed: int, status: str, size: str = "3k") -> Check:

@@ -15,7 +15,7 @@ from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.baseline import Baseline, remedies
-from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR
+from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR, audit_words
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
@@ -76,8 +76,8 @@ def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None =
     """The remedy for a diverging ALLOCATOR pair: every one a run proved, else the
     suggestion (said as one)."""
     proven = [f"{c.detail.get('remedy')} (proven by the triage cell {c.key.get('step')}: "
-              f"{c.passed}/{c.trials} exact, {c.detail.get('mismatches') or 0} mismatching "
-              "digests)" for c in checks if c.key.get("size") == "triage"
+              f"{c.passed}/{c.trials} exact, {audit_words(c.detail.get('mismatches'))})"
+              for c in checks if c.key.get("size") == "triage"
               and c.key.get("allocator") == allocator and c.status == "pass"
               and c.detail.get("remedy")]
     other = OTHER_ALLOCATOR.get(allocator)

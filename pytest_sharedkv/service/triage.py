@@ -149,6 +149,12 @@ class Verdict:
                 f"{base.requests} {base.group} cross-replica answers wrong{audit})")
 
 
+def audit_words(mismatches: object) -> str:
+    """A cell's audit as a remedy line cites it: a count, or that it compared nothing."""
+    return ("the audit compared nothing (answers only)" if mismatches is None
+            else f"{mismatches} mismatching digests")
+
+
 def _names(cells: Sequence[Cell]) -> str:
     return ", ".join(c.control.what for c in cells)
 
@@ -163,7 +169,7 @@ def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
     allocator = [c for c in removed if c.control.family == ALLOCATOR]
     blocking = by_name.get("launch-blocking-all")
     proven = tuple(f"{c.control.remedy} (proven by the triage cell {c.control.name}: "
-                   f"{c.exact}/{c.requests} exact, {c.mismatches or 0} mismatching digests)"
+                   f"{c.exact}/{c.requests} exact, {audit_words(c.mismatches)})"
                    for c in removed if c.control.remedy)
     suggestions = tuple(f"{c.control.suggestion} (the cell {c.control.name} removed the "
                         "fault; as a remedy it is untested)"
