@@ -4,18 +4,32 @@ LMCache refuses, skips (failures under --sharedkv-require-gpu) for the CUDA cell
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+# imported here, before any inner run: pytester's in-process runs then keep them loaded
+# (a module an inner run first imports is dropped after it, and torch does not import twice)
 pytest.importorskip("lmcache", reason="the packed_page suite runs LMCache's own code")
+import torch
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "packed_page", "-p", "no:cacheprovider"]
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """The inner runs are in-process; on the 2-core CI machine (two xdist workers) torch's
+    two intra-op threads per worker contend: filling the 1568-token hybrid replicas took
+    2.5-6 s on two threads, 0.7 s on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_cpu_round_trips_tables_and_xfails(pytester: pytest.Pytester,
                                            fake_gpus: Callable[[str], None]) -> None:
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         *BASE, "--sharedkv-layouts=fa-nhd-bf16,gdn-hybrid-flashinfer-1568",
         "--sharedkv-json=report.json", "-rsx")
     result.assert_outcomes(passed=6, xfailed=2, skipped=6)
@@ -37,13 +51,12 @@ def test_cpu_round_trips_tables_and_xfails(pytester: pytest.Pytester,
     server = next(c for c in hybrid if c["key"]["path"] == "server")
     assert server["detail"]["moved_pages"] == 15  # 6 attention + 3 x 3 last-of-chunk GDN
     assert "1568 tokens = 49 kernel page(s) of 32" in server["detail"]["layout"]
-    strict = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16",
-                                           "--sharedkv-require-gpu")
+    strict = pytester.runpytest(*BASE, "--sharedkv-layouts=fa-nhd-bf16", "--sharedkv-require-gpu")
     strict.assert_outcomes(passed=4, failed=3)
 
 
 def test_unknown_layout_is_a_usage_error(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=fa-nhd-bf16,nope")
+    result = pytester.runpytest(*BASE, "--sharedkv-layouts=fa-nhd-bf16,nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --sharedkv-layouts: unknown layout(s) nope; known: *"])
 
@@ -58,5 +71,5 @@ def test_extension_hook_adds_a_layout(pytester: pytest.Pytester,
                                     kv_layout="HND", dtype="float16", num_kv_heads=4,
                                     head_dim=32, block_size=32, num_layers=2))
     """)
-    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-layouts=my-engine-hnd-fp16")
+    result = pytester.runpytest(*BASE, "--sharedkv-layouts=my-engine-hnd-fp16")
     result.assert_outcomes(passed=4, skipped=3)

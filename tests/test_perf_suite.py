@@ -3,19 +3,27 @@ without a shared pool, ON two stubs sharing one, cold prefill simulated per toke
 default OFF-ON-ON-OFF blocks run and land in the JSON report under "perf"; a token count
 that drifts between blocks is refused by name; external endpoints give one block and say
 why; a bad --sharedkv-blocks is a usage error; with nothing to run on, the tier skips
-with the reason."""
+with the reason.
+
+The inner runs are in-process (the stubs are their only processes); the default screening
+runs once for the tests that read it, and the tests whose assertions count no sessions or
+windows run the suite with its smallest plan (SMALL_PLAN) and no plots."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 from pytest_sharedkv.perf.blocks import block_arms, check_tokens
-from pytest_sharedkv.perf.observations import STEPS, Observation, from_json
+from pytest_sharedkv.perf.observations import STEPS, Observation, PerfRun, from_json
 from pytest_sharedkv.perf.pairing import pair_observations
+from pytest_sharedkv.perf.plots import MISSING
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
 
@@ -23,10 +31,61 @@ from tests.stub_endpoints import external_stubs
 SUITE = str(Path(__file__).resolve().parents[1] / "suites" / "test_perf.py")
 BASE = [SUITE, "-m", "perf", "-p", "no:cacheprovider", "--sharedkv-service-sizes=3k", "-rs"]
 STUB = [*BASE, "--sharedkv-provider=stub"]
+# The shipped runner with each phase at its smallest, for tests whose assertions read no
+# session or window count: one session per placement, one window of 4 (so a warm burst
+# of 4); every phase still runs in every block. The suite is copied beside it.
+SMALL_PLAN = """
+import dataclasses
+
+import pytest
 
 
-def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str) -> None:
-    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json")
+@pytest.fixture
+def sharedkv_perf_screening(sharedkv_perf_screening):
+    runner = sharedkv_perf_screening
+    runner.plan = dataclasses.replace(runner.plan, sessions_per_placement=1, windows=(4,))
+    return runner
+"""
+
+
+def small_plan(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """BASE's arguments for the shipped suite run in-process with SMALL_PLAN and without
+    the plots (matplotlib hidden: drawing them took 4 s a run; the default run draws
+    them)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    pytester.makeconftest(SMALL_PLAN)
+    (pytester.path / "test_perf.py").write_text(Path(SUITE).read_text())
+    return ["test_perf.py", *BASE[1:]]
+
+
+@dataclass(frozen=True)
+class StubRun:
+    result: pytest.RunResult
+    run: PerfRun
+    tag: str  # the process tag the run's processes carried
+
+
+@pytest.fixture(scope="module")
+def _stub_runs() -> dict[str, StubRun]:
+    return {}
+
+
+@pytest.fixture
+def default_run(pytester: pytest.Pytester, process_tag: str,
+                _stub_runs: dict[str, StubRun]) -> StubRun:
+    """The default OFF-ON-ON-OFF screening on the stub, with user flags for vllm (recorded
+    only), run once (in-process: the stub pair are its only processes) for the tests that
+    read it."""
+    if "default" not in _stub_runs:
+        result = pytester.runpytest(*STUB, "--sharedkv-json=r.json",
+                                    "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
+        report = json.loads((pytester.path / "r.json").read_text())
+        _stub_runs["default"] = StubRun(result, from_json(report["perf"]), process_tag)
+    return _stub_runs["default"]
+
+
+def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
+    result, run = default_run.result, default_run.run
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*[[]perf[]] tests: 1 passed*",
@@ -38,8 +97,9 @@ def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str)
         "*overhead: screening wall * s / (request latencies and restarts * s) = * (limit 1.3 "
         "on a GPU; reported only here; settles 0.0 s)",
     ])
-    report = json.loads((pytester.path / "r.json").read_text())
-    run = from_json(report["perf"])
+    # the one run of this file that draws the plots (the others hide matplotlib)
+    result.stdout.fnmatch_lines(["*plots: r-perf-ttft.png, r-perf-sessions.png"]
+                                if find_spec("matplotlib") else [f"*{MISSING}*"])
     assert run.blocks == ["OFF", "ON", "ON", "OFF"]
     assert len(run.restarts_s) == 4 and run.floor is None and run.wall_s > 0
     assert run.engine["provider"] == "stub (test double)"
@@ -65,22 +125,19 @@ def test_default_blocks_on_the_stub(pytester: pytest.Pytester, process_tag: str)
         assert sorted(s.placement for s in plain) == ["alternating"] * 2 + ["fixed"] * 2
         assert all(s.turns == 6 and s.wall_s > 0 for s in sessions)
     assert pair_observations(run.observations, run.blocks).ok
-    assert not [p for p in tagged(process_tag) if "stub_openai" in p.cmdline]
+    assert not [p for p in tagged(default_run.tag) if "stub_openai" in p.cmdline]
 
 
-def test_the_engine_settings_and_every_launch_are_recorded(pytester: pytest.Pytester) -> None:
+def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun) -> None:
     """The perf arms' engine settings (CUDA graphs, the user's --sharedkv-vllm-args) and
     each block's launched processes (argv, the environment the suite set) land in the
     PerfRun, with the served model's weights and compute; on the stub double."""
-    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-blocks=1",
-                                           "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'",
-                                           "--sharedkv-json=r.json")
+    result, run = default_run.result, default_run.run
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*NOTE model: stub (test double): weights none*"])
-    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
     assert run.engine_settings["enforce_eager"] is False
     assert run.engine_settings["extra_args"] == ["--max-num-seqs", "8", "--x", "a b"]
-    assert [x["arm"] for x in run.launches] == ["OFF", "ON"]
+    assert [x["arm"] for x in run.launches] == ["OFF", "ON", "ON", "OFF"]
     for block in run.launches:
         names = [p["name"] for p in block["processes"]]
         assert names == ["stub replica A", "stub replica B"]
@@ -115,10 +172,12 @@ def sharedkv_perf_screening():
 """
 
 
-def test_a_token_count_that_drifts_is_refused_by_name(pytester: pytest.Pytester) -> None:
+def test_a_token_count_that_drifts_is_refused_by_name(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no plots: 2 s, none asserted
     pytester.makeconftest(DRIFT_CONFTEST)
     (pytester.path / "test_perf.py").write_text(Path(SUITE).read_text())
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sharedkv-json=r.json")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*4 observation(s) refused:",
@@ -183,11 +242,12 @@ def stub_endpoints() -> Iterator[str]:
         yield urls
 
 
-def test_external_endpoints_give_one_block_and_say_why(pytester: pytest.Pytester,
-                                                       stub_endpoints: str) -> None:
-    result = pytester.runpytest_subprocess(*BASE, f"--sharedkv-endpoints={stub_endpoints}",
-                                           "--sharedkv-settle-s=0.01",
-                                           "--sharedkv-json=r.json")
+def test_external_endpoints_give_one_block_and_say_why(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, stub_endpoints: str
+) -> None:
+    result = pytester.runpytest(*small_plan(pytester, monkeypatch),
+                                f"--sharedkv-endpoints={stub_endpoints}",
+                                "--sharedkv-settle-s=0.01", "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([
         "*skipped (1): external endpoints: one block as deployed was measured and reported; "
@@ -206,7 +266,7 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     requests), the test fails naming the phase, and the observations made so far are in
     the JSON report with an INCOMPLETE note; the progress lines say where time went."""
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=9")
-    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json")
+    result = pytester.runpytest(*STUB, "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
@@ -217,12 +277,14 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     assert run.wall_s > 0
 
 
-def test_the_native_arm_is_a_third_block_of_every_pair(pytester: pytest.Pytester) -> None:
+def test_the_native_arm_is_a_third_block_of_every_pair(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """--sharedkv-native-arm: OFF-ON-NATIVE per pair; on the stub NATIVE keeps a pool per
     replica (as vLLM's own offloading does), so B's cross step finds nothing of A's, and
     both treatments pair with OFF."""
-    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json",
-                                           "--sharedkv-blocks=1", "--sharedkv-native-arm")
+    result = pytester.runpytest(*small_plan(pytester, monkeypatch), "--sharedkv-provider=stub",
+                                "--sharedkv-json=r.json", "--sharedkv-blocks=1",
+                                "--sharedkv-native-arm")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*block 2 (NATIVE) done in * s*",
@@ -230,6 +292,7 @@ def test_the_native_arm_is_a_third_block_of_every_pair(pytester: pytest.Pytester
     ])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
     assert run.blocks == ["OFF", "ON", "NATIVE"]
+    assert sorted({s.placement for s in run.sessions}) == ["alternating", "fixed", "window-4"]
     assert {o.pair for o in run.observations} == {0}
     pairing = pair_observations(run.observations, run.blocks)
     assert pairing.ok
@@ -243,8 +306,8 @@ def test_a_pool_too_small_marks_the_cross_hits_partial(
     cross-replica prompt. The tier marks those requests PARTIAL and does not judge their
     size's cross ratio, instead of timing a recompute as a transfer."""
     monkeypatch.setenv("SHAREDKV_STUB_FAULT", "pool-blocks=100")  # a 3k prompt: 48 blocks
-    result = pytester.runpytest_subprocess(*STUB, "--sharedkv-json=r.json",
-                                           "--sharedkv-blocks=1")
+    result = pytester.runpytest(*small_plan(pytester, monkeypatch), "--sharedkv-provider=stub",
+                                "--sharedkv-json=r.json", "--sharedkv-blocks=1")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*VERDICT perf: cross-replica TTFT 3k ON/OFF *: NOT JUDGED (* ON requests were "

@@ -17,22 +17,27 @@ _MIX_A = 0x9E3779B1
 _MIX_B = 0x85EBCA77
 _MIX_C = 0x2C1B3C6D
 _CHUNK = 1 << 24  # fill in pieces: bounded int64 scratch on large pools
+# On CPU a piece whose int64 scratch (8 MiB) stays in cache: 16x faster than 16 Mi pieces,
+# whose fresh 128 MiB scratch per step was mostly page faults (a 1,568-token hybrid
+# replica pair took 2.9 s to fill).
+_CPU_CHUNK = 1 << 20
 
 
 def position_bytes(seed: int, pool: int, start: int, count: int,
                    device: torch.device | str = "cpu") -> torch.Tensor:
-    index = torch.arange(start, start + count, dtype=torch.int64, device=device)
-    value = index * _MIX_A + ((seed * 7919 + pool) + 1) * _MIX_B
-    value = value ^ (value >> 15)
-    value = value * _MIX_C
-    value = value ^ (value >> 12)
-    return (value & 0xFF).to(torch.uint8)
+    value = torch.arange(start, start + count, dtype=torch.int64, device=device)
+    value.mul_(_MIX_A).add_(((seed * 7919 + pool) + 1) * _MIX_B)  # in place: one scratch
+    value.bitwise_xor_(value >> 15)
+    value.mul_(_MIX_C)
+    value.bitwise_xor_(value >> 12)
+    return value.bitwise_and_(0xFF).to(torch.uint8)
 
 
 def fill_position_coded(raw: torch.Tensor, seed: int, pool: int) -> None:
     flat = raw.view(torch.uint8).view(-1)
-    for start in range(0, flat.numel(), _CHUNK):
-        count = min(_CHUNK, flat.numel() - start)
+    chunk = _CPU_CHUNK if flat.device.type == "cpu" else _CHUNK
+    for start in range(0, flat.numel(), chunk):
+        count = min(chunk, flat.numel() - start)
         flat[start:start + count] = position_bytes(seed, pool, start, count, flat.device)
 
 
