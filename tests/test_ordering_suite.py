@@ -7,12 +7,18 @@ and fake leased devices, in subprocesses, exactly as a user would invoke it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
+from tests.conftest import isolate
 
 SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
 ORDERING_NODE = "suites/test_ordering.py::test_copy_path_is_stream_ordered[sim-ordered-D2H-4KiB]"
@@ -142,26 +148,69 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
 
 
-def test_cuda_launch_blocking_gives_the_same_verdicts(pytester: pytest.Pytester,
-                                                      simulated: Callable[[str], None],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+# A target another plugin adds (its factory defined in its conftest), run beside the
+# built-in ones under CUDA_LAUNCH_BLOCKING=1.
+PLUGIN_TARGET = """
+from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+class MooncakeCopy(SimOrderedCopy):
+    description = "a third-party copy path, defined in a conftest"
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
+                            MooncakeCopy, backend="simulated"))
+"""
+
+
+@pytest.fixture(scope="module")
+def launch_blocking_run(tmp_path_factory: pytest.TempPathFactory,
+                        pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
+    """One run under CUDA_LAUNCH_BLOCKING=1 with a plugin's own target beside the built-in
+    ones (its stdout and JSON report), read by the verdict test and the plugin-target test.
+    Set up before the autouse isolation, it isolates its own environment."""
+    path = tmp_path_factory.mktemp("launch-blocking")
+    (path / "conftest.py").write_text(PLUGIN_TARGET)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, pytestconfig, tmp_path_factory)
+        monkeypatch.setenv(FAKE_GPUS_ENV, "0")
+        monkeypatch.setenv("SHAREDKV_SIMULATED_STREAMS", "1")
+        monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+        out = subprocess.run([sys.executable, "-m", "pytest", *FAST,
+                              "--sharedkv-json=report.json"], cwd=path, capture_output=True,
+                             text=True, timeout=600, check=False)
+    assert (path / "report.json").exists(), (out.stdout + out.stderr)[-3000:]
+    return out.stdout, json.loads((path / "report.json").read_text())
+
+
+def _target(nodeid: str) -> str:
+    """The copy target of an ordering test's id ([target-direction-size])."""
+    return nodeid.rsplit("[", 1)[1].rsplit("-", 2)[0]
+
+
+def _outcomes(data: dict[str, Any], plugin: bool) -> Counter[str]:
+    return Counter(t["outcome"] for t in data["tests"]
+                   if (_target(t["nodeid"]) == "mooncake-transfer") == plugin)
+
+
+def test_cuda_launch_blocking_gives_the_same_verdicts(
+        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
     """LMCache's GPU unit lane sets CUDA_LAUNCH_BLOCKING=1: every launch is synchronous, the
     delay ends before the copy starts and no ordering fault can show. The probes then run
     in a child without it, and the verdicts are those of a run without it."""
-    simulated("1")
-    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
-    result.assert_outcomes(passed=12, failed=4)
-    result.stdout.fnmatch_lines([
+    stdout, data = launch_blocking_run
+    assert _outcomes(data, plugin=False) == {"passed": 12, "failed": 4}  # the 4 built-ins
+    result = pytest.LineMatcher(stdout.splitlines())
+    result.fnmatch_lines([
         "*CUDA_LAUNCH_BLOCKING=1 in the environment: probes ran in a child without it*",
         "*probe sensitivity: sim-raw saw stale bytes in 12/12 delayed checks*",
         "*VERDICT sim-ordered [[]control[]]: stream-ordered (12/12 delayed and 12/12 undelayed*",
         "*VERDICT sim-unordered [[]under-test[]]: NOT stream-ordered: 12/12 delayed checks saw*",
     ])
-    result.stdout.no_fnmatch_line("*VOID*")
-    result.stdout.no_fnmatch_line("*Raise --sharedkv-delay-cycles*")
-    data = json.loads((pytester.path / "report.json").read_text())
-    assert len(data["checks"]) == 4 * 2 * 2 * 2
+    result.no_fnmatch_line("*VOID*")
+    result.no_fnmatch_line("*Raise --sharedkv-delay-cycles*")
+    built_in = [c for c in data["checks"] if c["key"]["target"] != "mooncake-transfer"]
+    assert len(built_in) == 4 * 2 * 2 * 2
 
 
 def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
@@ -176,27 +225,14 @@ def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
     assert "CUDA_LAUNCH_BLOCKING" in line and "--sharedkv-delay-cycles" not in line
 
 
-def test_a_plugins_own_target_reaches_the_child(pytester: pytest.Pytester,
-                                                simulated: Callable[[str], None],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    simulated("1")
-    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
-    pytester.makeconftest("""
-        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
-        from pytest_sharedkv.ordering.targets import CopyTarget
-
-        class MooncakeCopy(SimOrderedCopy):
-            description = "a third-party copy path, defined in a conftest"
-
-        def pytest_sharedkv_copy_targets(registry):
-            registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
-                                    MooncakeCopy, backend="simulated"))
-    """)
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*probes ran in a child without it*",
-                                 "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
-                                 "*a third-party copy path, defined in a conftest*"])
+def test_a_plugins_own_target_reaches_the_child(
+        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, data = launch_blocking_run
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*probes ran in a child without it*",
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
+        "*a third-party copy path, defined in a conftest*"])
 
 
 def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(
