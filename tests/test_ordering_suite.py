@@ -26,6 +26,75 @@ FAST = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cachep
         "--sharedkv-sizes=4KiB,64KiB", "--sharedkv-trials=3", "--sharedkv-delay-cycles=5e6"]
 
 
+# A target another plugin adds through the extension hook.
+EXTENSION = """
+from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("mooncake-transfer", "under-test",
+                            "a third-party copy path", SimOrderedCopy,
+                            backend="simulated"))
+"""
+# The same, its factory defined in the conftest, run under CUDA_LAUNCH_BLOCKING=1.
+PLUGIN_TARGET = """
+from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+class MooncakeCopy(SimOrderedCopy):
+    description = "a third-party copy path, defined in a conftest"
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
+                            MooncakeCopy, backend="simulated"))
+"""
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config,
+               conftest: str, **env: str) -> tuple[str, dict[str, Any]]:
+    """One simulated run of the FAST matrix with CONFTEST's target beside the built-in ones
+    (its stdout and JSON report), for the module fixtures that several tests read. Set up
+    before the autouse isolation, it isolates its own environment."""
+    path = tmp_path_factory.mktemp("shared-run")
+    (path / "conftest.py").write_text(conftest)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, config, tmp_path_factory)
+        for name, value in {FAKE_GPUS_ENV: "0", "SHAREDKV_SIMULATED_STREAMS": "1",
+                            **env}.items():
+            monkeypatch.setenv(name, value)
+        out = subprocess.run([sys.executable, "-m", "pytest", *FAST,
+                              "--sharedkv-json=report.json"], cwd=path, capture_output=True,
+                             text=True, timeout=600, check=False)
+    assert (path / "report.json").exists(), (out.stdout + out.stderr)[-3000:]
+    return out.stdout, json.loads((path / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def extended_run(tmp_path_factory: pytest.TempPathFactory,
+                 pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
+    """The matrix with the extension's target: read by the matrix test and the hook test."""
+    return shared_run(tmp_path_factory, pytestconfig, EXTENSION)
+
+
+@pytest.fixture(scope="module")
+def launch_blocking_run(tmp_path_factory: pytest.TempPathFactory,
+                        pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
+    """The matrix under CUDA_LAUNCH_BLOCKING=1 with a plugin's own target: read by the
+    verdict test and the plugin-target test."""
+    return shared_run(tmp_path_factory, pytestconfig, PLUGIN_TARGET, CUDA_LAUNCH_BLOCKING="1")
+
+
+def _target(nodeid: str) -> str:
+    """The copy target of an ordering test's id ([target-direction-size])."""
+    return nodeid.rsplit("[", 1)[1].rsplit("-", 2)[0]
+
+
+def _outcomes(data: dict[str, Any], plugin: bool) -> Counter[str]:
+    """Outcomes of the plugin's target's tests (PLUGIN) or of the built-in targets' ones."""
+    return Counter(t["outcome"] for t in data["tests"]
+                   if (_target(t["nodeid"]) == "mooncake-transfer") == plugin)
+
+
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch, fake_gpus: Callable[[str], None]
               ) -> Callable[[str], None]:
@@ -36,15 +105,16 @@ def simulated(monkeypatch: pytest.MonkeyPatch, fake_gpus: Callable[[str], None]
     return _set
 
 
-def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
-                                              simulated: Callable[[str], None]) -> None:
-    simulated("1")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
-    # 4 targets x 2 directions x 2 sizes; the unordered path fails every cell
-    result.assert_outcomes(passed=12, failed=4)
-    result.stdout.fnmatch_lines([
+def test_simulated_matrix_tables_and_verdicts(
+        extended_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, data = extended_run
+    # 4 targets x 2 directions x 2 sizes; the unordered path fails every cell (and the
+    # extension's target passes its 4: test_extension_hook_adds_a_target)
+    assert _outcomes(data, plugin=False) == {"passed": 12, "failed": 4}
+    matcher = pytest.LineMatcher(stdout.splitlines())
+    matcher.fnmatch_lines([
         "*sharedkv summary*",
-        "[[]ordering[]] tests: 12 passed, 4 failed",
+        "[[]ordering[]] tests: 16 passed, 4 failed",
         "| target*| role*| direction | size*| delay=0 | delay=5e6 |",
         "| sim-raw*| negative-control | D2H*| 4KiB*|*| 0/3*|",
         "| sim-ordered*| control*| H2D*| 64KiB*| 3/3*| 3/3*|",
@@ -56,14 +126,13 @@ def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
         "*remedy: (simulated)*",
         "*speed: * checks in * s of ordering test time = * checks/s; imposed delays sum to *",
     ])
-    result.stdout.fnmatch_lines([
+    matcher.fnmatch_lines([
         "*_ test_copy_path_is_stream_ordered[[]sim-unordered-D2H-4KiB[]] _*",
         "sim-unordered (simulated: *): NOT stream-ordered for D2H 4KiB, delay 5e6 cycles: 3/3 "
         "delayed checks saw stale bytes (first: 4096 of 4096 bytes differ, first at offset 0: "
         "expected 0x*, observed 0x*)*remedy: (simulated) queue the copy on the current stream",
     ])
-    data = json.loads((pytester.path / "report.json").read_text())
-    checks = data["checks"]
+    checks = [c for c in data["checks"] if c["key"]["target"] != "mooncake-transfer"]
     assert len(checks) == 4 * 2 * 2 * 2
     assert all(c["detail"]["simulated"] and c["detail"]["backend"] == "simulated"
                for c in checks)
@@ -110,23 +179,17 @@ def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
 
 
 def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
-                                      simulated: Callable[[str], None]) -> None:
+                                      simulated: Callable[[str], None],
+                                      extended_run: tuple[str, dict[str, Any]]) -> None:
     simulated("1")
-    pytester.makeconftest("""
-        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
-        from pytest_sharedkv.ordering.targets import CopyTarget
-
-        def pytest_sharedkv_copy_targets(registry):
-            registry.add(CopyTarget("mooncake-transfer", "under-test",
-                                    "a third-party copy path", SimOrderedCopy,
-                                    backend="simulated"))
-    """)
+    pytester.makeconftest(EXTENSION)
     listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
     assert listed.ret == 0
     listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
+    stdout, data = extended_run  # the same conftest, every target
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
 
 
 def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
@@ -146,51 +209,6 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     cpu.assert_outcomes(skipped=12)
     cpu.stdout.fnmatch_lines(["*sees no CUDA device*"])
     assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
-
-
-# A target another plugin adds (its factory defined in its conftest), run beside the
-# built-in ones under CUDA_LAUNCH_BLOCKING=1.
-PLUGIN_TARGET = """
-from pytest_sharedkv.ordering.simulated import SimOrderedCopy
-from pytest_sharedkv.ordering.targets import CopyTarget
-
-class MooncakeCopy(SimOrderedCopy):
-    description = "a third-party copy path, defined in a conftest"
-
-def pytest_sharedkv_copy_targets(registry):
-    registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
-                            MooncakeCopy, backend="simulated"))
-"""
-
-
-@pytest.fixture(scope="module")
-def launch_blocking_run(tmp_path_factory: pytest.TempPathFactory,
-                        pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
-    """One run under CUDA_LAUNCH_BLOCKING=1 with a plugin's own target beside the built-in
-    ones (its stdout and JSON report), read by the verdict test and the plugin-target test.
-    Set up before the autouse isolation, it isolates its own environment."""
-    path = tmp_path_factory.mktemp("launch-blocking")
-    (path / "conftest.py").write_text(PLUGIN_TARGET)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        isolate(monkeypatch, pytestconfig, tmp_path_factory)
-        monkeypatch.setenv(FAKE_GPUS_ENV, "0")
-        monkeypatch.setenv("SHAREDKV_SIMULATED_STREAMS", "1")
-        monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
-        out = subprocess.run([sys.executable, "-m", "pytest", *FAST,
-                              "--sharedkv-json=report.json"], cwd=path, capture_output=True,
-                             text=True, timeout=600, check=False)
-    assert (path / "report.json").exists(), (out.stdout + out.stderr)[-3000:]
-    return out.stdout, json.loads((path / "report.json").read_text())
-
-
-def _target(nodeid: str) -> str:
-    """The copy target of an ordering test's id ([target-direction-size])."""
-    return nodeid.rsplit("[", 1)[1].rsplit("-", 2)[0]
-
-
-def _outcomes(data: dict[str, Any], plugin: bool) -> Counter[str]:
-    return Counter(t["outcome"] for t in data["tests"]
-                   if (_target(t["nodeid"]) == "mooncake-transfer") == plugin)
 
 
 def test_cuda_launch_blocking_gives_the_same_verdicts(
