@@ -143,6 +143,20 @@ def test_simulated_matrix_tables_and_verdicts(
     assert {c["status"] for c in checks} == {"pass", "fail"}  # a sensitive probe voids none
 
 
+def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
+                                      simulated: Callable[[str], None],
+                                      extended_run: tuple[str, dict[str, Any]]) -> None:
+    simulated("1")
+    pytester.makeconftest(EXTENSION)
+    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
+    assert listed.ret == 0
+    listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
+    stdout, data = extended_run  # the same conftest, every target
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
+
+
 def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
                                         simulated: Callable[[str], None]) -> None:
     simulated("blocking-default-stream")
@@ -176,20 +190,6 @@ def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["ERROR: --sharedkv-targets: unknown copy target(s) nope; known:"
                               " sim-raw, sim-ordered, sim-sync-then-raw, sim-unordered"])
-
-
-def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
-                                      simulated: Callable[[str], None],
-                                      extended_run: tuple[str, dict[str, Any]]) -> None:
-    simulated("1")
-    pytester.makeconftest(EXTENSION)
-    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
-    assert listed.ret == 0
-    listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
-    stdout, data = extended_run  # the same conftest, every target
-    assert _outcomes(data, plugin=True) == {"passed": 4}
-    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
-        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
 
 
 def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
@@ -231,6 +231,16 @@ def test_cuda_launch_blocking_gives_the_same_verdicts(
     assert len(built_in) == 4 * 2 * 2 * 2
 
 
+def test_a_plugins_own_target_reaches_the_child(
+        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, data = launch_blocking_run
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*probes ran in a child without it*",
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
+        "*a third-party copy path, defined in a conftest*"])
+
+
 def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
     """Where the probe itself runs with CUDA_LAUNCH_BLOCKING set, the VOID says why and what
     to do, rather than "raise --sharedkv-delay-cycles"."""
@@ -241,16 +251,6 @@ def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
     sensitive, line = sensitivity_line([blind])
     assert not sensitive
     assert "CUDA_LAUNCH_BLOCKING" in line and "--sharedkv-delay-cycles" not in line
-
-
-def test_a_plugins_own_target_reaches_the_child(
-        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
-    stdout, data = launch_blocking_run
-    assert _outcomes(data, plugin=True) == {"passed": 4}
-    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
-        "*probes ran in a child without it*",
-        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
-        "*a third-party copy path, defined in a conftest*"])
 
 
 def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(

@@ -174,6 +174,10 @@ def test_sigterm_to_the_controller_keeps_the_report(sigterm_with_report: Signall
     assert "INTERRUPTED (KeyboardInterrupt: SIGTERM" in run.text
 
 
+def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signalled) -> None:
+    _no_worker_outlives(sigterm_with_report)
+
+
 def test_sigterm_reaches_a_controller_activated_by_reports(pytester: pytest.Pytester) -> None:
     """No --sharedkv-* option: the controller learns of sharedkv items from the workers'
     reports, and from then on SIGTERM is the Ctrl-C teardown there too."""
@@ -191,10 +195,6 @@ def _no_worker_outlives(run: Signalled) -> None:
 def test_no_worker_outlives_the_controller_killed(pytester: pytest.Pytester) -> None:
     _no_worker_outlives(signal_controller(pytester.path, signal.SIGKILL,
                                           "--sharedkv-json=t.json"))
-
-
-def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signalled) -> None:
-    _no_worker_outlives(sigterm_with_report)
 
 
 @pytest.mark.parametrize(("mark", "args", "expected"), [
