@@ -40,6 +40,13 @@ def _isolated_environment(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     """Inner pytest runs must not inherit this run's xdist identity or device binding, and
     each test gets its own machine-wide directory (leases, host budget, launch records):
     self-tests running side by side must not queue on each other's fake devices."""
+    isolate(monkeypatch, request.config, tmp_path_factory)
+
+
+def isolate(monkeypatch: pytest.MonkeyPatch, config: pytest.Config,
+            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What every test's inner runs see (also for a module-scoped fixture's inner run, set
+    up before this module's autouse fixture)."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
                  "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
@@ -47,8 +54,7 @@ def _isolated_environment(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
     # One copy-model corruption matrix per input for the whole self-test run, every xdist
     # worker and inner run alike, and never one another run computed (other code, other
     # checkout): a cache outside the run would let a changed matrix pass on old results.
-    monkeypatch.setenv(MATRIX_CACHE_ENV,
-                       str(run_directory(request.config, tmp_path_factory) / "matrix"))
+    monkeypatch.setenv(MATRIX_CACHE_ENV, str(run_directory(config, tmp_path_factory) / "matrix"))
 
 
 @pytest.fixture

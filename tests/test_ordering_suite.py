@@ -7,6 +7,9 @@ and fake leased devices, in subprocesses, exactly as a user would invoke it.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -14,10 +17,82 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
+from tests.conftest import isolate
+
 SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
 ORDERING_NODE = "suites/test_ordering.py::test_copy_path_is_stream_ordered[sim-ordered-D2H-4KiB]"
 FAST = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cacheprovider",
         "--sharedkv-sizes=4KiB,64KiB", "--sharedkv-trials=3", "--sharedkv-delay-cycles=5e6"]
+
+
+# A target another plugin adds through the extension hook.
+EXTENSION = """
+from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("mooncake-transfer", "under-test",
+                            "a third-party copy path", SimOrderedCopy,
+                            backend="simulated"))
+"""
+# The same, its factory defined in the conftest, run under CUDA_LAUNCH_BLOCKING=1.
+PLUGIN_TARGET = """
+from pytest_sharedkv.ordering.simulated import SimOrderedCopy
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+class MooncakeCopy(SimOrderedCopy):
+    description = "a third-party copy path, defined in a conftest"
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
+                            MooncakeCopy, backend="simulated"))
+"""
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, config: pytest.Config,
+               conftest: str, **env: str) -> tuple[str, dict[str, Any]]:
+    """One simulated run of the FAST matrix with CONFTEST's target beside the built-in ones
+    (its stdout and JSON report), for the module fixtures that several tests read. Set up
+    before the autouse isolation, it isolates its own environment."""
+    path = tmp_path_factory.mktemp("shared-run")
+    (path / "conftest.py").write_text(conftest)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, config, tmp_path_factory)
+        for name, value in {FAKE_GPUS_ENV: "0", "SHAREDKV_SIMULATED_STREAMS": "1",
+                            **env}.items():
+            monkeypatch.setenv(name, value)
+        out = subprocess.run([sys.executable, "-m", "pytest", *FAST,
+                              "--sharedkv-json=report.json"], cwd=path, capture_output=True,
+                             text=True, timeout=600, check=False)
+    assert (path / "report.json").exists(), (out.stdout + out.stderr)[-3000:]
+    return out.stdout, json.loads((path / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def extended_run(tmp_path_factory: pytest.TempPathFactory,
+                 pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
+    """The matrix with the extension's target: read by the matrix test and the hook test."""
+    return shared_run(tmp_path_factory, pytestconfig, EXTENSION)
+
+
+@pytest.fixture(scope="module")
+def launch_blocking_run(tmp_path_factory: pytest.TempPathFactory,
+                        pytestconfig: pytest.Config) -> tuple[str, dict[str, Any]]:
+    """The matrix under CUDA_LAUNCH_BLOCKING=1 with a plugin's own target: read by the
+    verdict test and the plugin-target test."""
+    return shared_run(tmp_path_factory, pytestconfig, PLUGIN_TARGET, CUDA_LAUNCH_BLOCKING="1")
+
+
+def _target(nodeid: str) -> str:
+    """The copy target of an ordering test's id ([target-direction-size])."""
+    return nodeid.rsplit("[", 1)[1].rsplit("-", 2)[0]
+
+
+def _outcomes(data: dict[str, Any], plugin: bool) -> Counter[str]:
+    """Outcomes of the plugin's target's tests (PLUGIN) or of the built-in targets' ones."""
+    return Counter(t["outcome"] for t in data["tests"]
+                   if (_target(t["nodeid"]) == "mooncake-transfer") == plugin)
 
 
 @pytest.fixture
@@ -30,15 +105,16 @@ def simulated(monkeypatch: pytest.MonkeyPatch, fake_gpus: Callable[[str], None]
     return _set
 
 
-def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
-                                              simulated: Callable[[str], None]) -> None:
-    simulated("1")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
-    # 4 targets x 2 directions x 2 sizes; the unordered path fails every cell
-    result.assert_outcomes(passed=12, failed=4)
-    result.stdout.fnmatch_lines([
+def test_simulated_matrix_tables_and_verdicts(
+        extended_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, data = extended_run
+    # 4 targets x 2 directions x 2 sizes; the unordered path fails every cell (and the
+    # extension's target passes its 4: test_extension_hook_adds_a_target)
+    assert _outcomes(data, plugin=False) == {"passed": 12, "failed": 4}
+    matcher = pytest.LineMatcher(stdout.splitlines())
+    matcher.fnmatch_lines([
         "*sharedkv summary*",
-        "[[]ordering[]] tests: 12 passed, 4 failed",
+        "[[]ordering[]] tests: 16 passed, 4 failed",
         "| target*| role*| direction | size*| delay=0 | delay=5e6 |",
         "| sim-raw*| negative-control | D2H*| 4KiB*|*| 0/3*|",
         "| sim-ordered*| control*| H2D*| 64KiB*| 3/3*| 3/3*|",
@@ -50,14 +126,13 @@ def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
         "*remedy: (simulated)*",
         "*speed: * checks in * s of ordering test time = * checks/s; imposed delays sum to *",
     ])
-    result.stdout.fnmatch_lines([
+    matcher.fnmatch_lines([
         "*_ test_copy_path_is_stream_ordered[[]sim-unordered-D2H-4KiB[]] _*",
         "sim-unordered (simulated: *): NOT stream-ordered for D2H 4KiB, delay 5e6 cycles: 3/3 "
         "delayed checks saw stale bytes (first: 4096 of 4096 bytes differ, first at offset 0: "
         "expected 0x*, observed 0x*)*remedy: (simulated) queue the copy on the current stream",
     ])
-    data = json.loads((pytester.path / "report.json").read_text())
-    checks = data["checks"]
+    checks = [c for c in data["checks"] if c["key"]["target"] != "mooncake-transfer"]
     assert len(checks) == 4 * 2 * 2 * 2
     assert all(c["detail"]["simulated"] and c["detail"]["backend"] == "simulated"
                for c in checks)
@@ -66,6 +141,20 @@ def test_simulated_matrix_tables_and_verdicts(pytester: pytest.Pytester,
     first = failing[0]["detail"]["mismatches"][0]
     assert set(first) == {"trial", "count", "nbytes", "first_offset", "expected", "observed"}
     assert {c["status"] for c in checks} == {"pass", "fail"}  # a sensitive probe voids none
+
+
+def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
+                                      simulated: Callable[[str], None],
+                                      extended_run: tuple[str, dict[str, Any]]) -> None:
+    simulated("1")
+    pytester.makeconftest(EXTENSION)
+    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
+    assert listed.ret == 0
+    listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
+    stdout, data = extended_run  # the same conftest, every target
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
 
 
 def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
@@ -103,26 +192,6 @@ def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
                               " sim-raw, sim-ordered, sim-sync-then-raw, sim-unordered"])
 
 
-def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
-                                      simulated: Callable[[str], None]) -> None:
-    simulated("1")
-    pytester.makeconftest("""
-        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
-        from pytest_sharedkv.ordering.targets import CopyTarget
-
-        def pytest_sharedkv_copy_targets(registry):
-            registry.add(CopyTarget("mooncake-transfer", "under-test",
-                                    "a third-party copy path", SimOrderedCopy,
-                                    backend="simulated"))
-    """)
-    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
-    assert listed.ret == 0
-    listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*"])
-
-
 def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     pytester: pytest.Pytester, fake_gpus: Callable[[str], None]
 ) -> None:
@@ -142,26 +211,34 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
 
 
-def test_cuda_launch_blocking_gives_the_same_verdicts(pytester: pytest.Pytester,
-                                                      simulated: Callable[[str], None],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_launch_blocking_gives_the_same_verdicts(
+        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
     """LMCache's GPU unit lane sets CUDA_LAUNCH_BLOCKING=1: every launch is synchronous, the
     delay ends before the copy starts and no ordering fault can show. The probes then run
     in a child without it, and the verdicts are those of a run without it."""
-    simulated("1")
-    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
-    result.assert_outcomes(passed=12, failed=4)
-    result.stdout.fnmatch_lines([
+    stdout, data = launch_blocking_run
+    assert _outcomes(data, plugin=False) == {"passed": 12, "failed": 4}  # the 4 built-ins
+    result = pytest.LineMatcher(stdout.splitlines())
+    result.fnmatch_lines([
         "*CUDA_LAUNCH_BLOCKING=1 in the environment: probes ran in a child without it*",
         "*probe sensitivity: sim-raw saw stale bytes in 12/12 delayed checks*",
         "*VERDICT sim-ordered [[]control[]]: stream-ordered (12/12 delayed and 12/12 undelayed*",
         "*VERDICT sim-unordered [[]under-test[]]: NOT stream-ordered: 12/12 delayed checks saw*",
     ])
-    result.stdout.no_fnmatch_line("*VOID*")
-    result.stdout.no_fnmatch_line("*Raise --sharedkv-delay-cycles*")
-    data = json.loads((pytester.path / "report.json").read_text())
-    assert len(data["checks"]) == 4 * 2 * 2 * 2
+    result.no_fnmatch_line("*VOID*")
+    result.no_fnmatch_line("*Raise --sharedkv-delay-cycles*")
+    built_in = [c for c in data["checks"] if c["key"]["target"] != "mooncake-transfer"]
+    assert len(built_in) == 4 * 2 * 2 * 2
+
+
+def test_a_plugins_own_target_reaches_the_child(
+        launch_blocking_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, data = launch_blocking_run
+    assert _outcomes(data, plugin=True) == {"passed": 4}
+    pytest.LineMatcher(stdout.splitlines()).fnmatch_lines([
+        "*probes ran in a child without it*",
+        "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
+        "*a third-party copy path, defined in a conftest*"])
 
 
 def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
@@ -174,29 +251,6 @@ def test_a_blind_probe_under_cuda_launch_blocking_names_the_variable() -> None:
     sensitive, line = sensitivity_line([blind])
     assert not sensitive
     assert "CUDA_LAUNCH_BLOCKING" in line and "--sharedkv-delay-cycles" not in line
-
-
-def test_a_plugins_own_target_reaches_the_child(pytester: pytest.Pytester,
-                                                simulated: Callable[[str], None],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    simulated("1")
-    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
-    pytester.makeconftest("""
-        from pytest_sharedkv.ordering.simulated import SimOrderedCopy
-        from pytest_sharedkv.ordering.targets import CopyTarget
-
-        class MooncakeCopy(SimOrderedCopy):
-            description = "a third-party copy path, defined in a conftest"
-
-        def pytest_sharedkv_copy_targets(registry):
-            registry.add(CopyTarget("mooncake-transfer", "under-test", "third party",
-                                    MooncakeCopy, backend="simulated"))
-    """)
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=mooncake-transfer")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*probes ran in a child without it*",
-                                 "*VERDICT mooncake-transfer [[]under-test[]]: stream-ordered*",
-                                 "*a third-party copy path, defined in a conftest*"])
 
 
 def test_the_probe_names_cuda_launch_blocking_when_it_is_blind_because_of_it(

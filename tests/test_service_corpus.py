@@ -112,3 +112,36 @@ def test_a_case_set_makes_a_payload_when_it_is_read(monkeypatch: pytest.MonkeyPa
     object.__setattr__(request, "sha256", "0" * 64)
     with pytest.raises(copy_corpus.CorpusError, match="does not hash to the committed"):
         _ = tampered.text
+
+
+def _reference_rule(ids: list[int], steps: int, miss: int, hidden: set[int]) -> list[int]:
+    """The copy rule written plainly (an index of every key's positions), for the fast one."""
+    from pytest_sharedkv.models.copy_rule import CONTEXT
+
+    seq, index = list(ids), {}  # type: ignore[var-annotated]
+    for j in range(CONTEXT, len(seq)):
+        if j not in hidden:
+            index.setdefault(tuple(seq[j - CONTEXT:j]), set()).add(j)
+    out = []
+    for _ in range(steps):
+        found = {seq[j] for j in index.get(tuple(seq[len(seq) - CONTEXT:]), ())}
+        seq.append(found.pop() if len(found) == 1 else miss)
+        out.append(seq[-1])
+        index.setdefault(tuple(seq[len(seq) - 1 - CONTEXT:len(seq) - 1]), set()).add(
+            len(seq) - 1)
+    return out
+
+
+def test_the_copy_rule_is_the_plain_rule_on_random_prompts() -> None:
+    """continue_ids builds its index in C (the generator runs it on ~3M tokens); on small
+    alphabets (many repeated and disagreeing keys) and hidden positions it answers as the
+    plain rule does."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        alphabet = rng.choice([2, 3, 50])
+        ids = [rng.randrange(alphabet) for _ in range(rng.randrange(5, 80))]
+        hidden = {rng.randrange(80) for _ in range(rng.randrange(4))}
+        steps = rng.randrange(20)
+        assert continue_ids(ids, steps, 99, hidden) == _reference_rule(ids, steps, 99, hidden)

@@ -2,8 +2,9 @@
 controller, however it died (SIGTERM or SIGKILL to its pid, not to its group).
 
 Each case runs an inner ``pytest -n 2`` in its own session, tagged through its environment
-(``process_tags``), waits until both workers are inside a sleeping sharedkv test, and
-signals the controller alone.
+(``process_tags``), waits until both workers are inside a sleeping sharedkv test and the
+controller has taken both setup reports, and signals the controller alone. The SIGTERM run
+with ``--sharedkv-json`` is one run, read by the report test and the worker test.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import isolate
 from tests.process_tags import TAG_ENV, Proc, tagged
 
 # Both workers hold a test; the marker makes them sharedkv items (no gate, no fixture).
@@ -34,6 +36,28 @@ import pytest
 def test_sleep(i):
     open(os.path.join(os.environ["READY_DIR"], f"{os.getpid()}-{i}"), "w").close()
     time.sleep(60)
+"""
+# The inner project's conftest: the controller marks each setup report it has taken, after
+# the plugin's own hook (from then on it knows of the sharedkv items), so the test waits on
+# that instead of a fixed second.
+CONTROLLER_MARKS = """
+import os
+import pytest
+
+CONFIG = []
+
+
+def pytest_configure(config):
+    CONFIG.append(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_logreport(report):
+    result = yield
+    if report.when == "setup" and not hasattr(CONFIG[0], "workerinput"):
+        name = "controller-" + report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+        open(os.path.join(os.environ["READY_DIR"], name), "w").close()
+    return result
 """
 
 PDEATHSIG = """
@@ -72,23 +96,29 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
+def _marks(ready: Path, prefix: str) -> int:
+    return sum(1 for p in ready.iterdir() if p.name.startswith(prefix))
+
+
 @contextlib.contextmanager
-def inner_xdist(pytester: pytest.Pytester, *args: str) -> Iterator[Inner]:
+def inner_xdist(path: Path, *args: str) -> Iterator[Inner]:
     tag = uuid.uuid4().hex
-    ready = pytester.mkdir(f"ready-{tag[:8]}")
-    pytester.makepyfile(**{f"test_slow_{tag[:8]}": SLEEPING})
+    ready = path / f"ready-{tag[:8]}"
+    ready.mkdir()
+    (path / f"test_slow_{tag[:8]}.py").write_text(SLEEPING)
+    (path / "conftest.py").write_text(CONTROLLER_MARKS)
     env = {**os.environ, TAG_ENV: tag, "READY_DIR": str(ready), "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "pytest", f"test_slow_{tag[:8]}.py", "-n", "2",
-            "-p", "no:cacheprovider", f"--basetemp={pytester.path / ('bt-' + tag[:8])}",
-            *args]
-    log = pytester.path / f"inner-{tag[:8]}.log"
+            "-p", "no:cacheprovider", f"--basetemp={path / ('bt-' + tag[:8])}", *args]
+    log = path / f"inner-{tag[:8]}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=out,
+        proc = subprocess.Popen(argv, cwd=path, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     inner = Inner(proc, tag, ready, log)
     try:
-        assert wait_for(lambda: len(list(ready.iterdir())) >= 2, 120), inner.text()[-3000:]
-        time.sleep(1.0)  # the setup reports reach the controller
+        # both workers inside a test, and their setup reports taken by the controller
+        assert wait_for(lambda: _marks(ready, "controller-") >= 2
+                        and len(list(ready.iterdir())) >= 4, 120), inner.text()[-3000:]
         yield inner
     finally:
         for p in tagged(tag):
@@ -99,42 +129,72 @@ def inner_xdist(pytester: pytest.Pytester, *args: str) -> Iterator[Inner]:
         proc.wait(timeout=30)
 
 
-def test_sigterm_to_the_controller_keeps_the_report(pytester: pytest.Pytester) -> None:
+@dataclass
+class Signalled:
+    """One inner run signalled and ended: its exit status, log, report and workers."""
+
+    returncode: int
+    text: str
+    report: Path
+    workers_before: list[Proc]
+    workers_gone: bool
+    workers_left: list[Proc]
+
+
+def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
+    with inner_xdist(path, *args) as inner:
+        workers = inner.others()
+        os.kill(inner.proc.pid, sig)
+        inner.proc.wait(timeout=60)
+        gone = wait_for(lambda: not inner.others(), 3.0)
+        return Signalled(inner.proc.returncode, inner.text(), path / "t.json", workers, gone,
+                         inner.others())
+
+
+@pytest.fixture(scope="module")
+def sigterm_with_report(tmp_path_factory: pytest.TempPathFactory,
+                        pytestconfig: pytest.Config) -> Signalled:
+    """The SIGTERM run with --sharedkv-json, once for the tests that read it (set up before
+    the autouse isolation, so it isolates its own environment)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, pytestconfig, tmp_path_factory)
+        return signal_controller(tmp_path_factory.mktemp("sigterm"), signal.SIGTERM,
+                                 "--sharedkv-json=t.json")
+
+
+def test_sigterm_to_the_controller_keeps_the_report(sigterm_with_report: Signalled) -> None:
     """The controller collects nothing under xdist, yet SIGTERM must end it as Ctrl-C does:
     the JSON report is written, incomplete, naming SIGTERM, and the summary says so."""
-    with inner_xdist(pytester, "--sharedkv-json=t.json") as inner:
-        os.kill(inner.proc.pid, signal.SIGTERM)
-        inner.proc.wait(timeout=60)
-        assert inner.proc.returncode == pytest.ExitCode.INTERRUPTED, inner.text()[-3000:]
-        report = pytester.path / "t.json"
-        assert report.exists(), inner.text()[-3000:]
-        data = json.loads(report.read_text())
-        assert data["complete"] is False
-        assert "SIGTERM" in data["interrupted"]
-        assert "INTERRUPTED (KeyboardInterrupt: SIGTERM" in inner.text()
+    run = sigterm_with_report
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.text[-3000:]
+    assert run.report.exists(), run.text[-3000:]
+    data = json.loads(run.report.read_text())
+    assert data["complete"] is False
+    assert "SIGTERM" in data["interrupted"]
+    assert "INTERRUPTED (KeyboardInterrupt: SIGTERM" in run.text
+
+
+def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signalled) -> None:
+    _no_worker_outlives(sigterm_with_report)
 
 
 def test_sigterm_reaches_a_controller_activated_by_reports(pytester: pytest.Pytester) -> None:
     """No --sharedkv-* option: the controller learns of sharedkv items from the workers'
     reports, and from then on SIGTERM is the Ctrl-C teardown there too."""
-    with inner_xdist(pytester) as inner:
-        os.kill(inner.proc.pid, signal.SIGTERM)
-        inner.proc.wait(timeout=60)
-        assert inner.proc.returncode == pytest.ExitCode.INTERRUPTED, inner.text()[-3000:]
-        assert "INTERRUPTED (KeyboardInterrupt: SIGTERM" in inner.text()
+    run = signal_controller(pytester.path, signal.SIGTERM)
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.text[-3000:]
+    assert "INTERRUPTED (KeyboardInterrupt: SIGTERM" in run.text
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_no_worker_outlives_the_controller(pytester: pytest.Pytester,
-                                           sig: signal.Signals) -> None:
-    with inner_xdist(pytester, "--sharedkv-json=t.json") as inner:
-        workers = inner.others()
-        assert len(workers) >= 2, workers
-        os.kill(inner.proc.pid, sig)
-        inner.proc.wait(timeout=60)
-        gone = wait_for(lambda: not inner.others(), 3.0)
-        assert gone, f"{len(inner.others())} worker(s) outlived the controller by 3 s: " \
-                     f"{inner.others()}\n{inner.text()[-2000:]}"
+def _no_worker_outlives(run: Signalled) -> None:
+    assert len(run.workers_before) >= 2, run.workers_before
+    assert run.workers_gone, f"{len(run.workers_left)} worker(s) outlived the controller by " \
+                             f"3 s: {run.workers_left}\n{run.text[-2000:]}"
+
+
+def test_no_worker_outlives_the_controller_killed(pytester: pytest.Pytester) -> None:
+    _no_worker_outlives(signal_controller(pytester.path, signal.SIGKILL,
+                                          "--sharedkv-json=t.json"))
 
 
 @pytest.mark.parametrize(("mark", "args", "expected"), [

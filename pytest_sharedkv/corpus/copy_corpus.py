@@ -170,7 +170,7 @@ def _unique_answer(ids: Sequence[int], source: int, recipe: CopyModelRecipe) -> 
     source and as the query), and the copy rule gives the expected answer."""
     expected = list(ids[source:source + ANSWER])
     full = list(ids) + expected
-    grams = Counter(tuple(full[i:i + CONTEXT]) for i in range(len(full) - CONTEXT + 1))
+    grams = Counter(zip(*(full[k:] for k in range(CONTEXT)), strict=False))  # every window
     for k in range(ANSWER):
         if grams[tuple(full[source + k - CONTEXT:source + k])] != 2:
             return False

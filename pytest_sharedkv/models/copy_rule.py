@@ -10,6 +10,7 @@ implements in its weights.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Container, Sequence
 
 CONTEXT = 5
@@ -25,20 +26,37 @@ def continue_ids(ids: Sequence[int], steps: int, miss: int,
     the rule calls them a miss.
     """
     seq = list(ids)
-    index: dict[tuple[int, ...], set[int]] = {}
-    for j in range(CONTEXT, len(seq)):
-        if j not in hidden:
-            index.setdefault(tuple(seq[j - CONTEXT:j]), set()).add(j)
+    # the key at position j is seq[j - CONTEXT:j] and what is copied from there is seq[j]:
+    # every gram with the token after it, built in C (the corpus generator calls this on
+    # ~3M tokens); a gram seen more than once keeps the set of its tokens
+    keys = list(zip(*(seq[k:len(seq) - 1] for k in range(CONTEXT)), strict=False))
+    tokens = seq[CONTEXT:]
+    if hidden:
+        kept = [i for i in range(len(keys)) if i + CONTEXT not in hidden]
+        keys, tokens = [keys[i] for i in kept], [tokens[i] for i in kept]
+    last: dict[tuple[int, ...], int] = dict(zip(keys, tokens, strict=True))
+    counts = Counter(keys)
+    many: dict[tuple[int, ...], set[int]] = {}
+    for key, token in zip(keys, tokens, strict=True):
+        if counts[key] > 1:
+            many.setdefault(key, set()).add(token)
+
+    def add(key: tuple[int, ...], token: int) -> None:
+        counts[key] += 1
+        if counts[key] > 1:
+            many.setdefault(key, {last[key]}).add(token)
+        last[key] = token
+
     out = []
     for _ in range(steps):
-        t = len(seq) - 1
-        context = tuple(seq[t - CONTEXT + 1:t + 1])
-        found = {seq[j] for j in index.get(context, ()) if j <= t}
-        token = found.pop() if len(found) == 1 else miss
+        context = tuple(seq[len(seq) - CONTEXT:])
+        found = many.get(context) or ({last[context]} if context in last else set())
+        token = next(iter(found)) if len(found) == 1 else miss
+        grown = tuple(seq[len(seq) - CONTEXT:]) if len(seq) >= CONTEXT else None
         seq.append(token)
         out.append(token)
-        j = len(seq) - 1
-        index.setdefault(tuple(seq[j - CONTEXT:j]), set()).add(j)
+        if grown is not None:
+            add(grown, token)
     return out
 
 
