@@ -86,8 +86,9 @@ def cuda_delay(cycles: int) -> None:
         torch.cuda._sleep(cycles)
 
 
-def log_call(name: str) -> None:
-    path = os.environ.get(LOG_ENV)
+def log_call(name: str, log_env: str = LOG_ENV) -> None:
+    """One line (pid, role, NAME) in the file LOG_ENV names, if it names one."""
+    path = os.environ.get(log_env)
     if path:
         role = os.environ.get(ROLE_ENV, "process")
         with open(path, "a", encoding="utf-8") as log:  # one short line: an atomic append
@@ -95,7 +96,8 @@ def log_call(name: str) -> None:
 
 
 def read_log(path: Path) -> Counter[str]:
-    """Delayed calls per role, from a ``SHAREDKV_INJECT_LOG`` file (empty if none ran)."""
+    """Logged calls per role, from a ``log_call`` file (``SHAREDKV_INJECT_LOG``, the sync
+    hook's ``SHAREDKV_SYNC_LOG``); empty if none ran."""
     counts: Counter[str] = Counter()
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():

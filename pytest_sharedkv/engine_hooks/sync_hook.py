@@ -5,8 +5,9 @@ If a wrong answer is a stream-ordering race (a copy read or freed before the ker
 produces it finished, on any stream), draining every stream of every device around each
 transfer removes it; a fault that persists is not ordering inside those operations. The
 targets are the delay hook's (``SHAREDKV_INJECT_TARGETS`` or its defaults). Every wrapped
-call appends a line to the log, so a cell can prove the control ran in the server (a
-control that never ran proves nothing: the cell is VOID).
+call appends a line to the log in the delay hook's format (``delay_hook.read_log`` reads
+it), so a cell can prove the control ran in the server (a control that never ran proves
+nothing: the cell is VOID).
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.engine_hooks import post_import
-from pytest_sharedkv.engine_hooks.delay_hook import ROLE_ENV, TARGETS_ENV, parse_targets
+from pytest_sharedkv.engine_hooks.delay_hook import TARGETS_ENV, log_call, parse_targets
 
 LOG_ENV = "SHAREDKV_SYNC_LOG"
 TAG = "sync"
@@ -34,18 +34,11 @@ def synchronize_all() -> None:
             torch.cuda.synchronize(index)
 
 
-def _log(name: str) -> None:
-    path = os.environ.get(LOG_ENV)
-    if path:
-        with open(path, "a", encoding="utf-8") as log:  # one short line: an atomic append
-            log.write(f"{os.getpid()}\t{os.environ.get(ROLE_ENV, 'process')}\t{name}\n")
-
-
 def wrap(name: str, fn: Callable[..., Any],
          sync: Callable[[], None] = synchronize_all) -> Callable[..., Any]:
     @functools.wraps(fn)
     def synchronized(*args: Any, **kwargs: Any) -> Any:
-        _log(name)
+        log_call(name, LOG_ENV)
         sync()
         try:
             return fn(*args, **kwargs)
@@ -53,17 +46,6 @@ def wrap(name: str, fn: Callable[..., Any],
             sync()
 
     return synchronized
-
-
-def calls(path: Path) -> dict[str, int]:
-    """Synchronized calls per process role, from a ``SHAREDKV_SYNC_LOG`` file."""
-    counts: dict[str, int] = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            parts = line.split("\t")
-            if len(parts) == 3:
-                counts[parts[1]] = counts.get(parts[1], 0) + 1
-    return counts
 
 
 def install(sync: Callable[[], None] = synchronize_all,

@@ -270,9 +270,9 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
                 cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
         _audit(cell, target, {c.id for c in cases})
         if control.sync_transfers:
-            from pytest_sharedkv.engine_hooks.sync_hook import calls
+            from pytest_sharedkv.engine_hooks.delay_hook import read_log
 
-            done = calls(target.sync_log) if target.sync_log is not None else {}
+            done = dict(read_log(target.sync_log)) if target.sync_log is not None else {}
             if not done.get("server"):
                 cell.why_unknown = ("VOID: the synchronize never ran in the LMCache server "
                                     f"(synchronized calls per process: {done or 'none'})")
