@@ -372,7 +372,6 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
     from pytest_sharedkv.service import triage
     from pytest_sharedkv.service.execute import PROTOCOL
     from pytest_sharedkv.service.runner import Runner, Salts
-    from pytest_sharedkv.stack import kv_audit
 
     if not sharedkv_settings.triage:
         skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
@@ -381,20 +380,12 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
     run = service_pass.ensure(PROTOCOL)
     if run.error:
         pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
-    group = triage.diverging_group(run.answers, run.cases.cases, run.cases.sizes())
+    group = triage.diverging_group(run)
     if group is None:
         skip_not_asked(request.node, f"nothing to triage: {pair.description} answered every "
                        "cross-replica request right")
-    cases = [c for c in run.cases.cases if c.role == "measured" and c.size == group]
-    ids = {c.id for c in cases}
-    report = kv_audit.audit(pair.kv_audit_dir)
-    faults = None
-    if report is not None and report.void is None:
-        faults = sum(1 for m in report.mismatches if m.step == "cross" and m.request in ids)
-    allocator = str(pair.labels.get("allocator", ""))
-    wrong = sum(triage._right(c, run.answer(c.id, "cross"), run.answer(c.id, "cold")) is False
-                for c in cases)
-    base = triage.Base(allocator, group, len(cases), wrong, faults)
+    base, cases = triage.base_of(run, pair, group)
+    allocator = base.allocator
     runner = service_pass.runner
 
     def runner_of(target: ReplicaPair, salts: Salts, concurrency: int) -> Runner:

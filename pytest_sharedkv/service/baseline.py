@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 TIER = "service_regression"
+# the record sizes that are not step totals (the summary's too)
 NOT_STEPS = ("gate", "session", "protocol", "model", "audit", "triage")
 
 

@@ -32,9 +32,11 @@ def _words(ids: tuple[int, ...], run: ServiceRun, case: Case) -> str:
     return _short(text_of([i for i in ids if i >= 0], CopyModelRecipe()))
 
 
-def diverged(run: ServiceRun, case: Case, answer: Answer) -> Problem | None:
-    """Why ANSWER is not the right one (a divergence), or None."""
-    cold = run.answer(case.id, "cold")
+def diverged(run: ServiceRun, case: Case, answer: Answer, cold_step: str = "cold"
+             ) -> Problem | None:
+    """Why ANSWER is not the right one (a divergence), or None: against the answer by
+    construction, else A's answer at COLD_STEP (the triage's cells have their own)."""
+    cold = run.answer(case.id, cold_step)
     if case.expected is not None:
         if answer.ids == case.expected:
             return None

@@ -14,12 +14,11 @@ from __future__ import annotations
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
-from pytest_sharedkv.service.baseline import Baseline, remedies
-from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR, audit_words
+from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, remedies
+from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR, proven_line
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
-NOT_STEPS = ("gate", "session", "protocol", "model", "audit", "triage")  # not step totals
 SUGGESTION = ("suggestion (not proven by this run; --sharedkv-triage or --sharedkv-baseline "
               "REPORT would test it): start the LMCache server with --no-l1-use-lazy, or run "
               "LMCache's compiled kernels (a build that loads against this torch)")
@@ -75,8 +74,8 @@ def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None =
                 kernel_path: str | None = None) -> str:
     """The remedy for a diverging ALLOCATOR pair: every one a run proved, else the
     suggestion (said as one)."""
-    proven = [f"{c.detail.get('remedy')} (proven by the triage cell {c.key.get('step')}: "
-              f"{c.passed}/{c.trials} exact, {audit_words(c.detail.get('mismatches'))})"
+    proven = [proven_line(str(c.detail.get("remedy")), str(c.key.get("step")), c.passed,
+                          c.trials, c.detail.get("mismatches"))
               for c in checks if c.key.get("size") == "triage"
               and c.key.get("allocator") == allocator and c.status == "pass"
               and c.detail.get("remedy")]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import Case
-from pytest_sharedkv.service.answers import Answer
+from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.steps import Step
@@ -149,10 +149,12 @@ class Verdict:
                 f"{base.requests} {base.group} cross-replica answers wrong{audit})")
 
 
-def audit_words(mismatches: object) -> str:
-    """A cell's audit as a remedy line cites it: a count, or that it compared nothing."""
-    return ("the audit compared nothing (answers only)" if mismatches is None
-            else f"{mismatches} mismatching digests")
+def proven_line(remedy: str, cell: str, exact: int, requests: int, mismatches: object
+                ) -> str:
+    """A remedy as a triage cell proved it (the verdict and the summary say it alike)."""
+    audit = ("the audit compared nothing (answers only)" if mismatches is None
+             else f"{mismatches} mismatching digests")
+    return f"{remedy} (proven by the triage cell {cell}: {exact}/{requests} exact, {audit})"
 
 
 def _names(cells: Sequence[Cell]) -> str:
@@ -168,9 +170,8 @@ def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
     concurrent = [c for c in removed if c.control.family == CONCURRENCY]
     allocator = [c for c in removed if c.control.family == ALLOCATOR]
     blocking = by_name.get("launch-blocking-all")
-    proven = tuple(f"{c.control.remedy} (proven by the triage cell {c.control.name}: "
-                   f"{c.exact}/{c.requests} exact, {audit_words(c.mismatches)})"
-                   for c in removed if c.control.remedy)
+    proven = tuple(proven_line(c.control.remedy, c.control.name, c.exact, c.requests,
+                               c.mismatches) for c in removed if c.control.remedy)
     suggestions = tuple(f"{c.control.suggestion} (the cell {c.control.name} removed the "
                         "fault; as a remedy it is untested)"
                         for c in removed if c.control.suggestion)
@@ -210,13 +211,38 @@ def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
                    f"judged ({why})", proven, suggestions)
 
 
-def _right(case: Case, answer: Answer | None, cold: Answer | None) -> bool | None:
-    """Whether the cross answer is the right one (None: the request failed)."""
+def right_answer(run: ServiceRun, case: Case, step: str = "cross", cold_step: str = "cold"
+                 ) -> bool | None:
+    """Whether CASE's answer at STEP is the right one (``checks.diverged``); None where the
+    request failed. A text-corpus answer with no cold answer to compare counts as wrong."""
+    from pytest_sharedkv.service.checks import diverged
+
+    answer, cold = run.answer(case.id, step), run.answer(case.id, cold_step)
     if answer is None or answer.error:
         return None
-    if case.expected is not None:
-        return answer.ids == case.expected
-    return cold is not None and not cold.error and answer.text == cold.text
+    if case.expected is None and (cold is None or cold.error):
+        return False
+    return diverged(run, case, answer, cold_step) is None
+
+
+def audit_count(pair: ReplicaPair, step: str, ids: set[str]) -> tuple[int | None, int]:
+    """(mismatching digests B loaded at STEP for the requests IDS, digests compared); None
+    where the pair's audit is off or compared nothing."""
+    from pytest_sharedkv.stack import kv_audit
+
+    report = kv_audit.audit(pair.kv_audit_dir)
+    if report is None or report.void is not None:
+        return None, 0
+    return sum(m.step == step and m.request in ids for m in report.mismatches), report.compared
+
+
+def base_of(run: ServiceRun, pair: ReplicaPair, group: str) -> tuple[Base, list[Case]]:
+    """The pass's own divergence in GROUP (the slice the cells send again), and its cases."""
+    cases = [c for c in run.cases.cases if c.role == "measured" and c.size == group]
+    mismatches, _ = audit_count(pair, "cross", {c.id for c in cases})
+    wrong = sum(right_answer(run, c) is False for c in cases)
+    return Base(str(pair.labels.get("allocator", "")), group, len(cases), wrong,
+                mismatches), cases
 
 
 def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups: Sequence[Case],
@@ -261,14 +287,14 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
         runner.chain(f"triage {control.name}", cases, (COLD, CROSS))
         run = runner.run
         for case in cases:
-            right = _right(case, run.answer(case.id, CROSS.name), run.answer(case.id, COLD.name))
+            right = right_answer(run, case, CROSS.name, COLD.name)
             cell.requests += 1
             cell.exact += right is True
             cell.errors += right is None
             if right is False and not cell.first_wrong:
                 answer = run.answer(case.id, CROSS.name)
                 cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
-        _audit(cell, target, {c.id for c in cases})
+        cell.mismatches, cell.compared = audit_count(target, CROSS.name, {c.id for c in cases})
         if control.sync_transfers:
             from pytest_sharedkv.engine_hooks.delay_hook import read_log
 
@@ -286,24 +312,10 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
     return cell
 
 
-def _audit(cell: Cell, pair: ReplicaPair, ids: set[str]) -> None:
-    from pytest_sharedkv.stack import kv_audit
-
-    report = kv_audit.audit(pair.kv_audit_dir)
-    if report is None or report.void is not None:
-        return  # judged on its answers alone (the summary says audit off)
-    mine = [m for m in report.mismatches if m.step == CROSS.name and m.request in ids]
-    cell.mismatches = len(mine)
-    cell.compared = report.compared
-
-
-def diverging_group(answers: dict[tuple[str, str], Answer], cases: Sequence[Case],
-                    sizes: Sequence[str]) -> str | None:
+def diverging_group(run: ServiceRun) -> str | None:
     """The first size whose cross-replica answers diverged (the slice the cells send)."""
-    for size in sizes:
-        for case in cases:
-            if case.role == "measured" and case.size == size and _right(
-                    case, answers.get((case.id, "cross")), answers.get((case.id, "cold"))
-            ) is False:
-                return size
+    for size in run.cases.sizes():
+        if any(c.role == "measured" and c.size == size and right_answer(run, c) is False
+               for c in run.cases.cases):
+            return size
     return None
