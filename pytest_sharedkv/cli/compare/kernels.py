@@ -19,14 +19,19 @@ def lmcache_of(report: Report) -> dict[str, Any] | None:
     return lmcache if isinstance(lmcache, dict) else None
 
 
-def describe(lmcache: dict[str, Any] | None) -> str:
-    if lmcache is None:
-        return "unknown (the report predates environment.lmcache)"
+def kernel_words(lmcache: dict[str, Any]) -> str:
+    """The kernel path, with the compiled extension's name or why there is none."""
     path = str(lmcache.get("kernel_path", "unknown"))
     module = f" ({lmcache['kernel_module']})" if path == COMPILED and lmcache.get(
         "kernel_module") else ""
     why = f": {str(lmcache['why'])[:160]}" if path != COMPILED and lmcache.get("why") else ""
-    return f"LMCache {lmcache.get('version') or '?'} on {path}{module}{why}"
+    return f"{path}{module}{why}"
+
+
+def describe(lmcache: dict[str, Any] | None) -> str:
+    if lmcache is None:
+        return "unknown (the report predates environment.lmcache)"
+    return f"LMCache {lmcache.get('version') or '?'} on {kernel_words(lmcache)}"
 
 
 def kernel_line(before: Report, after: Report) -> str:
@@ -42,4 +47,4 @@ def lost_kernels(before: Report, after: Report) -> list[Finding]:
         return []
     return [Finding("kernel path lost", f"LMCache {b.get('version')} -> {a.get('version')}",
                     f"BEFORE ran LMCache's compiled kernels ({b.get('kernel_module')}); "
-                    f"AFTER runs {describe(a).split(' on ', 1)[1]}")]
+                    f"AFTER runs {kernel_words(a)}")]

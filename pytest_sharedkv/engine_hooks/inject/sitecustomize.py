@@ -21,10 +21,7 @@ def _see_the_plugin() -> None:
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
 
 
-if any(os.environ.get(name) for name in (
-        "SHAREDKV_INJECT_DELAY_CYCLES", "SHAREDKV_CORRUPT_CONTROL", "SHAREDKV_KV_AUDIT_DIR",
-        "SHAREDKV_SYNC_LOG")):
-    _see_the_plugin()
+_see_the_plugin()  # this directory is on a process's path only where a hook is asked for
 
 if os.environ.get("SHAREDKV_INJECT_DELAY_CYCLES"):
     from pytest_sharedkv.engine_hooks.delay_hook import install
