@@ -173,6 +173,9 @@ def test_the_perf_engine_for_the_27b_compute_model_on_a_fake_h200(model: Path) -
     assert " ".join(flags).count("--load-format dummy --quantization fp8") == 1
     assert engine.kv_cache_bytes is not None and 34 << 30 < engine.kv_cache_bytes < 37 << 30
     assert any(n.startswith("start: both replicas together") for n in notes)
+    # vLLM refuses to start unless this share is free: the second replica starts beside
+    # the first, so one replica's share, not vLLM's default 0.9
+    assert flags[flags.index("--gpu-memory-utilization") + 1] == "0.45"
     unknown = discover(environ={FAKE_GPUS_ENV: "0"}).gpus
     engine, notes = engine_for(Settings(), model, unknown, _free_gib(unknown))
     assert engine.kv_cache_bytes is None and engine.quantization is None

@@ -322,7 +322,8 @@ def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: P
     spec = LaunchSpec(log_dir=tmp_path, engine=engine, devices=("0",))
     argv = vllm_argv(tmp_path, 8000, None, spec)
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(38 << 30)
-    assert "--gpu-memory-utilization" not in argv  # vLLM sizes nothing from free memory
+    # beside a fixed cache the utilization sizes nothing: it is vLLM's start check only
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.35"
     assert " ".join(argv).count("--load-format dummy --quantization fp8") == 1
     assert argv[-4:] == ["--max-num-seqs", "32", "--foo", "a b"]  # last: the user's win
     assert together(spec)  # one GPU, a fixed cache each: both start at once
@@ -378,3 +379,17 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     assert all("UNRELATED_CALLER_VAR" not in x["env"] for x in pair.launches)
     assert pair.engine_settings["kv_cache_bytes"] == 1 << 30
     assert started == [True]
+
+
+def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:
+    """Two engines compiling at once never share VLLM_CACHE_ROOT; the server gets none."""
+    from pytest_sharedkv.stack.providers import LaunchSpec, process_env
+
+    spec = LaunchSpec(log_dir=tmp_path, compile_cache=tmp_path / "cache")
+    a = process_env(spec, role="replica A", base={})
+    b = process_env(spec, role="replica B", base={})
+    assert (a["VLLM_CACHE_ROOT"], b["VLLM_CACHE_ROOT"]) == (
+        str(tmp_path / "cache" / "A"), str(tmp_path / "cache" / "B"))
+    assert "VLLM_CACHE_ROOT" not in process_env(spec, role="lmcache server", base={})
+    assert "VLLM_CACHE_ROOT" not in process_env(LaunchSpec(log_dir=tmp_path),
+                                                role="replica A", base={})

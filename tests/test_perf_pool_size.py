@@ -13,7 +13,8 @@ from pytest_sharedkv.models.geometry_27b import QWEN35_27B_GEOMETRY
 from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb, stored_bytes_per_token
 
 H200_X2 = 256 * 2**30
-SCREENING = {"8k": 3 * 7841, "32k": 3 * 32929}  # the H200 screening's prompt tokens
+SCREENING = {"8k": [7841] * 3, "32k": [32929] * 3}  # the H200 screening's prompt tokens
+H200 = 128 * 2**30  # the one-GPU host
 
 
 def test_a_hybrid_model_stores_every_layer_at_the_attention_page() -> None:
@@ -24,21 +25,37 @@ def test_a_hybrid_model_stores_every_layer_at_the_attention_page() -> None:
 
 
 def test_the_h200_screening_gets_a_pool_its_largest_size_fits() -> None:
-    gb, why = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2)
-    assert gb == 32.0  # 25.9 GB stored, +10%, the next power of two; was 16 from the KV
+    pool = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2)
+    gb, why = pool.gb, pool.why
+    # 25.9 GB stored, +10%, the next power of two; was 16 from the KV
+    assert gb == 32.0 and pool.one_by_one == ()
     assert "25.9 GB at 262,144 bytes a token" in why and "capped" not in why
-    assert pool_size_gb(QWEN35_27B_GEOMETRY, {"8k": 3 * 7841}, host_bytes=H200_X2)[0] == \
+    assert pool_size_gb(QWEN35_27B_GEOMETRY, {"8k": [7841] * 3}, host_bytes=H200_X2).gb == \
         MINIMUM_GB
 
 
 def test_a_small_host_caps_the_pool_and_says_what_to_expect() -> None:
-    gb, why = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=24 * 2**30)
+    pool = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=24 * 2**30)
+    gb, why = pool.gb, pool.why
     assert gb == 8.0 and "capped at 8 GB" in why and "PARTIAL" in why
 
 
+def test_128k_on_the_one_gpu_host_runs_request_by_request() -> None:
+    """Three 128k prompts store 103 GB together, over the 64 GB cap of a 128 GiB host; one
+    stores 34 GB, which the cap holds: 128k runs request by request in a 64 GB pool, the
+    smaller sizes together. Where even one request is too large, PARTIAL hits are said."""
+    sizes = {**SCREENING, "128k": [131_041] * 3}
+    pool = pool_size_gb(QWEN35_27B_GEOMETRY, sizes, host_bytes=H200)
+    assert pool.gb == 64.0 and pool.one_by_one == ("128k",), pool
+    assert "128k runs request by request (103.1 GB together, 34.4 GB each" in pool.why
+    assert "PARTIAL" not in pool.why
+    huge = pool_size_gb(QWEN35_27B_GEOMETRY, {"256k": [262_113] * 3}, host_bytes=H200)
+    assert huge.gb == 64.0 and huge.one_by_one == () and "PARTIAL" in huge.why
+
+
 def test_an_unknown_geometry_gets_the_minimum_and_says_why() -> None:
-    gb, why = pool_size_gb({"layer_types": ["full_attention"]}, SCREENING,
-                           host_bytes=H200_X2)
+    pool = pool_size_gb({"layer_types": ["full_attention"]}, SCREENING, host_bytes=H200_X2)
+    gb, why = pool.gb, pool.why
     assert gb == MINIMUM_GB and "geometry is unknown" in why
 
 
@@ -53,14 +70,14 @@ def test_the_screening_sizes_its_pool_from_its_own_payloads(
     (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
     words = payloads.word_generator(1568)
     both = payloads.build(payloads.WORDS, ("8k", "32k"), 1568, words, sessions=1)
-    assert _pool_size(tmp_path, both)[0] == 32.0
+    assert _pool_size(tmp_path, both).gb == 32.0
     small = payloads.build(payloads.WORDS, ("8k",), 1568, words, sessions=1)
-    assert _pool_size(tmp_path, small)[0] == MINIMUM_GB
+    assert _pool_size(tmp_path, small).gb == MINIMUM_GB
     (tmp_path / "config.json").write_text("{}")
-    assert _pool_size(tmp_path, both)[0] == MINIMUM_GB
+    assert _pool_size(tmp_path, both).gb == MINIMUM_GB
     (tmp_path / "config.json").unlink()
-    gb, why = _pool_size(tmp_path, both)
-    assert gb == MINIMUM_GB and "no config.json" in why
+    pool = _pool_size(tmp_path, both)
+    assert pool.gb == MINIMUM_GB and "no config.json" in pool.why
 
 
 def test_the_floor_line_says_what_a_full_hit_moves(

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_sharedkv.perf.blocks import block_arms, check_tokens
+from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms, check_tokens
 from pytest_sharedkv.perf.observations import STEPS, Observation, PerfRun, from_json
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.plots import MISSING
@@ -213,6 +214,43 @@ def test_token_checks_and_block_order() -> None:
     assert block_arms(2) == ("OFF", "ON", "ON", "OFF")
     assert block_arms(3) == ("OFF", "ON", "ON", "OFF", "OFF", "ON")
     assert block_arms(2, native=True) == ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF")
+
+
+class _Order(BlockRunner):
+    """Records each request's (step, request) and each settle instead of sending them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[str, str]] = []
+
+    def _restart(self, arm: str) -> None:
+        pass
+
+    def _settle(self, tokens: int) -> None:
+        self.sent.append(("settle", str(tokens)))
+
+    def _request(self, block: int, arm: str, step: str, replica: str, payload: Any,
+                 request: str, warmup: bool = False, salt_key: str | None = None) -> None:
+        self.sent.append((step, request))
+
+
+def test_a_size_the_pool_cannot_hold_together_runs_request_by_request() -> None:
+    """8k: every cold, every local, one settle, every cross; 128k (in one_by_one): each
+    request's cold, local, settle, cross and receiver-local before the next one's cold."""
+    from pytest_sharedkv.perf.payloads import Payload, PayloadSet
+
+    requests = [Payload(f"{size}-{i}", size, "w", "ab" * 32, n)
+                for size, n in (("8k", 10), ("128k", 100)) for i in range(2)]
+    runner = _Order(lambda arm: None, PayloadSet("words", requests, [], [], "test"),
+                    Plan(arms=("ON",), provider="stub", windows=(), sessions_per_placement=0,
+                         one_by_one=frozenset({"128k"})), str, model_digest="t", engine={})
+    runner._blocks()
+    steps = [f"{a}:{b}" for a, b in runner.sent]
+    assert steps == [
+        "cold:8k-0", "cold:8k-1", "local:8k-0", "local:8k-1", "settle:20", "cross:8k-0",
+        "cross:8k-1", "receiver-local:8k-0", "receiver-local:8k-1",
+        "cold:128k-0", "local:128k-0", "settle:100", "cross:128k-0", "receiver-local:128k-0",
+        "cold:128k-1", "local:128k-1", "settle:100", "cross:128k-1", "receiver-local:128k-1"]
 
 
 @pytest.mark.parametrize(("value", "problem"), [

@@ -19,6 +19,7 @@ load settings; the digest covers all three.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -147,7 +148,10 @@ def kv_budget_bytes(free_gib: Sequence[float], replicas_per_gpu: int, weights_gi
            f"replica(s) - {weights_gib:.2f} GiB weights - {OVERHEAD_GIB:g} GiB overhead")
     if kv < 1.0:
         return None, f"no room for a KV cache ({how} = {kv:.1f} GiB)"
-    return int(kv * (1 << 30)), f"{kv:.2f} GiB each ({how})"
+    # whole GiB: the budget is in the argv, and two runs' flags must agree to be compared
+    # or merged; a few MiB more or less free must not change them
+    whole = math.floor(kv)
+    return whole << 30, f"{whole} GiB each ({how} = {kv:.2f}, rounded down)"
 
 
 def choose(free_gib: Sequence[float | None], pair_gpus: int) -> tuple[str, str]:

@@ -5,11 +5,12 @@ Each block (re)starts the replica pair in its arm (the restart's wall time is re
 sends warm-ups (recorded, flagged: each warm-up payload on A and on B, then one burst as
 wide as the widest window), then per size the four steps in order: cold on A,
 local on A, ONE settle (LMCache stores asynchronously; a settle per size, not per
-request), cross on B, receiver-local on B; requests go one at a time, so each TTFT is a
-request's own. Then six-turn sessions, two at once, all turns on A (fixed) or alternating
-A, B, A, ... (a settle before each turn that changes replica; a session's wall time is the
-sum of its turns, settles aside), and short windows of 4 and 8 alternating sessions at
-once (throughput screening; those sessions are named ``w<N>/...``).
+request), cross on B, receiver-local on B; a size whose requests the pool cannot hold
+together goes through the four steps one request at a time. Requests go one at a time,
+so each TTFT is a request's own. Then six-turn sessions, two at once, all turns on A
+(fixed) or alternating A, B, A, ... (a settle before each turn that changes replica; a
+session's wall time is the sum of its turns, settles aside), and short windows of 4 and
+8 alternating sessions at once (throughput screening; those sessions are named ``w<N>/...``).
 
 External endpoints cannot be restarted into arms: they give one block, as deployed.
 """
@@ -67,6 +68,9 @@ class Plan:
     restartable: bool = True  # False: external endpoints, one block as deployed
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"ignore_eos": True}
     timeout_s: float = 600.0
+    # sizes whose requests run their four steps one request at a time: the pool holds one
+    # of them, not all (pool_size.PoolSize.one_by_one)
+    one_by_one: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -152,13 +156,17 @@ class BlockRunner:
         done(2 * len(self.payloads.warmups) + self._warm_burst(block, arm))
         for size in self.payloads.sizes():
             group = self.payloads.of_size(size)
-            for step in STEPS:
-                done = self._phase(block, arm, f"{size} {step.name}")
-                if step.name == "cross":
-                    self._settle(sum(prompt_size(p.prompt_tokens, p.text) for p in group))
-                for payload in group:
-                    self._request(block, arm, step.name, step.replica, payload, payload.id)
-                done(len(group))
+            batches = [[p] for p in group] if size in self.plan.one_by_one else [group]
+            for batch in batches:
+                what = size if len(batches) == 1 else batch[0].id
+                for step in STEPS:
+                    done = self._phase(block, arm, f"{what} {step.name}")
+                    if step.name == "cross":
+                        self._settle(sum(prompt_size(p.prompt_tokens, p.text) for p in batch))
+                    for payload in batch:
+                        self._request(block, arm, step.name, step.replica, payload,
+                                      payload.id)
+                    done(len(batch))
         for placement in PLACEMENTS:
             sessions = self.payloads.sessions[:self.plan.sessions_per_placement]
             done = self._phase(block, arm, f"{placement} sessions")
@@ -263,7 +271,7 @@ class BlockRunner:
         walls = [0.0] * len(sessions)
         group = 0.0
         with ThreadPoolExecutor(max_workers=max(len(sessions), 1)) as pool:
-            for t in range(min(len(s.turns) for s in sessions)):
+            for t in range(min((len(s.turns) for s in sessions), default=0)):
                 if t and order[t % len(order)] != order[(t - 1) % len(order)]:
                     self._settle(max(s.turns[t - 1].prompt_tokens or 0 for s in sessions))
                 started = time.perf_counter()

@@ -6,6 +6,7 @@ light: this module loads with the plugin in every pytest run."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.blocks import BlockRunner
     from pytest_sharedkv.perf.observations import Floor, PerfRun
     from pytest_sharedkv.perf.payloads import PayloadSet
+    from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import EngineSettings
@@ -231,6 +233,7 @@ class _Setup:
     max_tokens: int = 32
     max_model_len: int = 4096
     l1_size_gb: float = 8.0  # the ON arm's pool; vllm: sized to the payloads (pool_size_gb)
+    one_by_one: tuple[str, ...] = ()  # sizes run request by request (the pool holds one)
     settle_s: float = 0.5
     store_s_per_token: float | None = None  # None: LMCache's store time (blocks.py)
     extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
@@ -302,10 +305,26 @@ def engine_for(settings: Settings, model: Path, gpus: Sequence[Gpu],
                      f"memory; no explicit KV cache: {kv_why})")
     engine = replace(PERF_ENGINE, load_format=load_format, quantization=quantization,
                      kv_cache_bytes=kv_bytes, extra_args=settings.vllm_args)
+    if kv_bytes is not None:
+        engine = replace(engine, gpu_memory_utilization=_start_share(gpus, free_gib))
     notes.append("engine: " + " ".join(engine.flags()) + " (CUDA graphs: no --enforce-eager)"
                  + (f"; user flags: {' '.join(settings.vllm_args)}" if settings.vllm_args
                     else ""))
     return engine, notes
+
+
+def _start_share(gpus: Sequence[Gpu], free_gib: Sequence[float | None]) -> float:
+    """--gpu-memory-utilization beside an explicit KV cache: vLLM then sizes nothing from
+    it, but refuses to start unless free memory is at least that share of the total, and
+    the second replica of a pair looks after the first has taken its part. One replica's
+    share of the least free GPU (two on one GPU), as a share of its total, rounded down."""
+    from pytest_sharedkv.models.compute_model import USABLE_SHARE
+
+    per_gpu = 1 if len(gpus) > 1 else 2
+    shares = [f / (g.total_mib / 1024) for g, f in zip(gpus, free_gib, strict=False)
+              if f is not None and g.total_mib]
+    free_share = min(shares, default=1.0)
+    return math.floor(100 * USABLE_SHARE * min(free_share, 1.0) / per_gpu) / 100
 
 
 def _kv_budget(settings: Settings, model: Path, gpus: Sequence[Gpu],
@@ -378,7 +397,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
             log_dir=log_root / f"{arm}-{time.monotonic_ns()}", allocator="mixed", model=model,
             devices=devices, arm=arm, gate=False, chunk_size=chunk,
             max_model_len=setup.max_model_len,  # these two are set once the payloads
-            l1_size_gb=setup.l1_size_gb, engine=engine))  # are known
+            l1_size_gb=setup.l1_size_gb, engine=engine,  # are known
+            compile_cache=log_root / "vllm-cache"))
 
     # 16 tokens: 15 decode intervals a request; on the H200 a 64-layer engine in eager mode
     # spent 293 s on the first OFF block of 124 requests at 32 (Triton JIT included)
@@ -434,8 +454,9 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                             setup.max_tokens)
     setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     if provider is Provider.VLLM and setup.model is not None:
-        setup.l1_size_gb, why = _pool_size(setup.model, payload_set)
-        setup.notes.append(f"pool: {setup.l1_size_gb:g} GB of LMCache L1 in the ON arm ({why})"
+        pool = _pool_size(setup.model, payload_set)
+        setup.l1_size_gb, setup.one_by_one = pool.gb, pool.one_by_one
+        setup.notes.append(f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
                            + (f"; the NATIVE arm offloads to {setup.l1_size_gb:g} GB on each "
                               "replica (vLLM's own, not shared)" if "NATIVE" in setup.arms
                               else ""))
@@ -444,6 +465,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait
     plan = Plan(arms=setup.arms, provider=provider.value, max_tokens=setup.max_tokens,
                 settle_s=settle, extra=setup.extra, restartable=provider is not Provider.EXTERNAL,
+                one_by_one=frozenset(setup.one_by_one),
                 store_s_per_token=STORE_S_PER_TOKEN if per_token is None else per_token)
     engine = _versions(provider.value if provider is not Provider.STUB else "stub (test double)",
                        _gpu_name(request.node))
@@ -460,18 +482,18 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     return runner
 
 
-def _pool_size(model: Path, payload_set: PayloadSet) -> tuple[float, str]:
+def _pool_size(model: Path, payload_set: PayloadSet) -> PoolSize:
     """The ON arm's pool for these payloads (pool_size.pool_size_gb)."""
     from pytest_sharedkv.corpus.cases import prompt_size
     from pytest_sharedkv.models.config_file import ModelConfigError, read_config
-    from pytest_sharedkv.perf.pool_size import MINIMUM_GB, pool_size_gb
+    from pytest_sharedkv.perf.pool_size import MINIMUM_GB, PoolSize, pool_size_gb
 
     try:
         config = read_config(model)
     except ModelConfigError as exc:
-        return MINIMUM_GB, f"no config.json to size it from ({exc}): the minimum"
-    tokens = {size: sum(prompt_size(p.prompt_tokens, p.text)
-                        for p in payload_set.of_size(size)) for size in payload_set.sizes()}
+        return PoolSize(MINIMUM_GB, f"no config.json to size it from ({exc}): the minimum")
+    tokens = {size: [prompt_size(p.prompt_tokens, p.text) for p in payload_set.of_size(size)]
+              for size in payload_set.sizes()}
     return pool_size_gb(config, tokens)
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_sharedkv.perf.floor import FloorError, kv_geometry, layer_counts
@@ -45,27 +46,54 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, int], *,
-                 host_bytes: int | None = None) -> tuple[float, str]:
-    """(GB, why): a pool that keeps every request of the largest size until its
-    cross-replica step (that step comes after the size's cold and local steps, so a
-    smaller pool evicts what B should hit and times a recompute as a transfer): their
-    stored bytes plus MARGIN, a power of two (torch rounds pinned requests up to one),
-    at least MINIMUM_GB, at most HOST_SHARE of the host's memory (then the text says the
-    largest size may not fit)."""
+@dataclass(frozen=True)
+class PoolSize:
+    """The ON arm's pool and how a screening must use it: ``one_by_one`` names the sizes
+    whose requests do not fit the pool together, so each request runs its four steps
+    before the next one's cold step (the pool then needs to hold one of them)."""
+
+    gb: float
+    why: str
+    one_by_one: tuple[str, ...] = ()
+
+
+def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequence[int]], *,
+                 host_bytes: int | None = None) -> PoolSize:
+    """A pool that keeps what each size's cross-replica step must find (that step comes
+    after the cold and local steps, so a smaller pool evicts what B should hit and times a
+    recompute as a transfer): a size's requests together, or one at a time where together
+    they exceed HOST_SHARE of the host's memory; their stored bytes plus MARGIN, a power of
+    two (torch rounds pinned requests up to one), at least MINIMUM_GB, at most the host
+    cap (then the text says the largest size may not fit)."""
     try:
         per_token = stored_bytes_per_token(config)
     except FloorError as exc:
-        return MINIMUM_GB, f"the geometry is unknown ({exc}): the minimum"
-    need = max(tokens_per_size.values(), default=0) * per_token
-    gb = MINIMUM_GB if need <= 0 else max(MINIMUM_GB,
-                                          2.0 ** math.ceil(math.log2(need * MARGIN / 1e9)))
-    why = (f"the largest size's requests store {need / 1e9:.1f} GB at {per_token:,} bytes a "
-           "token as the engine lays the KV out")
+        return PoolSize(MINIMUM_GB, f"the geometry is unknown ({exc}): the minimum")
     host = host_memory_bytes() if host_bytes is None else host_bytes
-    if host:
-        cap = 2.0 ** math.floor(math.log2(host * HOST_SHARE / 1e9))
-        if gb > cap:
-            return max(cap, MINIMUM_GB), (f"{why}; capped at {cap:g} GB, half this host's "
-                                          "memory: expect PARTIAL cross-replica hits")
-    return gb, why
+    cap = 2.0 ** math.floor(math.log2(host * HOST_SHARE / 1e9)) if host else None
+
+    def pool_gb(stored: float) -> float:
+        return MINIMUM_GB if stored <= 0 else max(
+            MINIMUM_GB, 2.0 ** math.ceil(math.log2(stored * MARGIN / 1e9)))
+
+    together = {size: sum(counts) * per_token for size, counts in tokens_per_size.items()}
+    single = {size: max(counts, default=0) * per_token
+              for size, counts in tokens_per_size.items()}
+    one_by_one = tuple(size for size in tokens_per_size if cap is not None
+                       and pool_gb(together[size]) > cap and pool_gb(single[size]) <= cap)
+    need = max((single[s] if s in one_by_one else together[s] for s in tokens_per_size),
+               default=0)
+    largest = max(together, key=lambda s: together[s], default=None)
+    why = (f"the largest size's requests store {together[largest] / 1e9:.1f} GB at "
+           f"{per_token:,} bytes a token as the engine lays the KV out"
+           if largest is not None else "no requests")
+    if one_by_one:
+        why += "; " + ", ".join(
+            f"{size} runs request by request ({together[size] / 1e9:.1f} GB together, "
+            f"{single[size] / 1e9:.1f} GB each; the host cap is {cap:g} GB)"
+            for size in one_by_one)
+    gb = pool_gb(need)
+    if cap is not None and gb > cap:
+        return PoolSize(max(cap, MINIMUM_GB), f"{why}; capped at {cap:g} GB, half this "
+                        "host's memory: expect PARTIAL cross-replica hits", one_by_one)
+    return PoolSize(gb, why, one_by_one)

@@ -53,6 +53,8 @@ class EngineSettings:
     an explicit ``--kv-cache-memory-bytes`` per replica (both replicas can then start
     together on one GPU: no profiling of each other's memory); None: vLLM sizes its cache
     from ``gpu_memory_utilization`` and the replicas start one after the other.
+    ``gpu_memory_utilization`` is passed either way: beside an explicit cache it sizes
+    nothing, but vLLM refuses to start unless that share of the GPU is free.
     ``load_format``/``quantization``: a weightless model's (``--load-format dummy``).
     ``extra_args``: the user's own (``--sharedkv-vllm-args``), appended last."""
 
@@ -71,10 +73,9 @@ class EngineSettings:
         argv = ["--max-num-seqs", str(self.max_num_seqs)]
         if self.enforce_eager:
             argv.append("--enforce-eager")
-        if self.kv_cache_bytes is not None:
+        if self.kv_cache_bytes is not None:  # the utilization is then a start check only
             argv += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
-        else:
-            argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.load_format is not None:
             argv += ["--load-format", self.load_format]
         if self.quantization is not None:
@@ -151,6 +152,10 @@ class LaunchSpec:
     server_env: tuple[tuple[str, str], ...] = ()
     replica_env: tuple[tuple[str, str], ...] = ()
     sync_transfers: bool = False
+    # each replica's VLLM_CACHE_ROOT (compiled graphs) is <compile_cache>/<A|B>: two engines
+    # compiling at once never write one directory, and the next block's start of a replica
+    # finds what it compiled; None: vLLM's default (~/.cache/vllm)
+    compile_cache: Path | None = None
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -204,6 +209,8 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
             hooked = True
     elif role.startswith("replica "):
         env.update(spec.replica_env)
+        if spec.compile_cache is not None:
+            env["VLLM_CACHE_ROOT"] = str(spec.compile_cache / role.removeprefix("replica "))
     if spec.kv_audit and role.startswith("replica "):
         env[kv_audit_hook.DIR_ENV] = str(audit_dir(spec.log_dir))
         env[kv_audit_hook.ROLE_ENV] = role.removeprefix("replica ")
