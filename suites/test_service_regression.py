@@ -373,14 +373,16 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
     from pytest_sharedkv.service.execute import PROTOCOL
     from pytest_sharedkv.service.runner import Runner, Salts
 
-    if not sharedkv_settings.triage:
-        skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
-                       "pair under controls)")
     service_pass, pair = sharedkv_service_pass, sharedkv_replica_pair
     run = service_pass.ensure(PROTOCOL)
+    group = None if run.error else triage.diverging_group(run)
+    if not sharedkv_settings.triage:  # said only where there was something to triage
+        skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
+                       "pair under controls)" if group is not None or run.error else
+                       f"nothing to triage: {pair.description} answered every cross-replica "
+                       "request right")
     if run.error:
         pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
-    group = triage.diverging_group(run)
     if group is None:
         skip_not_asked(request.node, f"nothing to triage: {pair.description} answered every "
                        "cross-replica request right")

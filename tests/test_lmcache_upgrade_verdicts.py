@@ -16,7 +16,9 @@ import pytest
 from pytest_sharedkv.cli.compare.main import main
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "lmcache" / "h200"
-COMPILED = H200 / "service-0.5.6-compiled-lazy-run2.json"  # written by this plugin version
+# lazy, audit on, gate proven: written by this plugin version
+COMPILED = H200 / "service-0.5.6-compiled-lazy-audit.json"
+COMPILED_VOID = H200 / "service-0.5.6-compiled-lazy-run2.json"  # its hooks did not load
 COMPILED_CLEAN = H200 / "service-0.5.6-compiled.json"  # lazy + mixed, an older report
 FALLBACK = H200 / "service-0.5.6-fallback-lazy-triage.json"
 
@@ -78,3 +80,36 @@ def test_the_fallback_triage_is_what_the_h200_measured() -> None:
                        "in the LMCache server and both replicas, CUDA_LAUNCH_BLOCKING=1 in the "
                        "LMCache server only) (the pass: 18 of 200 3k cross-replica answers "
                        "wrong)"]
+
+
+def test_the_compiled_run_proves_the_compiled_kernels_remedy_and_a_void_one_proves_none(
+        ) -> None:
+    """Given as --sharedkv-baseline to the fallback run, the compiled lazy report (200/200
+    exact, its audit's only mismatches the gate's own, the gate proven) proves the
+    compiled-kernels remedy for the fallback's lazy pair; the run whose hooks did not load
+    (gate and audit VOID) proves nothing; neither proves the other allocator (lazy only)."""
+    from pytest_sharedkv.service.baseline import read_baseline, remedies
+
+    clean = read_baseline(COMPILED)
+    assert clean.kernel_path == "compiled" and clean.pair("lazy") is not None
+    assert remedies(clean, "lazy", "torch-fallback") == [
+        "run LMCache's compiled kernels, a build that loads against this torch (proven by "
+        "the baseline service-0.5.6-compiled-lazy-audit.json: LMCache 0.5.6 on compiled "
+        "(lmcache.cuda_ops): the lazy pair answered 200/200 cross-replica requests exact)"]
+    assert remedies(clean, "lazy", "compiled") == []  # no kernel path to gain
+    assert remedies(read_baseline(COMPILED_VOID), "lazy", "torch-fallback") == []
+
+
+def test_the_compiled_lazy_audit_is_what_the_h200_measured() -> None:
+    """LMCache 0.5.6 with cuda_ops built against torch 2.11, lazy, copy model, 3k, audit on:
+    every step 200/200, and the audit's 8 mismatching digests are the gate's zeroed chunk in
+    its 8 control requests (a positive control, not a fault)."""
+    data: dict[str, Any] = json.loads(COMPILED.read_text())
+    assert data["environment"]["lmcache"]["kernel_path"] == "compiled"
+    steps = {c["key"]["step"]: (c["passed"], c["trials"]) for c in data["checks"]
+             if c["key"].get("size") == "3k" and c["key"].get("step") != "chain"}
+    assert steps == {s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    audit = next(c for c in data["checks"] if c["kind"] == "audit-mismatch")
+    assert audit["status"] == "pass" and audit["detail"]["compared"] == 21246
+    gate = next(c for c in data["checks"] if c["key"].get("size") == "gate")
+    assert gate["status"] == "pass"

@@ -64,3 +64,33 @@ def test_no_interval_is_said_once_under_each_table_not_in_every_row() -> None:
     three = report_lines(analyse(from_json(json.loads(screening.read_text())["perf"])))
     assert not [line for line in three if line.startswith("no interval")]
     assert sum("| 95% interval " in line for line in three) == 12 + 4
+
+
+def test_the_real_compute_screening_analyses_as_printed() -> None:
+    """The 27b-compute screening on one H200 (CUDA graphs, compiled LMCache): the cross
+    medians the GPU printed, every ON cross-replica request a full pool hit, the engine
+    flags that shaped them in the report, and the layout floor's column once the stored
+    bytes are known (the report predates the field)."""
+    from dataclasses import replace
+
+    from pytest_sharedkv.perf.tables import floor_table
+
+    run = _run("perf-27b-compiled-s1")
+    assert run.blocks == ["OFF", "ON"] and run.model["kind"] == "27b-compute"
+    assert run.engine_settings["enforce_eager"] is False
+    assert run.engine_settings["kv_cache_bytes"] == 35 << 30
+    argv = run.launches[1]["processes"][1]["argv"]
+    assert "--enforce-eager" not in argv and "--quantization" in argv
+    analysis = analyse(run)
+    expected = {("128k", "OFF", "cross"): 13.922, ("128k", "ON", "cross"): 0.801,
+                ("32k", "ON", "cross"): 0.210, ("8k", "ON", "cross"): 0.073}
+    for (size, arm, step), median in expected.items():
+        cell = analysis.cell(size, arm, step)
+        assert cell is not None and round(cell.median_ttft_s, 3) == median
+    text = "\n".join(report_lines(analysis))
+    assert "VERDICT hits: all 9 ON cross-replica requests were full pool hits" in text
+    assert "layout floor" not in "\n".join(floor_table(analysis))
+    assert run.floor is not None
+    laid_out = analyse(replace(run, floor=replace(run.floor, stored_bytes_per_token=262_144)))
+    row = next(r for r in floor_table(laid_out) if r.startswith("| 128k | ON"))
+    assert "| 0.626 " in row and "| 1.28x " in row, row

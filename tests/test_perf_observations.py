@@ -84,6 +84,18 @@ def test_sizes_and_the_floor() -> None:
     floor = Floor(h2d_gb_s=50.0, kv_bytes_per_token=1000, recurrent_bytes_per_sequence=500,
                   source="test")
     assert floor.seconds(1000) == pytest.approx(1_000_500 / 50e9)
+    assert floor.layout_seconds(1000) is None  # the stored layout not recorded
+    laid_out = Floor(50.0, 1000, 500, "test", stored_bytes_per_token=4000)
+    assert laid_out.layout_seconds(1000) == pytest.approx(4_000_000 / 50e9)
+
+
+def test_the_stored_bytes_round_trip_and_stay_out_where_unknown(
+        perf_data: dict[str, Any]) -> None:
+    data = {**perf_data, "floor": {**perf_data["floor"], "stored_bytes_per_token": 262_144}}
+    run = from_json(data)
+    assert run.floor is not None and run.floor.stored_bytes_per_token == 262_144
+    assert to_json(run)["floor"] == data["floor"]
+    assert "stored_bytes_per_token" not in to_json(from_json(perf_data))["floor"]
 
 
 def test_the_model_engine_settings_and_launches_round_trip(perf_data: dict[str, Any]) -> None:

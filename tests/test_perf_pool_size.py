@@ -91,5 +91,6 @@ def test_the_floor_line_says_what_a_full_hit_moves(
     (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
     measured, line = _floor(tmp_path)
     assert measured is not None and measured.kv_bytes_per_token == 65_536
+    assert measured.stored_bytes_per_token == 262_144  # recorded: the layout floor's bytes
     assert line.startswith("floor: 65,536 KV bytes a token") and \
         "the pool stores 262,144 bytes a token as the engine lays the KV out (4.0x)" in line

@@ -52,6 +52,10 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     report = json.loads((pytester.path / "r.json").read_text())
     gate = next(c for c in report["checks"] if c["key"].get("size") == "gate")
     assert gate["role"] == "negative-control" and gate["detail"]["status"] == "proven"
+    # a clean pass has nothing to triage, and its skip says so (not "triage is off")
+    triage = next(t for t in report["tests"] if t["nodeid"].endswith("::test_triage[stub]")
+                  or "test_triage" in t["nodeid"])
+    assert triage["outcome"] == "skipped" and "nothing to triage" in triage["message"], triage
     assert not _stubs_left(process_tag)
 
 

@@ -95,7 +95,6 @@ def test_proven_remedies_are_the_removing_cells_with_a_deployable_change() -> No
     assert [p.split(" (")[0] for p in verdict.proven] == [
         "set CUDA_LAUNCH_BLOCKING=1 in the LMCache server's environment",
         "start the LMCache server with --no-l1-use-lazy"]
-    assert any("a code change" in s and "untested" in s for s in verdict.suggestions)
     assert not classify(LAZY, _cells({})).proven  # nothing removed: nothing proven
     cells = _cells({"other-allocator": True, "launch-blocking-all": None})
     cells[-1].mismatches = None  # its audit compared nothing: the line says so, not "0"
@@ -121,6 +120,28 @@ def test_the_remedy_is_a_suggestion_unless_a_run_proved_it() -> None:
     # an unproven gate proves nothing: the mixed pair's exact answers do not count
     unproven = [_step("mixed", "zeroed chunk", 0, "void", "gate"), mixed[1]]
     assert summary.remedy_line(lazy + unproven, "lazy").startswith("suggestion")
+
+
+def test_a_removing_cell_without_a_deployable_change_is_said_as_a_suggestion() -> None:
+    """sync-transfers removed the fault: what it suggests (a code change) is printed, as
+    untested, beside the proven remedies; alone it is the whole line, never a remedy."""
+    def cell(step: str, remedy: str, suggestion: str) -> Check:
+        return Check("service_regression", {"provider": "vllm", "allocator": "lazy",
+                                            "delay": "0", "size": "triage", "step": step},
+                     200, 200, kind="triage", status="pass",
+                     detail={"remedy": remedy, "suggestion": suggestion, "mismatches": 0})
+    lazy = [_step("lazy", "cross", 176, "fail")]
+    sync = cell("sync-transfers", "", "make LMCache's KV transfers wait")
+    server = cell("launch-blocking-server", "set CUDA_LAUNCH_BLOCKING=1", "")
+    assert summary.remedy_line([*lazy, sync], "lazy") == (
+        "suggestion (not a proven remedy): make LMCache's KV transfers wait (the triage cell "
+        "sync-transfers removed the fault; as a remedy untested)")
+    line = summary.remedy_line([*lazy, sync, server], "lazy")
+    assert line.startswith("remedy: set CUDA_LAUNCH_BLOCKING=1 (proven by the triage cell "
+                           "launch-blocking-server: 200/200 exact, 0 mismatching digests)")
+    assert line.endswith("; suggestion (not a proven remedy): make LMCache's KV transfers "
+                         "wait (the triage cell sync-transfers removed the fault; as a remedy "
+                         "untested)")
 
 
 def test_a_compiled_baseline_proves_the_compiled_kernels_for_a_fallback_run() -> None:

@@ -19,8 +19,8 @@ load settings; the digest covers all three.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path

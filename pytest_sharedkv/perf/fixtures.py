@@ -210,9 +210,12 @@ def _floor(model: Path) -> tuple[Floor | None, str]:
     from pytest_sharedkv.perf.pool_size import stored_bytes_per_token
 
     stored = stored_bytes_per_token(config)
-    layout = (f"; the pool stores {stored:,} bytes a token as the engine lays the KV out "
-              f"({stored / floor.kv_bytes_per_token:.1f}x), so a full hit moves that much"
-              if stored != floor.kv_bytes_per_token else "")
+    layout = ""
+    if stored != floor.kv_bytes_per_token:
+        floor = replace(floor, stored_bytes_per_token=stored)
+        layout = (f"; the pool stores {stored:,} bytes a token as the engine lays the KV out "
+                  f"({stored / floor.kv_bytes_per_token:.1f}x), so a full hit moves that "
+                  "much (the layout floor)")
     return floor, (f"floor: {floor.kv_bytes_per_token:,} KV bytes a token, "
                    f"{floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence, "
                    f"{floor.h2d_gb_s:.1f} GB/s host-to-device{layout}")

@@ -79,10 +79,20 @@ class Floor:
     kv_bytes_per_token: int
     recurrent_bytes_per_sequence: int
     source: str
+    # what the pool stores a token as the engine lays the KV out (a hybrid model's padded
+    # pages: 4x the KV for the 27B), where that differs from the KV; None: the same, or an
+    # older report. A full hit moves this much: the floor of this stack's layout.
+    stored_bytes_per_token: int | None = None
 
     def seconds(self, tokens: int) -> float:
         return ((tokens * self.kv_bytes_per_token + self.recurrent_bytes_per_sequence)
                 / (self.h2d_gb_s * 1e9))
+
+    def layout_seconds(self, tokens: int) -> float | None:
+        """The stored bytes of TOKENS at the measured rate; None where not recorded."""
+        if self.stored_bytes_per_token is None:
+            return None
+        return tokens * self.stored_bytes_per_token / (self.h2d_gb_s * 1e9)
 
 
 @dataclass(frozen=True)
@@ -148,11 +158,13 @@ def size_order(size: str) -> tuple[float, str]:
 
 
 def to_json(run: PerfRun) -> dict[str, Any]:
-    """The run as JSON; ``runs`` only where it is a merge (a single run's record stays
-    what it was before merges existed)."""
+    """The run as JSON; ``runs`` only where it is a merge, the floor's stored bytes only
+    where known (a record without them stays what it was before they existed)."""
     data = asdict(run)
     if not run.runs:
         del data["runs"]
+    if data.get("floor") is not None and data["floor"].get("stored_bytes_per_token") is None:
+        del data["floor"]["stored_bytes_per_token"]
     return data
 
 
@@ -180,11 +192,12 @@ _OBSERVATION = {"arm": "str", "block": "int", "pair": "int", "size": "str", "ste
 _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "placement": "str",
             "turns": "int", "wall_s": "float", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
-          "recurrent_bytes_per_sequence": "int", "source": "str"}
+          "recurrent_bytes_per_sequence": "int", "source": "str",
+          "stored_bytes_per_token": "int?"}
 _RUN_SOURCE = {"source": "str", "host": "str", "created": "str", "first_block": "int",
                "blocks": "int", "first_pair": "int", "pairs": "int", "wall_s": "float",
                "engine_flags": "str"}
-_OPTIONAL = {"warmup", "cached_tokens"}  # older reports lack them
+_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token"}  # older reports lack them
 
 
 def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:

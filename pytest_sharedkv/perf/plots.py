@@ -58,7 +58,13 @@ def title(analysis: Analysis, what: str) -> str:
     versions = ", ".join(f"{name} {engine[name]}" for name in ("vllm", "lmcache")
                          if name in engine and not double)
     where = engine.get("gpu", "")
-    parts = [f"model {run.model_digest}", f"provider {provider}",
+    kind = run.model.get("kind") if run.model else None
+    weights = run.model.get("weights", "") if run.model else ""
+    model = (f"model {kind}" + (" (random weights, real compute)" if "random" in weights
+                                and kind == "27b-compute" else "")
+             + (f", digest {run.model_digest}" if run.model_digest != kind else "")
+             ) if kind else f"model {run.model_digest}"
+    parts = [model, f"provider {provider}",
              "TEST DOUBLE: no engine, no GPU; times are not a GPU's" if double else
              f"engine {versions or 'versions not recorded'}" + (f" on {where}" if where
                                                                  else "")]
@@ -134,6 +140,16 @@ def ttft_figure(analysis: Analysis) -> Figure:
                 ax.annotate(f"floor {seconds:.3g} s", (_x(size), seconds), xytext=(0, 3),
                             textcoords="offset points", ha="center", va="bottom",
                             fontsize="x-small", color="#d62728")
+                layout = analysis.run.floor.layout_seconds(floors[size][1]) \
+                    if analysis.run.floor is not None else None
+                if layout is not None:
+                    ax.plot([_x(size) * 2 ** -half, _x(size) * 2 ** half], [layout, layout],
+                            color="#ff7f0e", linestyle=":", linewidth=1.5,
+                            label="layout floor (the bytes the pool stores, same rate)"
+                            if i == 0 else None)
+                    ax.annotate(f"layout {layout:.3g} s", (_x(size), layout), xytext=(0, -3),
+                                textcoords="offset points", ha="center", va="top",
+                                fontsize="x-small", color="#ff7f0e")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks([_x(s) for s in sizes], labels=sizes)

@@ -147,17 +147,25 @@ def floor_table(analysis: Analysis) -> list[str]:
         marks = ([f"INVALID ({below} of {c.n} below the floor)"] if below else []) + \
             ([f"PARTIAL ({partial} of {c.n} not full pool hits)"] if partial else [])
         share = cached_share(c.observations)
+        layout = floor.layout_seconds(tokens)
         rows.append([c.size, c.arm, f"{tokens:,}", seconds(floor.seconds(tokens)),
                      seconds(c.median_ttft_s),
                      f"{floor_ratio(c.median_ttft_s, tokens, floor):.1f}x",
+                     *([] if layout is None else [seconds(layout),
+                                                  f"{c.median_ttft_s / layout:.2f}x"]),
                      "-" if share is None else f"{share:.0%}", "; ".join(marks) or "ok"])
     if not rows:
         return []
+    stored = floor.stored_bytes_per_token
+    layout_head = [] if stored is None else ["layout floor s", "x layout floor"]
+    layout_text = ("" if stored is None else
+                   f"; layout floor: the {stored:,} bytes a token the pool stores as the "
+                   "engine lays the KV out, at the same rate (what a full hit moves)")
     return [f"cross-replica TTFT / physical floor ({floor.kv_bytes_per_token:,} KV bytes a "
             f"token + {floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence at "
-            f"{floor.h2d_gb_s:.1f} GB/s host-to-device; {floor.source}):",
+            f"{floor.h2d_gb_s:.1f} GB/s host-to-device; {floor.source}{layout_text}):",
             *markdown_table(["size", "arm", "prompt tokens", "floor s", "cross median s",
-                             "x floor", "cached (median)", "mark"], rows)]
+                             "x floor", *layout_head, "cached (median)", "mark"], rows)]
 
 
 def floor_verdict(analysis: Analysis) -> str:

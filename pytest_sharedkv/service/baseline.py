@@ -9,9 +9,12 @@ naming the option and the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pytest_sharedkv.report.records import Check
 
 TIER = "service_regression"
 # the record sizes that are not step totals (the summary's too)
@@ -54,22 +57,45 @@ class Baseline:
                 f"{self.kernel_path}{module}")
 
 
-def _pairs(checks: list[Any]) -> tuple[BaselinePair, ...]:
-    found: dict[str, list[dict[str, Any]]] = {}
-    for check in checks:
-        if isinstance(check, dict) and check.get("tier") == TIER and isinstance(
-                check.get("key"), dict) and check["key"].get("size") != "model":
-            found.setdefault(str(check["key"].get("allocator", "")), []).append(check)
+def exact_pair(checks: Sequence[Check], allocator: str) -> tuple[int, int] | None:
+    """(exact, total) cross-replica answers of the ALLOCATOR pair where it proves something:
+    its gate record passed and every one of its judged records (model and triage aside)
+    has status pass; else None. The one rule for this run's pairs and a baseline's."""
+    mine = [c for c in checks if c.tier == TIER and c.key.get("allocator") == allocator
+            and c.key.get("size") not in ("model", "triage") and c.status != "info"]
+    cross = [c for c in mine if c.key.get("step") == "cross"
+             and c.key.get("size") not in (*NOT_STEPS, "warm-up")]
+    gate = next((c for c in mine if c.key.get("size") == "gate"), None)
+    if not cross or gate is None or not all(c.status == "pass" for c in mine):
+        return None
+    return sum(c.passed for c in cross), sum(c.trials for c in cross)
+
+
+def _check(record: Any) -> Check | None:
+    """A report's check record as a Check; None where it is not one of this tier's. A
+    record of this tier that does not read back counts as a failed one, never a pass."""
+    if not isinstance(record, dict) or record.get("tier") != TIER or not isinstance(
+            record.get("key"), dict):
+        return None
+    key = {str(k): str(v) for k, v in record["key"].items()}
+    try:
+        return Check(TIER, key, int(record.get("passed", 0)), int(record.get("trials", 0)),
+                     kind=str(record.get("kind", "check")), status=str(record.get("status", "")))
+    except (TypeError, ValueError):
+        return Check(TIER, key, 0, 1, kind="check", status="fail")
+
+
+def _pairs(records: list[Any]) -> tuple[BaselinePair, ...]:
+    checks = [c for c in map(_check, records) if c is not None]
     pairs = []
-    for allocator, records in found.items():
-        cross = [r for r in records if r["key"].get("step") == "cross"
-                 and r["key"].get("size") not in (*NOT_STEPS, "warm-up")]
-        judged = [r for r in records if r["key"].get("size") != "triage"
-                  and r.get("status") != "info"]
-        clean = all(r.get("status", "pass" if r.get("passed") == r.get("trials") else "fail")
-                    == "pass" for r in judged)
-        pairs.append(BaselinePair(allocator, sum(int(r.get("passed", 0)) for r in cross),
-                                  sum(int(r.get("trials", 0)) for r in cross), clean))
+    for allocator in dict.fromkeys(c.key.get("allocator", "") for c in checks
+                                   if c.key.get("size") != "model"):
+        exact = exact_pair(checks, allocator)
+        cross = [c for c in checks if c.key.get("allocator") == allocator
+                 and c.key.get("step") == "cross"
+                 and c.key.get("size") not in (*NOT_STEPS, "warm-up")]
+        pairs.append(BaselinePair(allocator, sum(c.passed for c in cross),
+                                  sum(c.trials for c in cross), clean=exact is not None))
     return tuple(pairs)
 
 

@@ -14,8 +14,13 @@ from __future__ import annotations
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
-from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, remedies
-from pytest_sharedkv.service.triage import ALLOCATOR_REMEDY, OTHER_ALLOCATOR, proven_line
+from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
+from pytest_sharedkv.service.triage import (
+    ALLOCATOR_REMEDY,
+    OTHER_ALLOCATOR,
+    proven_line,
+    suggestion_line,
+)
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
@@ -58,18 +63,6 @@ def _tally(checks: list[Check], size: str) -> str:
     return f"{sum(c.passed for c in group)}/{sum(c.trials for c in group)}"
 
 
-def _exact_pair(checks: list[Check], allocator: str) -> tuple[int, int] | None:
-    """(exact, total) cross-replica answers of this run's ALLOCATOR pair, where every one of
-    its records held and its gate was proven; else None."""
-    mine = [c for c in checks if c.key.get("allocator") == allocator
-            and c.key.get("size") not in ("model", "triage") and c.status != "info"]
-    cross = [c for c in _steps(mine) if c.key.get("step") == "cross"]
-    gate = next((c for c in mine if c.key.get("size") == "gate"), None)
-    if not cross or gate is None or gate.status != "pass" or not all(c.ok for c in mine):
-        return None
-    return sum(c.passed for c in cross), sum(c.trials for c in cross)
-
-
 def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None = None,
                 kernel_path: str | None = None) -> str:
     """The remedy for a diverging ALLOCATOR pair: every one a run proved, else the
@@ -80,13 +73,21 @@ def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None =
               and c.key.get("allocator") == allocator and c.status == "pass"
               and c.detail.get("remedy")]
     other = OTHER_ALLOCATOR.get(allocator)
-    exact = _exact_pair(checks, other) if other else None
+    exact = exact_pair(checks, other) if other else None
     if other and exact is not None and exact[0] == exact[1]:
         proven.append(f"{ALLOCATOR_REMEDY[other]} (proven in this run: the {other} pair "
                       f"answered {exact[0]}/{exact[1]} cross-replica requests exact)")
     proven += remedies(baseline, allocator, kernel_path)
+    suggested = [suggestion_line(str(c.detail["suggestion"]), str(c.key.get("step")))
+                 for c in checks if c.key.get("size") == "triage"
+                 and c.key.get("allocator") == allocator and c.status == "pass"
+                 and c.detail.get("suggestion")]
+    also = ("; suggestion (not a proven remedy): " + "; or ".join(suggested)
+            if suggested else "")
     if proven:
-        return "remedy: " + "; or ".join(dict.fromkeys(proven))
+        return "remedy: " + "; or ".join(dict.fromkeys(proven)) + also
+    if suggested:
+        return also.removeprefix("; ")
     return SUGGESTION if allocator == "lazy" else ("suggestion: --sharedkv-triage re-runs "
                                                    "this pair under controls")
 

@@ -141,7 +141,6 @@ class Verdict:
     # not-ordering | persists | undecided
     text: str
     proven: tuple[str, ...]  # remedies a cell of this run proved
-    suggestions: tuple[str, ...]
 
     def line(self, base: Base) -> str:
         audit = "" if base.mismatches is None else f", {base.mismatches:,} mismatching digests"
@@ -155,6 +154,12 @@ def proven_line(remedy: str, cell: str, exact: int, requests: int, mismatches: o
     audit = ("the audit compared nothing (answers only)" if mismatches is None
              else f"{mismatches} mismatching digests")
     return f"{remedy} (proven by the triage cell {cell}: {exact}/{requests} exact, {audit})"
+
+
+def suggestion_line(suggestion: str, cell: str) -> str:
+    """What a cell's control suggests where it removed the fault but is not itself a
+    remedy an operator can apply as tested (one request at a time, a patched LMCache)."""
+    return f"{suggestion} (the triage cell {cell} removed the fault; as a remedy untested)"
 
 
 def _names(cells: Sequence[Cell]) -> str:
@@ -172,43 +177,40 @@ def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
     blocking = by_name.get("launch-blocking-all")
     proven = tuple(proven_line(c.control.remedy, c.control.name, c.exact, c.requests,
                                c.mismatches) for c in removed if c.control.remedy)
-    suggestions = tuple(f"{c.control.suggestion} (the cell {c.control.name} removed the "
-                        "fault; as a remedy it is untested)"
-                        for c in removed if c.control.suggestion)
     if not base.wrong and not base.mismatches:
         return Verdict("none", "nothing to triage: no wrong answer and no mismatching digest",
-                       (), ())
+                       ())
     persists_blocking = blocking is not None and blocking.removed is False
     if concurrent and not ordering:
         text = "interaction between concurrent operations (removed by one request in flight)"
         if persists_blocking and blocking is not None:
             text += ("; not a stream-ordering fault: it persists with CUDA_LAUNCH_BLOCKING=1 "
                      f"in the server and replicas ({blocking.counts()})")
-        return Verdict("concurrency", text, proven, suggestions)
+        return Verdict("concurrency", text, proven)
     if persists_blocking and blocking is not None:
         text = ("not an ordering fault (persists with CUDA_LAUNCH_BLOCKING=1 in the server "
                 f"and replicas: {blocking.counts()})")
         if allocator:
             text += (f"; removed by {_names(allocator)}: a fault of the {base.allocator} "
                      "allocator's path")
-        return Verdict("not-ordering", text, proven, suggestions)
+        return Verdict("not-ordering", text, proven)
     if ordering and concurrent:
         return Verdict("ordering-concurrency", "stream-ordering race between concurrent "
                        f"operations (removed by {_names(ordering)}, and by one request in "
-                       "flight)", proven, suggestions)
+                       "flight)", proven)
     if ordering:
         return Verdict("ordering", f"stream-ordering race (removed by {_names(ordering)})",
-                       proven, suggestions)
+                       proven)
     if allocator and not unknown:
         return Verdict("allocator", f"a fault of the {base.allocator} allocator's path "
                        f"(removed only by {_names(allocator)}; every ordering and concurrency "
-                       "control left it)", proven, suggestions)
+                       "control left it)", proven)
     if not unknown:
         return Verdict("persists", "not removed by any control (it persists under every "
-                       "control)", proven, suggestions)
+                       "control)", proven)
     why = "; ".join(f"{c.control.name}: {c.why_unknown or c.counts()}" for c in unknown)
     return Verdict("undecided", f"UNDECIDED: the controls that could tell could not be "
-                   f"judged ({why})", proven, suggestions)
+                   f"judged ({why})", proven)
 
 
 def right_answer(run: ServiceRun, case: Case, step: str = "cross", cold_step: str = "cold"
