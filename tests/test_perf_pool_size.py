@@ -49,6 +49,9 @@ def test_128k_on_the_one_gpu_host_runs_request_by_request() -> None:
     assert pool.gb == 64.0 and pool.one_by_one == ("128k",), pool
     assert "128k runs request by request (103.1 GB together, 34.4 GB each" in pool.why
     assert "PARTIAL" not in pool.why
+    assert pool.native_gb == 32.0  # NATIVE: one offload per replica, two under the cap
+    small = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2)
+    assert small.native_gb == small.gb == 32.0  # two 32 GB offloads fit 128 GB
     huge = pool_size_gb(QWEN35_27B_GEOMETRY, {"256k": [262_113] * 3}, host_bytes=H200)
     assert huge.gb == 64.0 and huge.one_by_one == () and "PARTIAL" in huge.why
 

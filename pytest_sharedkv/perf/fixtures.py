@@ -237,6 +237,7 @@ class _Setup:
     max_model_len: int = 4096
     l1_size_gb: float = 8.0  # the ON arm's pool; vllm: sized to the payloads (pool_size_gb)
     one_by_one: tuple[str, ...] = ()  # sizes run request by request (the pool holds one)
+    native_gb: float = 8.0  # the NATIVE arm's offload on each replica
     settle_s: float = 0.5
     store_s_per_token: float | None = None  # None: LMCache's store time (blocks.py)
     extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
@@ -399,9 +400,10 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
         return launch_vllm_pair(LaunchSpec(
             log_dir=log_root / f"{arm}-{time.monotonic_ns()}", allocator="mixed", model=model,
             devices=devices, arm=arm, gate=False, chunk_size=chunk,
-            max_model_len=setup.max_model_len,  # these two are set once the payloads
-            l1_size_gb=setup.l1_size_gb, engine=engine,  # are known
-            compile_cache=log_root / "vllm-cache"))
+            # the context and the pools are set once the payloads are known
+            max_model_len=setup.max_model_len,
+            l1_size_gb=setup.native_gb if arm == "NATIVE" else setup.l1_size_gb,
+            engine=engine, compile_cache=log_root / "vllm-cache"))
 
     # 16 tokens: 15 decode intervals a request; on the H200 a 64-layer engine in eager mode
     # spent 293 s on the first OFF block of 124 requests at 32 (Triton JIT included)
@@ -459,10 +461,11 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     if provider is Provider.VLLM and setup.model is not None:
         pool = _pool_size(setup.model, payload_set)
         setup.l1_size_gb, setup.one_by_one = pool.gb, pool.one_by_one
+        setup.native_gb = pool.native_gb
         setup.notes.append(f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
-                           + (f"; the NATIVE arm offloads to {setup.l1_size_gb:g} GB on each "
-                              "replica (vLLM's own, not shared)" if "NATIVE" in setup.arms
-                              else ""))
+                           + (f"; the NATIVE arm offloads to {pool.native_gb:g} GB on each "
+                              "replica (vLLM's own, not shared; both replicas' on this host "
+                              "stay under its cap)" if "NATIVE" in setup.arms else ""))
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait

@@ -55,6 +55,9 @@ class PoolSize:
     gb: float
     why: str
     one_by_one: tuple[str, ...] = ()
+    # the NATIVE arm's offload on each replica (vLLM's own, one per replica, both on this
+    # host): the pool's size where two of them fit under the cap, else half the cap
+    native_gb: float = MINIMUM_GB
 
 
 def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequence[int]], *,
@@ -94,6 +97,7 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
             for size in one_by_one)
     gb = pool_gb(need)
     if cap is not None and gb > cap:
-        return PoolSize(max(cap, MINIMUM_GB), f"{why}; capped at {cap:g} GB, half this "
-                        "host's memory: expect PARTIAL cross-replica hits", one_by_one)
-    return PoolSize(gb, why, one_by_one)
+        gb, why = max(cap, MINIMUM_GB), (f"{why}; capped at {cap:g} GB, half this host's "
+                                         "memory: expect PARTIAL cross-replica hits")
+    native = gb if cap is None or 2 * gb <= cap else cap / 2
+    return PoolSize(gb, why, one_by_one, native_gb=native)
