@@ -148,6 +148,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = state_of(config)
     if state.is_worker:
         _die_with_controller(config)
+        from pytest_sharedkv.config import xdist_groups
+        if xdist_groups.grouping_lost(config, sharedkv):
+            config.workeroutput[xdist_groups.LOST] = True  # type: ignore[attr-defined]
     if state.active:
         return
     state.active = True
@@ -163,10 +166,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist controller: a worker found the device environment unusable (see above)."""
-    problem = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERROR)
+    """xdist controller: a worker found the device environment unusable (see above), or
+    saw --dist loadgroup not group its pair tests (config.xdist_groups)."""
+    output = getattr(node, "workeroutput", {})
+    problem = output.get(WORKER_USAGE_ERROR)
     if problem:
         raise pytest.UsageError(problem)
+    from pytest_sharedkv.config import xdist_groups
+    state = state_of(node.config)
+    if output.get(xdist_groups.LOST) and not state.grouping_lost:
+        from pytest_sharedkv.report.records import Fact
+        state.grouping_lost = True  # said in the summary and, as a fact, in the JSON
+        state.log.bundle.facts.append(Fact(name=xdist_groups.FACT, value=_grouping_note()))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -381,6 +392,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.settings.json, data, named_by=state.settings.source_of("json"))
 
 
+def _grouping_note() -> str:
+    from importlib import metadata
+
+    from pytest_sharedkv.config import xdist_groups
+
+    try:
+        xdist = metadata.version("pytest-xdist")
+    except metadata.PackageNotFoundError:
+        xdist = "?"
+    return xdist_groups.note(pytest.__version__, xdist)
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
@@ -406,6 +429,8 @@ def pytest_terminal_summary(
             terminalreporter.write_line("")
         for line in lines:
             terminalreporter.write_line(line)
+    if state.grouping_lost:
+        terminalreporter.write_line(_grouping_note(), yellow=True)
     if state.json_written is not None:
         bad = not state.json_written.startswith("JSON report: ")
         terminalreporter.write_line(state.json_written, red=bad, bold=bad)
