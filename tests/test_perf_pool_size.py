@@ -36,8 +36,13 @@ def test_the_h200_screening_gets_a_pool_its_largest_size_fits() -> None:
 
 def test_a_small_host_caps_the_pool_and_says_what_to_expect() -> None:
     pool = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=24 * 2**30)
-    gb, why = pool.gb, pool.why
-    assert gb == 8.0 and "capped at 8 GB" in why and "PARTIAL" in why
+    # one 32k request stores 8.6 GB, over the 8 GB cap: 32k is dropped, said why; 8k fits
+    assert pool.gb == 8.0 and pool.dropped == ("32k",) and "PARTIAL" not in pool.why
+    assert "32k dropped (one request stores 8.6 GB, more than the 8 GB cap" in pool.why
+    alone = pool_size_gb(QWEN35_27B_GEOMETRY, {"32k": [32929] * 3}, host_bytes=24 * 2**30)
+    # nothing would be left: kept, capped, and the partial hits said
+    assert alone.dropped == () and alone.gb == 8.0 and "capped at 8 GB" in alone.why
+    assert "PARTIAL" in alone.why
 
 
 def test_128k_on_the_one_gpu_host_runs_request_by_request() -> None:
@@ -54,6 +59,11 @@ def test_128k_on_the_one_gpu_host_runs_request_by_request() -> None:
     assert small.native_gb == small.gb == 32.0  # two 32 GB offloads fit 128 GB
     huge = pool_size_gb(QWEN35_27B_GEOMETRY, {"256k": [262_113] * 3}, host_bytes=H200)
     assert huge.gb == 64.0 and huge.one_by_one == () and "PARTIAL" in huge.why
+    # beside sizes that fit, 256k (68.7 GB a request) is dropped, and the rest run as before
+    mixed = pool_size_gb(QWEN35_27B_GEOMETRY, {**sizes, "256k": [262_113] * 3},
+                         host_bytes=H200)
+    assert mixed.dropped == ("256k",) and mixed.one_by_one == ("128k",) and mixed.gb == 64.0
+    assert "256k dropped (one request stores 68.7 GB" in mixed.why
 
 
 def test_an_unknown_geometry_gets_the_minimum_and_says_why() -> None:
@@ -97,3 +107,22 @@ def test_the_floor_line_says_what_a_full_hit_moves(
     assert measured.stored_bytes_per_token == 262_144  # recorded: the layout floor's bytes
     assert line.startswith("floor: 65,536 KV bytes a token") and \
         "the pool stores 262,144 bytes a token as the engine lays the KV out (4.0x)" in line
+
+
+def test_a_dropped_size_leaves_the_screenings_payloads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a 24 GiB host a 32k request (8.6 GB stored) does not fit the 8 GB cap: the pool
+    drops 32k, and the payloads are built again without it (warm-ups and sessions stay)."""
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.perf import payloads, pool_size
+    from pytest_sharedkv.perf.fixtures import _payloads, _pool_size
+
+    monkeypatch.setattr(pool_size, "host_memory_bytes", lambda: 24 * 2**30)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
+    both = payloads.build(payloads.WORDS, ("8k", "32k"), 1568, payloads.word_generator(1568),
+                          sessions=1)
+    assert _pool_size(tmp_path, both).dropped == ("32k",)
+    settings = Settings(service_sizes=("8k", "32k"))
+    kept = _payloads(settings, True, None, 1568, 16, without=("32k",))
+    assert kept.sizes() == ["8k"] and kept.warmups and kept.sessions
+    assert _payloads(settings, True, None, 1568, 16).sizes() == ["8k", "32k"]

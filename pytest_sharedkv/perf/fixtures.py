@@ -138,10 +138,12 @@ def _context(model: Path | None) -> int:
 
 
 def _payloads(settings: Settings, words: bool, model: Path | None, chunk: int,
-              max_tokens: int) -> PayloadSet:
+              max_tokens: int, without: Sequence[str] = ()) -> PayloadSet:
+    """The screening's payloads at --sharedkv-service-sizes, less the sizes WITHOUT."""
     from pytest_sharedkv.perf import payloads
     generate = payloads.word_generator(chunk) if words else payloads.text_generator(model)
-    return payloads.build(payloads.WORDS if words else payloads.TEXT, perf_sizes(settings),
+    sizes = [s for s in perf_sizes(settings) if s not in without]
+    return payloads.build(payloads.WORDS if words else payloads.TEXT, sizes,
                           chunk, generate, limit=_context(model) - max_tokens - 16)
 
 
@@ -457,15 +459,18 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice)
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
-    setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     if provider is Provider.VLLM and setup.model is not None:
         pool = _pool_size(setup.model, payload_set)
+        if pool.dropped:  # the report says which and why (pool.why, in the notes)
+            payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
+                                    setup.max_tokens, without=pool.dropped)
         setup.l1_size_gb, setup.one_by_one = pool.gb, pool.one_by_one
         setup.native_gb = pool.native_gb
         setup.notes.append(f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
                            + (f"; the NATIVE arm offloads to {pool.native_gb:g} GB on each "
                               "replica (vLLM's own, not shared; both replicas' on this host "
                               "stay under its cap)" if "NATIVE" in setup.arms else ""))
+    setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
         settle, per_token = settings.settle_s, 0.0  # given: the whole wait

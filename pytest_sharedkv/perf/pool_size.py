@@ -55,6 +55,9 @@ class PoolSize:
     gb: float
     why: str
     one_by_one: tuple[str, ...] = ()
+    # sizes dropped from the screening: one request stores more than the host cap, so a
+    # cross-replica step could only time a partial hit (the text says why)
+    dropped: tuple[str, ...] = ()
     # the NATIVE arm's offload on each replica (vLLM's own, one per replica, both on this
     # host): the pool's size where two of them fit under the cap, else half the cap
     native_gb: float = MINIMUM_GB
@@ -82,10 +85,12 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
     together = {size: sum(counts) * per_token for size, counts in tokens_per_size.items()}
     single = {size: max(counts, default=0) * per_token
               for size, counts in tokens_per_size.items()}
-    one_by_one = tuple(size for size in tokens_per_size if cap is not None
+    dropped = tuple(size for size in tokens_per_size if cap is not None
+                    and pool_gb(single[size]) > cap)
+    kept = [size for size in tokens_per_size if size not in dropped] or list(tokens_per_size)
+    one_by_one = tuple(size for size in kept if cap is not None
                        and pool_gb(together[size]) > cap and pool_gb(single[size]) <= cap)
-    need = max((single[s] if s in one_by_one else together[s] for s in tokens_per_size),
-               default=0)
+    need = max((single[s] if s in one_by_one else together[s] for s in kept), default=0)
     largest = max(together, key=lambda s: together[s], default=None)
     why = (f"the largest size's requests store {together[largest] / 1e9:.1f} GB at "
            f"{per_token:,} bytes a token as the engine lays the KV out"
@@ -95,9 +100,16 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
             f"{size} runs request by request ({together[size] / 1e9:.1f} GB together, "
             f"{single[size] / 1e9:.1f} GB each; the host cap is {cap:g} GB)"
             for size in one_by_one)
+    if dropped and len(dropped) < len(tokens_per_size):
+        why += "; " + ", ".join(
+            f"{size} dropped (one request stores {single[size] / 1e9:.1f} GB, more than the "
+            f"{cap:g} GB cap, half this host's memory: its cross-replica step could only "
+            "time a partial hit)" for size in dropped)
+    else:
+        dropped = ()  # nothing would be left: keep them all, said as PARTIAL below
     gb = pool_gb(need)
     if cap is not None and gb > cap:
         gb, why = max(cap, MINIMUM_GB), (f"{why}; capped at {cap:g} GB, half this host's "
                                          "memory: expect PARTIAL cross-replica hits")
     native = gb if cap is None or 2 * gb <= cap else cap / 2
-    return PoolSize(gb, why, one_by_one, native_gb=native)
+    return PoolSize(gb, why, one_by_one, dropped, native_gb=native)
