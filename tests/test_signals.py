@@ -188,10 +188,11 @@ def test_transfer_provider_leaves_nothing(pytester: pytest.Pytester, sig: signal
     if importlib.util.find_spec("lmcache") is None:  # not imported here: only the runs need it
         pytest.skip("lmcache not installed")
 
-    def replica_up() -> bool:  # the server is ready once a replica has been started
-        return any("stack.transfer_provider" in p.cmdline for p in launched(tag))
+    def replica_up() -> bool:  # the replicas start with the server; wait until it is ready
+        return any("stack.transfer_provider" in p.cmdline for p in launched(tag)) and any(
+            (pytester.path / f"bt-{tag[:8]}").rglob("server.ready"))
 
     with inner_run(pytester, HOLD_TRANSFER, xdist) as (proc, tag, _ready):
-        assert wait_for(replica_up, 180), "the transfer replica never started"
+        assert wait_for(replica_up, 180), "the transfer replica or its server never started"
         survivors = survivors_after(proc, tag, sig, target)
         assert survivors == [], describe(survivors, pytester.path / f"inner-{tag[:8]}.log")

@@ -93,10 +93,17 @@ class LMCacheServer:
         return tcp_open(self.port) and http_ok(self.http_url + "/")
 
     def start(self) -> LMCacheServer:
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting (what else starts meanwhile overlaps it)."""
         self.process.start()
+
+    def wait_ready(self) -> None:
         self.startup_s = self.process.wait_ready(self._ready, self.config.ready_timeout,
                                                  "ready (HTTP / and the zmq server)")
-        return self
 
     def fatal_error(self) -> str | None:
         """Why an engine cannot register with this server, or None: LMCache logs a failed

@@ -333,24 +333,29 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
     server = LMCacheServer(ServerConfig(allocator=allocator, l1_size_gb=0.25, chunk_size=CHUNK),
                            workdir, env={**process_env(spec, role=SERVER_ROLE), **hidden})
+    # Both replicas start with the server: their imports (torch, LMCache's adapters) overlap
+    # its start. A waits for the server-ready file, B for A's result, so the order (server
+    # ready, A stores, B fetches) holds.
+    ready = workdir / "server.ready"
+    replicas: dict[str, ManagedProcess] = {}
     try:
-        server.start()
-        outcome.allocator = server.effective_allocator()
-        outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
-        for role in ("store", "fetch"):
+        server.launch()
+        for role, after in (("store", ready), ("fetch", workdir / "store.json")):
             name = "A" if role == "store" else "B"
             argv = [sys.executable, "-m", "pytest_sharedkv.stack.transfer_provider", role, "--url",
                     server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
-                    "--salt", salt, "--device", device]
+                    "--salt", salt, "--device", device, "--after", str(after),
+                    "--after-timeout", str(timeout + server.config.ready_timeout)]
             env = {**process_env(spec, role=f"replica {name}"), **REPLICA_ENV, **hidden}
-            replica = ManagedProcess(f"transfer replica {name}", argv,
-                                     workdir / f"replica-{role}.log", env=env)
-            replica.start()
-            try:
-                code = replica.wait_exit(timeout, f"finish its {role}")
-            finally:
-                replica.stop()
-                _cleanup_shm(replica.pid)
+            replicas[role] = ManagedProcess(f"transfer replica {name}", argv,
+                                            workdir / f"replica-{role}.log", env=env)
+            replicas[role].start()
+        server.wait_ready()
+        ready.touch()
+        outcome.allocator = server.effective_allocator()
+        outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
+        for role, replica in replicas.items():
+            code = replica.wait_exit(timeout, f"finish its {role}")
             result = workdir / f"{role}.json"
             if code != 0 or not result.exists():
                 raise replica.failure(f"exited with status {code} without a result")
@@ -358,6 +363,9 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     except ProcessFailed as exc:
         outcome.problems.append(str(exc))
     finally:
+        for replica in replicas.values():
+            replica.stop()
+            _cleanup_shm(replica.pid)
         leftovers = server.stop()
         if leftovers:
             outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
@@ -392,6 +400,16 @@ def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _wait_for(path: Path, timeout: float) -> None:
+    """Until PATH exists (written whole: the store role writes its result last)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout:g}s (the store never "
+                               "finished)")
+        time.sleep(0.05)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=("store", "fetch"))
@@ -400,7 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--salt", default="")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--after", type=Path, default=None,
+                        help="wait for this file (the server-ready file, or the store's "
+                        "result) before connecting")
+    parser.add_argument("--after-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
+    import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
+    from lmcache.integration.vllm import vllm_multi_process_adapter  # noqa: F401
+
+    if args.after is not None:
+        _wait_for(args.after, args.after_timeout)
     client = Client(args.url, args.model)
     try:
         run = store_role if args.role == "store" else fetch_role
@@ -408,7 +435,10 @@ def main(argv: list[str] | None = None) -> int:
                   **run(client, args.workdir, args.salt, args.device)}
     finally:
         client.close()
-    (args.workdir / f"{args.role}.json").write_text(json.dumps(result, indent=1))
+    out = args.workdir / f"{args.role}.json"  # whole or absent: B waits for the store's
+    partial = out.with_suffix(".json.partial")
+    partial.write_text(json.dumps(result, indent=1))
+    partial.replace(out)
     sys.stdout.write("SHAREDKV-TRANSFER " + json.dumps(result) + "\n")
     return 0
 
