@@ -316,7 +316,8 @@ def _cleanup_shm(pid: int) -> None:
 
 def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mixed",
              delay_cycles: int = 0, timeout: float = 300.0) -> TransferOutcome:
-    """A real LMCache server and replicas A then B; always torn down.
+    """A real LMCache server and replicas A and B started with it (A stores once it is
+    ready, B fetches once A has stored); always torn down.
 
     ``cpu``: nobody sees a GPU (LMCache turns lazy L1 off there: the effective allocator
     is reported). ``cuda``: the server and both replicas share the leased GPU; with
