@@ -174,10 +174,17 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         raise pytest.UsageError(problem)
     from pytest_sharedkv.config import xdist_groups
     state = state_of(node.config)
-    if output.get(xdist_groups.LOST) and not state.grouping_lost:
-        from pytest_sharedkv.report.records import Fact
-        state.grouping_lost = True  # said in the summary and, as a fact, in the JSON
+    if output.get(xdist_groups.LOST) and _grouping_fact(state) is None:
+        from pytest_sharedkv.report.records import Fact  # the JSON's fact; the summary's NOTE
         state.log.bundle.facts.append(Fact(name=xdist_groups.FACT, value=_grouping_note()))
+
+
+def _grouping_fact(state: RunState) -> str | None:
+    """The run's recorded note that --dist loadgroup did not group, if a worker saw it."""
+    if not state.has_log:
+        return None
+    from pytest_sharedkv.config import xdist_groups
+    return next((f.value for f in state.log.bundle.facts if f.name == xdist_groups.FACT), None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -429,8 +436,9 @@ def pytest_terminal_summary(
             terminalreporter.write_line("")
         for line in lines:
             terminalreporter.write_line(line)
-    if state.grouping_lost:
-        terminalreporter.write_line(_grouping_note(), yellow=True)
+    grouping = _grouping_fact(state)
+    if grouping is not None:
+        terminalreporter.write_line(grouping, yellow=True)
     if state.json_written is not None:
         bad = not state.json_written.startswith("JSON report: ")
         terminalreporter.write_line(state.json_written, red=bad, bold=bad)

@@ -24,7 +24,6 @@ class RunState:
     lmcache: LMCacheStatus | str | None = None  # behind the header's LMCache line
     header_shown: bool = False
     json_written: str | None = None
-    grouping_lost: bool = False  # xdist: a worker saw --dist loadgroup not group (xdist_groups)
     _log: RunLog | None = None
 
     @property

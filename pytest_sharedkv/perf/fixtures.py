@@ -319,6 +319,11 @@ def engine_for(settings: Settings, model: Path, gpus: Sequence[Gpu],
     return engine, notes
 
 
+def _replicas_per_gpu(gpus: Sequence[Gpu]) -> int:
+    """One replica on each of two GPUs, or both on one."""
+    return 1 if len(gpus) > 1 else 2
+
+
 def _start_share(gpus: Sequence[Gpu], free_gib: Sequence[float | None]) -> float:
     """--gpu-memory-utilization beside an explicit KV cache: vLLM then sizes nothing from
     it, but refuses to start unless free memory is at least that share of the total, and
@@ -326,7 +331,7 @@ def _start_share(gpus: Sequence[Gpu], free_gib: Sequence[float | None]) -> float
     share of the least free GPU (two on one GPU), as a share of its total, rounded down."""
     from pytest_sharedkv.models.compute_model import USABLE_SHARE
 
-    per_gpu = 1 if len(gpus) > 1 else 2
+    per_gpu = _replicas_per_gpu(gpus)
     shares = [f / (g.total_mib / 1024) for g, f in zip(gpus, free_gib, strict=False)
               if f is not None and g.total_mib]
     free_share = min(shares, default=1.0)
@@ -357,8 +362,7 @@ def _kv_budget(settings: Settings, model: Path, gpus: Sequence[Gpu],
         if not files:
             return None, f"no safetensors in {model} to size its weights from"
         weights = sum(f.stat().st_size for f in files) / (1 << 30)
-    per_gpu = 1 if len(gpus) > 1 else 2
-    return kv_budget_bytes(known, per_gpu, weights)
+    return kv_budget_bytes(known, _replicas_per_gpu(gpus), weights)
 
 
 def _model_record(model: Path, choice: ModelChoice | None) -> dict[str, str]:

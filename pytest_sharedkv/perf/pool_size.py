@@ -87,7 +87,9 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
               for size, counts in tokens_per_size.items()}
     dropped = tuple(size for size in tokens_per_size if cap is not None
                     and pool_gb(single[size]) > cap)
-    kept = [size for size in tokens_per_size if size not in dropped] or list(tokens_per_size)
+    if len(dropped) == len(tokens_per_size):
+        dropped = ()  # nothing would be left: keep them all, said as PARTIAL below
+    kept = [size for size in tokens_per_size if size not in dropped]
     one_by_one = tuple(size for size in kept if cap is not None
                        and pool_gb(together[size]) > cap and pool_gb(single[size]) <= cap)
     need = max((single[s] if s in one_by_one else together[s] for s in kept), default=0)
@@ -100,13 +102,11 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
             f"{size} runs request by request ({together[size] / 1e9:.1f} GB together, "
             f"{single[size] / 1e9:.1f} GB each; the host cap is {cap:g} GB)"
             for size in one_by_one)
-    if dropped and len(dropped) < len(tokens_per_size):
+    if dropped:
         why += "; " + ", ".join(
             f"{size} dropped (one request stores {single[size] / 1e9:.1f} GB, more than the "
             f"{cap:g} GB cap, half this host's memory: its cross-replica step could only "
             "time a partial hit)" for size in dropped)
-    else:
-        dropped = ()  # nothing would be left: keep them all, said as PARTIAL below
     gb = pool_gb(need)
     if cap is not None and gb > cap:
         gb, why = max(cap, MINIMUM_GB), (f"{why}; capped at {cap:g} GB, half this host's "

@@ -63,12 +63,18 @@ def exact_pair(checks: Sequence[Check], allocator: str) -> tuple[int, int] | Non
     has status pass; else None. The one rule for this run's pairs and a baseline's."""
     mine = [c for c in checks if c.tier == TIER and c.key.get("allocator") == allocator
             and c.key.get("size") not in ("model", "triage") and c.status != "info"]
-    cross = [c for c in mine if c.key.get("step") == "cross"
-             and c.key.get("size") not in (*NOT_STEPS, "warm-up")]
+    cross = _cross(mine, allocator)
     gate = next((c for c in mine if c.key.get("size") == "gate"), None)
     if not cross or gate is None or not all(c.status == "pass" for c in mine):
         return None
     return sum(c.passed for c in cross), sum(c.trials for c in cross)
+
+
+def _cross(checks: Sequence[Check], allocator: str) -> list[Check]:
+    """The ALLOCATOR pair's cross-replica step totals (warm-ups aside)."""
+    return [c for c in checks if c.key.get("allocator") == allocator
+            and c.key.get("step") == "cross"
+            and c.key.get("size") not in (*NOT_STEPS, "warm-up")]
 
 
 def _check(record: Any) -> Check | None:
@@ -91,9 +97,7 @@ def _pairs(records: list[Any]) -> tuple[BaselinePair, ...]:
     for allocator in dict.fromkeys(c.key.get("allocator", "") for c in checks
                                    if c.key.get("size") != "model"):
         exact = exact_pair(checks, allocator)
-        cross = [c for c in checks if c.key.get("allocator") == allocator
-                 and c.key.get("step") == "cross"
-                 and c.key.get("size") not in (*NOT_STEPS, "warm-up")]
+        cross = _cross(checks, allocator)
         pairs.append(BaselinePair(allocator, sum(c.passed for c in cross),
                                   sum(c.trials for c in cross), clean=exact is not None))
     return tuple(pairs)

@@ -67,11 +67,11 @@ def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None =
                 kernel_path: str | None = None) -> str:
     """The remedy for a diverging ALLOCATOR pair: every one a run proved, else the
     suggestion (said as one)."""
-    proven = [proven_line(str(c.detail.get("remedy")), str(c.key.get("step")), c.passed,
+    removing = [c for c in checks if c.key.get("size") == "triage"  # cells that removed it
+                and c.key.get("allocator") == allocator and c.status == "pass"]
+    proven = [proven_line(str(c.detail["remedy"]), str(c.key.get("step")), c.passed,
                           c.trials, c.detail.get("mismatches"))
-              for c in checks if c.key.get("size") == "triage"
-              and c.key.get("allocator") == allocator and c.status == "pass"
-              and c.detail.get("remedy")]
+              for c in removing if c.detail.get("remedy")]
     other = OTHER_ALLOCATOR.get(allocator)
     exact = exact_pair(checks, other) if other else None
     if other and exact is not None and exact[0] == exact[1]:
@@ -79,9 +79,7 @@ def remedy_line(checks: list[Check], allocator: str, baseline: Baseline | None =
                       f"answered {exact[0]}/{exact[1]} cross-replica requests exact)")
     proven += remedies(baseline, allocator, kernel_path)
     suggested = [suggestion_line(str(c.detail["suggestion"]), str(c.key.get("step")))
-                 for c in checks if c.key.get("size") == "triage"
-                 and c.key.get("allocator") == allocator and c.status == "pass"
-                 and c.detail.get("suggestion")]
+                 for c in removing if c.detail.get("suggestion")]
     also = ("; suggestion (not a proven remedy): " + "; or ".join(suggested)
             if suggested else "")
     if proven:
