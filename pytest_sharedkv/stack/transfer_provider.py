@@ -25,7 +25,9 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from inspect import signature
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,50 @@ REPLICA_ENV = {
     "LMCACHE_DISABLE_BANNER": "1",
     "LMCACHE_LOG_LEVEL": "WARNING",
 }
+
+
+ADAPTER_MODULE = "lmcache.integration.vllm.vllm_multi_process_adapter"
+GROUPS_MODULE = "lmcache.integration.vllm.kv_cache_groups"
+# What Client drives (the calls vLLM's LMCacheMPConnector makes), by module and class.
+API: dict[str, dict[str, tuple[str, ...]]] = {
+    ADAPTER_MODULE: {
+        "LMCacheMPWorkerAdapter": ("register_kv_caches", "submit_store_request",
+                                   "submit_retrieve_request", "get_finished", "shutdown"),
+        "LMCacheMPSchedulerAdapter": ("maybe_submit_lookup_request", "check_lookup_result",
+                                      "cleanup_lookup_result", "free_lookup_locks",
+                                      "end_session", "shutdown"),
+        "ParallelStrategy": (), "LoadStoreOp": ()},
+    GROUPS_MODULE: {"create_engine_group_infos_from_vllm": ()},
+}
+
+
+def missing_api() -> list[str]:
+    """The names of LMCache's client API that Client calls and this LMCache lacks: a version
+    the provider does not know is VOID naming them, not a traceback from a replica."""
+    import importlib
+
+    missing = []
+    for module_name, names in API.items():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # any import failure: the module is unusable
+            missing.append(f"{module_name} ({type(exc).__name__}: {exc})")
+            continue
+        for name, methods in names.items():
+            obj = getattr(module, name, None)
+            if obj is None:
+                missing.append(f"{module_name}.{name}")
+                continue
+            missing += [f"{name}.{m}" for m in methods if not callable(getattr(obj, m, None))]
+    return missing
+
+
+def accepts(function: Callable[..., Any], name: str) -> bool:
+    """Whether FUNCTION takes keyword NAME (LMCache 0.5.3's adapters lack some of 0.5.6's)."""
+    try:
+        return name in signature(function).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def tokens() -> list[int]:
@@ -142,15 +188,27 @@ class Client:
         config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(
             layer_names=list(kv), kv_cache_spec=FullAttentionSpec())])
         hints = {"kv_layout": "NHD"}  # without vLLM the CPU server would assume HND
-        infos = create_engine_group_infos_from_vllm(config, kv, layout_hints=hints, dcp_size=1)
-        self.worker.register_kv_caches(kv, engine_group_infos=infos, layout_hints=hints)
+        infos = create_engine_group_infos_from_vllm(config, kv, layout_hints=hints)
+        register = self.worker.register_kv_caches
+        extra = {"layout_hints": hints} if accepts(register, "layout_hints") else {}
+        register(kv, engine_group_infos=infos, **extra)
+
+    def event(self) -> Any:
+        """The ordering event a store or retrieve waits on: 0.5.6's adapter makes it;
+        0.5.3's connector records an interprocess event on the current stream itself."""
+        if hasattr(self.worker, "create_recorded_event"):
+            return self.worker.create_recorded_event()
+        from lmcache import torch_dev
+
+        event = torch_dev.Event(interprocess=True)
+        event.record()
+        return event
 
     def store(self, rid: str, ids: list[int], salt: str) -> bool:
         from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
 
         op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=NUM_TOKENS)
-        self.worker.submit_store_request(rid, op, self.worker.create_recorded_event(),
-                                         cache_salt=salt)
+        self.worker.submit_store_request(rid, op, self.event(), cache_salt=salt)
         ok = bool(self.worker.store_futures[rid].result(timeout=60))
         self.worker.get_finished({rid})
         return ok
@@ -175,8 +233,7 @@ class Client:
 
         self.scheduler.cleanup_lookup_result(rid)
         op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=hit)
-        self.worker.submit_retrieve_request(rid, op, self.worker.create_recorded_event(),
-                                            cache_salt=salt)
+        self.worker.submit_retrieve_request(rid, op, self.event(), cache_salt=salt)
         ok = bool(self.worker.retrieve_futures[rid][0].result(timeout=60))
         self.worker.get_finished(set())
         self.scheduler.end_session(rid)
@@ -361,6 +418,9 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
             if code != 0 or not result.exists():
                 raise replica.failure(f"exited with status {code} without a result")
             setattr(outcome, role, json.loads(result.read_text()))
+            if getattr(outcome, role).get("unsupported"):
+                outcome.void = unsupported_void(getattr(outcome, role))
+                break
     except ProcessFailed as exc:
         outcome.problems.append(str(exc))
     finally:
@@ -372,13 +432,31 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
             outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
     if delay_cycles:
         outcome.delayed_calls = dict(read_log(inject_log(workdir)))
-    if not outcome.problems:
+    if outcome.void and not outcome.problems:
+        outcome.problems.append(outcome.void)
+    elif not outcome.problems:
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
         void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
         if void:
             outcome.void = void
             outcome.problems.insert(0, void)
     return outcome
+
+
+def _lmcache_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lmcache")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
+def unsupported_void(result: dict[str, Any]) -> str:
+    """Why a replica that found LMCache's client API incomplete proves nothing."""
+    return (f"VOID: LMCache {result.get('lmcache')} lacks what the transfer provider calls "
+            f"({', '.join(result['unsupported'])}): it cannot drive this version, so no byte "
+            "was moved or judged")
 
 
 def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
@@ -425,17 +503,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
-    from lmcache.integration.vllm import vllm_multi_process_adapter  # noqa: F401
 
+    missing = missing_api()  # imports LMCache's adapters
     if args.after is not None:
         _wait_for(args.after, args.after_timeout)
-    client = Client(args.url, args.model)
-    try:
-        run = store_role if args.role == "store" else fetch_role
-        result = {"role": args.role, "chunk": client.chunk,
-                  **run(client, args.workdir, args.salt, args.device)}
-    finally:
-        client.close()
+    result: dict[str, Any]
+    if missing:
+        result = {"role": args.role, "unsupported": missing, "lmcache": _lmcache_version()}
+    else:
+        client = Client(args.url, args.model)
+        try:
+            run = store_role if args.role == "store" else fetch_role
+            result = {"role": args.role, "chunk": client.chunk,
+                      **run(client, args.workdir, args.salt, args.device)}
+        finally:
+            client.close()
     out = args.workdir / f"{args.role}.json"  # whole or absent: B waits for the store's
     partial = out.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=1))

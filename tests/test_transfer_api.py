@@ -1,0 +1,114 @@
+"""The transfer provider against LMCache versions whose client API differs: the known
+differences of 0.5.3 (no ``dcp_size``, no ``layout_hints`` on register, no
+``create_recorded_event``) are bridged; anything else it calls and a version lacks makes the
+check VOID naming what is missing, never a replica's traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.stack import transfer_provider as tp
+
+
+def _fake_lmcache(monkeypatch: pytest.MonkeyPatch, *, drop: str = "") -> None:
+    """LMCache's two client modules as 0.5.3 shapes them, less the name DROP."""
+    adapter, groups = ModuleType(tp.ADAPTER_MODULE), ModuleType(tp.GROUPS_MODULE)
+    for module_name, names in tp.API.items():
+        module = adapter if module_name == tp.ADAPTER_MODULE else groups
+        for name, methods in names.items():
+            if name == drop:
+                continue
+            kept = {m: (lambda *a, **k: None) for m in methods if f"{name}.{m}" != drop}
+            setattr(module, name, type(name, (), kept) if methods else (lambda *a, **k: []))
+    monkeypatch.setitem(sys.modules, tp.ADAPTER_MODULE, adapter)
+    monkeypatch.setitem(sys.modules, tp.GROUPS_MODULE, groups)
+
+
+def test_the_installed_lmcache_has_everything_the_provider_calls() -> None:
+    pytest.importorskip("lmcache")
+    assert tp.missing_api() == []
+
+
+@pytest.mark.parametrize("drop", ["LMCacheMPSchedulerAdapter.free_lookup_locks",
+                                  "LoadStoreOp", "create_engine_group_infos_from_vllm"])
+def test_a_missing_call_is_named(monkeypatch: pytest.MonkeyPatch, drop: str) -> None:
+    _fake_lmcache(monkeypatch)
+    assert tp.missing_api() == []
+    _fake_lmcache(monkeypatch, drop=drop)
+    missing = tp.missing_api()
+    assert len(missing) == 1 and missing[0].endswith(drop)
+
+
+def test_a_module_that_does_not_import_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_lmcache(monkeypatch)
+    monkeypatch.setitem(sys.modules, tp.GROUPS_MODULE, None)  # import raises ImportError
+    assert tp.missing_api() == [f"{tp.GROUPS_MODULE} (ModuleNotFoundError: import of "
+                                f"{tp.GROUPS_MODULE} halted; None in sys.modules)"]
+
+
+def test_a_replica_that_finds_the_api_incomplete_writes_why_and_no_client_starts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setattr(tp, "missing_api", lambda: ["LMCacheMPWorkerAdapter.shutdown"])
+    monkeypatch.setattr(tp, "Client", None)  # calling it would raise: it must not be made
+    assert tp.main(["store", "--url", "tcp://127.0.0.1:1", "--model", "m",
+                    "--workdir", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "store.json").read_text())
+    assert result["unsupported"] == ["LMCacheMPWorkerAdapter.shutdown"]
+    void = tp.unsupported_void(result)
+    assert void.startswith(f"VOID: LMCache {result['lmcache']} lacks what the transfer "
+                           "provider calls (LMCacheMPWorkerAdapter.shutdown)")
+    outcome = tp.TransferOutcome(problems=[void], void=void)
+    assert outcome.verdict() == ("bytes", "void") and outcome.score() == (0, 1)
+
+
+class _Worker053:
+    """0.5.3's worker adapter: register without layout_hints, no create_recorded_event."""
+
+    def __init__(self) -> None:
+        self.registered: dict[str, Any] = {}
+
+    def register_kv_caches(self, kv_caches: Any, engine_group_infos: Any) -> None:
+        self.registered = {"kv": kv_caches, "infos": engine_group_infos}
+
+
+def test_0_5_3_register_and_event_are_bridged(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_lmcache(monkeypatch)
+    calls: list[dict[str, Any]] = []
+
+    def infos_053(config: Any, kv: Any, layout_hints: Any = None) -> list[str]:  # no dcp_size
+        calls.append({"layout_hints": layout_hints})
+        return ["group"]
+
+    monkeypatch.setattr(sys.modules[tp.GROUPS_MODULE], "create_engine_group_infos_from_vllm",
+                        infos_053)
+    recorded: list[bool] = []
+
+    class Event:
+        def __init__(self, interprocess: bool) -> None:
+            assert interprocess
+
+        def record(self) -> None:
+            recorded.append(True)
+
+    fake_lmcache = ModuleType("lmcache")
+    fake_lmcache.torch_dev = SimpleNamespace(Event=Event)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lmcache", fake_lmcache)
+    client = object.__new__(tp.Client)
+    client.worker = _Worker053()
+    client.register({"layer.0": "kv"})
+    assert client.worker.registered == {"kv": {"layer.0": "kv"}, "infos": ["group"]}
+    assert calls == [{"layout_hints": {"kv_layout": "NHD"}}]
+    assert isinstance(client.event(), Event) and recorded == [True]
+
+
+def test_accepts_reads_the_signature() -> None:
+    assert tp.accepts(_Worker053().register_kv_caches, "engine_group_infos")
+    assert not tp.accepts(_Worker053().register_kv_caches, "layout_hints")
+    assert not tp.accepts(len, "anything")  # a builtin without a readable signature
