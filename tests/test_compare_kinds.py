@@ -158,3 +158,26 @@ def test_a_kind_or_status_that_is_not_text_is_named(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"python -m pytest_sharedkv compare: {path}: {where}\n"
+
+
+@pytest.mark.parametrize(("kinds", "lost"), [(["triage"], False), (["triage", "divergence"], True),
+                                             ([], True)])
+def test_a_diagnostic_that_does_not_run_again_is_not_lost(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, kinds: list[str],
+        lost: bool) -> None:
+    """The triage's pass says a diagnosis ran (something diverged): when AFTER has nothing to
+    triage it skips, and that is no lost test; a test with any other record, or none, is."""
+    node = "suites/test_service_regression.py::test_triage[lazy]"
+    before: dict[str, Any] = json.loads(SCREENING.read_text())
+    before["tests"].append({"nodeid": node, "tier": TIER, "outcome": "passed", "message": ""})
+    before["checks"] += [{**_check("triage", f"cell-{i}", kind, "pass", ""), "nodeid": node}
+                         for i, kind in enumerate(kinds)]
+    after: dict[str, Any] = json.loads(SCREENING.read_text())
+    after["tests"].append({"nodeid": node, "tier": TIER, "outcome": "skipped",
+                           "message": "nothing to triage"})
+    paths = tmp_path / "before.json", tmp_path / "after.json"
+    for path, data in zip(paths, (before, after), strict=True):
+        path.write_text(json.dumps(data))
+    status = main([str(p) for p in paths])
+    out = capsys.readouterr().out
+    assert (status, f"| NEW | lost | {node}" in " ".join(out.split())) == (int(lost), lost)

@@ -421,3 +421,22 @@ def test_the_other_tiers_engine_facts_that_differ_are_named(
     assert "FLAGS DIFFER" not in out
     status, out, _ = run(capsys, write(tmp_path, "plain.json", plain), before)
     assert "FLAGS DIFFER" not in out  # an older report recorded none: nothing to compare
+
+
+def test_reports_of_no_common_tier_do_not_compare_and_partial_ones_say_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The real H200 reports: LMCache 0.5.3's replica_pair run against 0.5.6's
+    service_regression run shares no tier (every AFTER test would read as new); the 0.5.6
+    pinned_pool + replica_pair run against 0.5.3's replica_pair run shares one."""
+    h200 = SCREENING.parents[1] / "lmcache" / "h200"
+    status, out, err = run(capsys, h200 / "replica_pair-0.5.3-compiled.json",
+                           h200 / "service-0.5.6-fallback-lazy-triage2.json")
+    assert (status, out) == (2, "")
+    assert err == ("python -m pytest_sharedkv compare: incomparable reports: no tier in "
+                   "common: BEFORE ran replica_pair, AFTER ran service_regression (run both "
+                   "with the same -m)\n")
+    status, out, _ = run(capsys, h200 / "pinned_pool-replica_pair-0.5.6-compiled.json",
+                         h200 / "replica_pair-0.5.3-compiled.json")
+    assert status == 1
+    assert "TIERS DIFFER: only BEFORE ran pinned_pool: a test of a tier only BEFORE ran is " \
+        "lost here, whatever the stack did (run both with the same -m)" in out

@@ -122,14 +122,31 @@ def findings(report: Report) -> list[Finding]:
     return list({f.key: f for f in found}.values())
 
 
+DIAGNOSTIC_KINDS = frozenset({"triage"})  # records that explain a fault, not claim correctness
+
+
+def _diagnostic_tests(report: Report) -> set[str]:
+    """Tests whose every record is a diagnostic (the triage of a diverging pair): their pass
+    says a diagnosis ran, so one that does not run later (nothing diverged) is not lost."""
+    kinds: dict[str, set[str]] = {}
+    for check in report.data.get("checks", []):
+        if isinstance(check, dict) and check.get("nodeid"):
+            kinds.setdefault(str(check["nodeid"]), set()).add(str(check.get("kind")))
+    return {nodeid for nodeid, found in kinds.items() if found <= DIAGNOSTIC_KINDS}
+
+
 def lost_tests(before: Report, after: Report) -> list[Finding]:
-    """Tests that passed in BEFORE and did not pass (or did not run) in AFTER."""
+    """Tests that passed in BEFORE and did not pass (or did not run) in AFTER; a
+    diagnostic's pass is not a correctness claim, so it cannot be lost."""
     now = {str(t.get("nodeid")): t for t in after.data.get("tests", []) if isinstance(t, dict)}
+    diagnostic = _diagnostic_tests(before)
     lost = []
     for test in before.data.get("tests", []):
         if not isinstance(test, dict) or test.get("outcome") != "passed":
             continue
         nodeid = str(test.get("nodeid"))
+        if nodeid in diagnostic:
+            continue
         mine = now.get(nodeid)
         outcome = None if mine is None else mine.get("outcome")
         if mine is None or outcome in ("skipped", "xfailed", "deselected"):

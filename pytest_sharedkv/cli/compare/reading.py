@@ -62,6 +62,12 @@ def read_report(path: Path) -> Report:
     return Report(path, data, perf)
 
 
+def tiers(report: Report) -> set[str]:
+    """The tiers whose tests the report holds (none known for a report without the field)."""
+    found = report.data.get("tiers")
+    return set(found) if isinstance(found, dict) else set()
+
+
 def comparable(before: Report, after: Report) -> None:
     """Raise CompareError saying which identity differs, with both values."""
     b, a = before.data.get("schema"), after.data.get("schema")
@@ -70,6 +76,11 @@ def comparable(before: Report, after: Report) -> None:
     if b != REPORT_SCHEMA:
         raise CompareError(f"incomparable reports: schema {b!r} is not {REPORT_SCHEMA!r} "
                            "(a newer plugin wrote them)")
+    b_tiers, a_tiers = tiers(before), tiers(after)
+    if b_tiers and a_tiers and not b_tiers & a_tiers:
+        raise CompareError(f"incomparable reports: no tier in common: BEFORE ran "
+                           f"{', '.join(sorted(b_tiers))}, AFTER ran "
+                           f"{', '.join(sorted(a_tiers))} (run both with the same -m)")
     if (before.perf is None) != (after.perf is None):
         has, lacks = ("BEFORE", "AFTER") if after.perf is None else ("AFTER", "BEFORE")
         raise CompareError(f"incomparable reports: {has} holds a perf screening and {lacks} "

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import Finding
 from pytest_sharedkv.cli.compare.kernels import kernel_line
-from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
 from pytest_sharedkv.perf.significance import MIN_PAIRS
 from pytest_sharedkv.report.markdown import markdown_table
@@ -102,6 +102,13 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
              f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}",
              kernel_line(before, after), "",
              "; ".join([result, *_noise_notes(every, limit)]), ""]
+    b_tiers, a_tiers = tiers(before), tiers(after)
+    if b_tiers and a_tiers and b_tiers != a_tiers:
+        only = [f"only {side} ran {', '.join(sorted(mine - theirs))}" for side, mine, theirs
+                in (("BEFORE", b_tiers, a_tiers), ("AFTER", a_tiers, b_tiers))
+                if mine - theirs]
+        lines += [f"TIERS DIFFER: {'; '.join(only)}: a test of a tier only BEFORE ran is "
+                  "lost here, whatever the stack did (run both with the same -m)", ""]
     if flags:
         lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (
             "the engines ran differently (no perf screening: correctness as usual)"
