@@ -20,7 +20,8 @@ H200 = Path(__file__).resolve().parents[1] / "fixtures" / "lmcache" / "h200"
 COMPILED = H200 / "service-0.5.6-compiled-lazy-audit.json"
 COMPILED_VOID = H200 / "service-0.5.6-compiled-lazy-run2.json"  # its hooks did not load
 COMPILED_CLEAN = H200 / "service-0.5.6-compiled.json"  # lazy + mixed, an older report
-FALLBACK = H200 / "service-0.5.6-fallback-lazy-triage.json"
+FALLBACK = H200 / "service-0.5.6-fallback-lazy-triage2.json"  # hooks loaded: every cell real
+RELEASED_053 = H200 / "replica_pair-0.5.3-compiled.json"  # its c_ops as released
 
 
 def _compare(capsys: pytest.CaptureFixture[str], before: Path, after: Path) -> tuple[int, str]:
@@ -45,7 +46,7 @@ def test_losing_the_compiled_kernels_fails_naming_the_path_and_every_divergent_r
         "compiled kernels (lmcache.cuda_ops); AFTER runs torch-fallback" in " ".join(
             out.split())
     diverged = _diverged(FALLBACK)
-    assert len(diverged) == 18
+    assert len(diverged) == 25
     for case in diverged:
         assert f"step=chain, case={case}]" in out, case
 
@@ -62,24 +63,26 @@ def test_a_clean_report_against_itself_passes(capsys: pytest.CaptureFixture[str]
 
 
 def test_the_fallback_triage_is_what_the_h200_measured() -> None:
-    """LMCache 0.5.6 on its torch fallback, lazy, copy model, 3k, one H200: 18 of 200
-    cross-replica answers wrong; CUDA_LAUNCH_BLOCKING=1 (server only, and everywhere) and
-    the mixed allocator removed it, one request in flight did not; the sync control never
-    ran (its hook did not load: VOID, no verdict)."""
+    """LMCache 0.5.6 on its torch fallback, lazy, copy model, 3k, audit on, one H200: 25 of
+    200 cross-replica answers wrong; CUDA_LAUNCH_BLOCKING=1 (server only, and everywhere), a
+    device synchronize around every server KV transfer and the mixed allocator removed it
+    (200/200, no mismatching digest); one request in flight did not."""
     data: dict[str, Any] = json.loads(FALLBACK.read_text())
     assert data["environment"]["lmcache"]["kernel_path"] == "torch-fallback"
-    cells = {c["key"]["step"]: (c["passed"], c["trials"], c["status"]) for c in data["checks"]
+    cells = {c["key"]["step"]: (c["passed"], c["trials"], c["status"],
+                                c["detail"]["mismatches"]) for c in data["checks"]
              if c["key"].get("size") == "triage"}
-    assert cells == {"one-in-flight": (183, 200, "fail"),
-                     "launch-blocking-all": (200, 200, "pass"),
-                     "launch-blocking-server": (200, 200, "pass"),
-                     "sync-transfers": (186, 200, "unknown"),
-                     "other-allocator": (200, 200, "pass")}
+    assert cells == {"one-in-flight": (181, 200, "fail", 16140),
+                     "launch-blocking-all": (200, 200, "pass", 0),
+                     "launch-blocking-server": (200, 200, "pass", 0),
+                     "sync-transfers": (200, 200, "pass", 0),
+                     "other-allocator": (200, 200, "pass", 0)}
     verdict = [n["text"] for n in data["notes"] if n["kind"] == "triage-verdict"]
     assert verdict == ["TRIAGE lazy: stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 "
                        "in the LMCache server and both replicas, CUDA_LAUNCH_BLOCKING=1 in the "
-                       "LMCache server only) (the pass: 18 of 200 3k cross-replica answers "
-                       "wrong)"]
+                       "LMCache server only, a device synchronize before and after every KV "
+                       "transfer in the server) (the pass: 25 of 200 3k cross-replica answers "
+                       "wrong, 9,490 mismatching digests)"]
 
 
 def test_the_compiled_run_proves_the_compiled_kernels_remedy_and_a_void_one_proves_none(
@@ -113,3 +116,22 @@ def test_the_compiled_lazy_audit_is_what_the_h200_measured() -> None:
     assert audit["status"] == "pass" and audit["detail"]["compared"] == 21246
     gate = next(c for c in data["checks"] if c["key"].get("size") == "gate")
     assert gate["status"] == "pass"
+
+
+def test_0_5_3_on_its_compiled_c_ops_is_what_the_h200_measured() -> None:
+    """LMCache 0.5.3 as released (its c_ops loads against torch 2.11), the replica tier, with
+    the one-block-a-step window its connector asks of a hybrid model: both launched pairs
+    3/3 exact, 3,008 of 3,009 tokens a prompt from the pool; the flags are in the report.
+    Its transfer cells failed on 0.5.3's client API (the provider bridges it since)."""
+    data: dict[str, Any] = json.loads(RELEASED_053.read_text())
+    lmcache = data["environment"]["lmcache"]
+    assert (lmcache["version"], lmcache["kernel_path"]) == ("0.5.3", "compiled")
+    pairs = {c["key"]["allocator"]: (c["passed"], c["trials"], c["status"],
+                                     [p["b_external"] for p in c["detail"]["prompts"]])
+             for c in data["checks"] if c["key"]["provider"] == "vllm"}
+    assert pairs == {a: (3, 3, "pass", [3008] * 3) for a in ("lazy", "mixed")}
+    settings = [json.loads(f["value"]) for f in data["facts"] if f["name"] == "engine_settings"]
+    assert settings and all(s["extra_args"] == ["--max-num-batched-tokens", "16",
+                                                "--max-num-seqs", "16"] for s in settings)
+    transfer = [c for c in data["checks"] if c["key"]["provider"].startswith("transfer")]
+    assert len(transfer) == 3 and all("dcp_size" in c["message"] for c in transfer)
