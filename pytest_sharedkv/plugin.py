@@ -97,8 +97,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if state.active:
         # Under xdist the controller collects nothing, so it is told here (or by the first
         # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
-        interrupts.install(config)
+        _install_interrupts(config)
         _check_devices(config)
+
+
+def _install_interrupts(config: pytest.Config) -> None:
+    """SIGTERM as Ctrl-C; an xdist controller passes it on to its workers."""
+    def workers() -> list[int]:
+        from pytest_sharedkv.processes import xdist_workers
+        return xdist_workers.pids(config)
+
+    interrupts.install(config, forward=workers)
 
 
 PDEATHSIG = pytest.StashKey[bool]()
@@ -144,7 +153,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in sharedkv:
         item.add_marker(pytest.mark.filterwarnings(OTEL_FILTER))
     # From here on SIGTERM (a CI time limit) tears the run down as Ctrl-C does.
-    interrupts.install(config)
+    _install_interrupts(config)
     state = state_of(config)
     if state.is_worker:
         _die_with_controller(config)
@@ -165,9 +174,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node: Any) -> None:
+    """xdist controller: the worker's pid, for a SIGTERM to reach it (processes.xdist_workers;
+    kept in memory only)."""
+    from pytest_sharedkv.processes import xdist_workers
+    xdist_workers.remember(node)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """xdist controller: a worker found the device environment unusable (see above), or
     saw --dist loadgroup not group its pair tests (config.xdist_groups)."""
+    from pytest_sharedkv.processes import xdist_workers
+    xdist_workers.forget(node)
     output = getattr(node, "workeroutput", {})
     problem = output.get(WORKER_USAGE_ERROR)
     if problem:
@@ -337,7 +356,7 @@ class _Collector:
                 or (state.has_log and report.nodeid in state.log.tests)):
             return
         state.log.add_report(report, self._category(report))
-        interrupts.install(self.config)  # under xdist, the first news of sharedkv items
+        _install_interrupts(self.config)  # under xdist, the first news of sharedkv items
         path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):
             return

@@ -139,16 +139,19 @@ class Signalled:
     workers_before: list[Proc]
     workers_gone: bool
     workers_left: list[Proc]
+    seconds: float  # from the signal to the controller's exit
 
 
 def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
     with inner_xdist(path, *args) as inner:
         workers = inner.others()
+        sent = time.monotonic()
         os.kill(inner.proc.pid, sig)
         inner.proc.wait(timeout=60)
+        seconds = time.monotonic() - sent
         gone = wait_for(lambda: not inner.others(), 3.0)
         return Signalled(inner.proc.returncode, inner.text(), path / "t.json", workers, gone,
-                         inner.others())
+                         inner.others(), seconds)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +179,14 @@ def test_sigterm_to_the_controller_keeps_the_report(sigterm_with_report: Signall
 
 def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signalled) -> None:
     _no_worker_outlives(sigterm_with_report)
+
+
+def test_a_terminated_controller_ends_without_waiting_out_execnet(
+        sigterm_with_report: Signalled) -> None:
+    """The controller passes SIGTERM on to its workers, so they tear down at once: left to
+    execnet (each worker waits 5 s for its test before it interrupts itself) this run took
+    5.8 s, and 12.3 s with a launched stub pair to tear down; passed on, 0.8 s."""
+    assert sigterm_with_report.seconds < 3.0, sigterm_with_report.text[-2000:]
 
 
 def test_sigterm_reaches_a_controller_activated_by_reports(pytester: pytest.Pytester) -> None:
