@@ -376,16 +376,15 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
     service_pass, pair = sharedkv_service_pass, sharedkv_replica_pair
     run = service_pass.ensure(PROTOCOL)
     group = None if run.error else triage.diverging_group(run)
+    nothing = (f"nothing to triage: {pair.description} answered every cross-replica request "
+               "right")
     if not sharedkv_settings.triage:  # said only where there was something to triage
         skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
-                       "pair under controls)" if group is not None or run.error else
-                       f"nothing to triage: {pair.description} answered every cross-replica "
-                       "request right")
+                       "pair under controls)" if group is not None or run.error else nothing)
     if run.error:
         pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
     if group is None:
-        skip_not_asked(request.node, f"nothing to triage: {pair.description} answered every "
-                       "cross-replica request right")
+        skip_not_asked(request.node, nothing)
     base, cases = triage.base_of(run, pair, group)
     allocator = base.allocator
     runner = service_pass.runner

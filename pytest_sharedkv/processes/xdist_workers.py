@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-WORKERS = pytest.StashKey[dict[str, int]]()
+WORKERS = pytest.StashKey[set[int]]()
 
 
 def _pid(node: Any) -> int | None:
@@ -29,13 +29,14 @@ def _pid(node: Any) -> int | None:
 def remember(node: Any) -> None:
     pid = _pid(node)
     if pid is not None:
-        node.config.stash.setdefault(WORKERS, {})[str(getattr(node.gateway, "id", pid))] = pid
+        node.config.stash.setdefault(WORKERS, set()).add(pid)
 
 
 def forget(node: Any) -> None:
-    node.config.stash.get(WORKERS, {}).pop(str(getattr(node.gateway, "id", None)), None)
+    node.config.stash.get(WORKERS, set()).discard(_pid(node))
 
 
 def pids(config: pytest.Config) -> list[int]:
     """The workers alive as far as the controller knows (none outside an xdist controller)."""
-    return list(config.stash.get(WORKERS, {}).values())
+    workers: set[int] = config.stash.get(WORKERS, set())
+    return sorted(workers)

@@ -417,9 +417,10 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
             result = workdir / f"{role}.json"
             if code != 0 or not result.exists():
                 raise replica.failure(f"exited with status {code} without a result")
-            setattr(outcome, role, json.loads(result.read_text()))
-            if getattr(outcome, role).get("unsupported"):
-                outcome.void = unsupported_void(getattr(outcome, role))
+            found = json.loads(result.read_text())
+            setattr(outcome, role, found)
+            if found.get("unsupported"):
+                outcome.void = unsupported_void(found)
                 break
     except ProcessFailed as exc:
         outcome.problems.append(str(exc))
@@ -444,12 +445,9 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
 
 
 def _lmcache_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from pytest_sharedkv.host.environment import dist_version
 
-    try:
-        return version("lmcache")
-    except PackageNotFoundError:
-        return "(version unknown)"
+    return dist_version("lmcache") or "(version unknown)"
 
 
 def unsupported_void(result: dict[str, Any]) -> str:
