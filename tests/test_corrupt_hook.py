@@ -73,3 +73,63 @@ def test_control_file_absent_or_garbage_zeroes_nothing(tmp_path: Path) -> None:
     assert corrupt_hook.chunks_to_zero(tmp_path / "bad.json") == []
     (tmp_path / "odd.json").write_text(json.dumps({"zero_chunks": [3, -1, "x", 2]}))
     assert corrupt_hook.chunks_to_zero(tmp_path / "odd.json") == [3, 2]
+
+
+LAYOUT_056 = {  # the function lives in object_group_transfer; the server module imports it
+    "object_group_transfer.py": "def transfer_kv_per_object_group(ctx, ids, objs, group, "
+                                "batch, skip, direction):\n    return 'moved'\n",
+    "modules/lmcache_driven_transfer.py":
+        "from lmcache.v1.multiprocess.object_group_transfer import "
+        "transfer_kv_per_object_group\n"
+        "def retrieve(objs):\n    return transfer_kv_per_object_group(None, None, objs, 0, 1, 0,"
+        " 'TransferDirection.H2D')\n",
+}
+LAYOUT_053 = {  # 0.5.3: defined and called inside the server module
+    "modules/lmcache_driven_transfer.py":
+        "def transfer_kv_per_object_group(ctx, ids, objs, group, batch, skip, direction):\n"
+        "    return 'moved'\n"
+        "def retrieve(objs):\n    return transfer_kv_per_object_group(None, None, objs, 0, 1, 0,"
+        " 'TransferDirection.H2D')\n",
+}
+RETRIEVE = """
+import os, sys
+from pytest_sharedkv.engine_hooks import corrupt_hook
+corrupt_hook.install()
+class Obj:
+    zeroed = 0
+    raw_data = None
+    def get_size(self): return 4
+    @property
+    def tensor(self): return self
+    def zero_(self): Obj.zeroed += 1
+from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import retrieve
+print(retrieve([Obj(), Obj()]), Obj.zeroed)
+"""
+
+
+@pytest.mark.parametrize("layout", [LAYOUT_056, LAYOUT_053], ids=["0.5.6", "0.5.3"])
+def test_the_gate_zeroes_once_wherever_the_release_keeps_the_transfer(
+        tmp_path: Path, layout: dict[str, str]) -> None:
+    """0.5.3 keeps transfer_kv_per_object_group in modules.lmcache_driven_transfer; 0.5.6
+    moved it to object_group_transfer and imports it back: both are hooked, a chunk is
+    zeroed once (the wrap is marked), and a release with neither would leave the gate VOID."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "site" / "lmcache" / "v1" / "multiprocess"
+    for rel, text in {**layout, "../../__init__.py": "", "../__init__.py": "", "__init__.py": "",
+                      "modules/__init__.py": ""}.items():
+        path = (root / rel).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    control = tmp_path / "control.json"
+    control.write_text(json.dumps({"zero_chunks": [1]}))
+    log = tmp_path / "zeroed.log"
+    env = {**os.environ, corrupt_hook.CONTROL_ENV: str(control), corrupt_hook.LOG_ENV: str(log),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(Path.cwd())])}
+    done = subprocess.run([sys.executable, "-c", RETRIEVE], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["moved", "1"]
+    assert corrupt_hook.read_log(log) == [(0, 1, 4)]

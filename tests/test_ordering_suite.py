@@ -398,3 +398,41 @@ def test_on_the_torch_fallback_the_fallback_fails_and_the_build_is_only_suggeste
     ])
     assert "PROVEN" not in result.stdout.str()
     assert "reference" not in _summary(result.stdout.str())
+
+
+MISSING_PATH = """
+from pytest_sharedkv.host.lmcache_api import MissingLMCacheAPI
+from pytest_sharedkv.ordering.targets import CopyTarget
+
+def absent(backend, sizes):
+    raise MissingLMCacheAPI("fallback lmcache_memcpy_async",
+                            ["lmcache.v1.platform.torch_ops:lmcache_memcpy_async (ImportError)"])
+
+def pytest_sharedkv_copy_targets(registry):
+    registry.add(CopyTarget("sim-absent", "under-test", "a path this release lacks", absent,
+                            backend="simulated"))
+"""
+
+
+def test_a_copy_path_the_release_lacks_is_void_naming_where_it_looked(
+        pytester: pytest.Pytester, simulated: Callable[[str], None]) -> None:
+    """LMCache 0.5.3 on the GPU host: lmcache-fallback and lmcache-device-ops died on
+    ImportErrors of 0.5.6's module names. A path no known place holds is VOID, said once
+    per cell, with a void record, never a traceback."""
+    simulated("1")
+    pytester.makeconftest(MISSING_PATH)
+    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-raw,sim-absent",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=4, failed=4)
+    result.stdout.fnmatch_lines([
+        "*VOID: sim-absent cannot be probed: LMCache * has no fallback lmcache_memcpy_async "
+        "(looked in: lmcache.v1.platform.torch_ops:lmcache_memcpy_async (ImportError))*"])
+    result.stdout.fnmatch_lines([
+        "*VERDICT sim-absent [[]under-test[]]: VOID (this LMCache release has no fallback "
+        "lmcache_memcpy_async; looked in: lmcache.v1.platform.torch_ops:lmcache_memcpy_async "
+        "(ImportError))", "*sharedkv: VOID*"])
+    assert "Traceback" not in result.stdout.str()
+    data = json.loads((pytester.path / "r.json").read_text())
+    absent = [c for c in data["checks"] if c["key"]["target"] == "sim-absent"]
+    assert len(absent) == 4 and {c["status"] for c in absent} == {"void"}
+    assert {c["detail"]["missing"] for c in absent} == {"fallback lmcache_memcpy_async"}

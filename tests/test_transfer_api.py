@@ -109,6 +109,8 @@ def test_0_5_3_register_and_event_are_bridged(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_accepts_reads_the_signature() -> None:
-    assert tp.accepts(_Worker053().register_kv_caches, "engine_group_infos")
-    assert not tp.accepts(_Worker053().register_kv_caches, "layout_hints")
-    assert not tp.accepts(len, "anything")  # a builtin without a readable signature
+    from pytest_sharedkv.host.lmcache_api import accepts
+
+    assert accepts(_Worker053().register_kv_caches, "engine_group_infos")
+    assert not accepts(_Worker053().register_kv_caches, "layout_hints")
+    assert not accepts(len, "anything")  # a builtin without a readable signature

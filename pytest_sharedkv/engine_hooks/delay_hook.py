@@ -42,12 +42,14 @@ ROLE_ENV = "SHAREDKV_INJECT_ROLE"  # names the process in the log (server, repli
 SERVER_ROLE = "server"  # the process whose copies the delay must reach
 VOID = "VOID"  # how a delayed result that proves nothing begins
 _FALLBACK_KERNELS = "lmcache.v1.platform.torch_ops.mp_mem_kernels"
-# LMCache 0.5.6 entry points of KV stores and retrieves (server object groups, the
-# engine-driven worker path, the torch fallback's kernels); the GPU connector helpers that
-# reach lmcache_memcpy_async are discovered in LMCache's source (lmcache_source.py), so a
-# newer LMCache's helpers (e.g. lmcache_memcpy_async_h2d_range) are delayed too.
+# LMCache's entry points of KV stores and retrieves (server object groups, where 0.5.6 and
+# 0.5.3 keep them; the engine-driven worker path; the torch fallback's kernels); the GPU
+# connector helpers that reach lmcache_memcpy_async are discovered in LMCache's source
+# (lmcache_source.py), so a newer LMCache's helpers (e.g. lmcache_memcpy_async_h2d_range)
+# are delayed too.
 FIXED_TARGETS = (
     "lmcache.v1.multiprocess.object_group_transfer:transfer_kv_per_object_group",
+    "lmcache.v1.multiprocess.modules.lmcache_driven_transfer:transfer_kv_per_object_group",
     "lmcache.v1.multiprocess.transfer_context.base:gather_paged_kv_to_cpu",
     "lmcache.v1.multiprocess.transfer_context.base:scatter_cpu_to_paged_kv",
     *(f"{_FALLBACK_KERNELS}:_transfer_{kind}" for kind in (

@@ -1,7 +1,8 @@
-"""LMCache's own copy paths, called exactly as LMCache calls them (lmcache 0.5.6 API).
+"""LMCache's own copy paths, called exactly as LMCache calls them (0.5.3 and 0.5.6 alike:
+names that moved between releases are found through ``host.lmcache_api``).
 
-* ``TorchFallbackCopy``: ``lmcache.v1.platform.torch_ops.mem_kernels.lmcache_memcpy_async``
-  in pointer mode: a ctypes ``cudaMemcpy`` with no stream.
+* ``TorchFallbackCopy``: ``torch_ops``'s ``lmcache_memcpy_async`` (0.5.6 keeps it in
+  ``torch_ops.mem_kernels``) in pointer mode: a ctypes ``cudaMemcpy`` with no stream.
 * ``DeviceOpsCopy``: whatever LMCache's DeviceOps ``lmcache_memcpy_async`` resolves to
   (``host.lmcache_status.device_ops``: ``lmcache.device_ops``, or 0.5.3's
   ``resolve_device_ops``): the compiled kernel (``cuda_ops``; 0.5.3's ``c_ops``;
@@ -60,9 +61,9 @@ def native_bound() -> bool:
 
 
 def _direction(name: str) -> Any:
-    from lmcache import lmcache_native
+    from pytest_sharedkv.host.lmcache_api import direction
 
-    return getattr(lmcache_native.TransferDirection, name)
+    return direction(name)
 
 
 def _pin_chunk() -> int:
@@ -100,9 +101,9 @@ class TorchFallbackCopy(_PointerFunctionCopy):
     description = "torch fallback lmcache_memcpy_async: ctypes cudaMemcpy, no stream"
 
     def resolve(self) -> Any:
-        from lmcache.v1.platform.torch_ops import mem_kernels
+        from pytest_sharedkv.host.lmcache_api import resolve
 
-        return mem_kernels.lmcache_memcpy_async
+        return resolve("fallback lmcache_memcpy_async")
 
 
 class DeviceOpsCopy(_PointerFunctionCopy):

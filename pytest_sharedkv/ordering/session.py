@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pytest_sharedkv.config.options import Settings, format_size
 from pytest_sharedkv.host.cuda_check import LAUNCH_BLOCKING_ENV, launch_blocking
+from pytest_sharedkv.host.lmcache_api import MissingLMCacheAPI
 from pytest_sharedkv.ordering.cells import Cell, format_cycles
 from pytest_sharedkv.ordering.probe import CellResult, CopyImpl, Prober, StreamBackend
 from pytest_sharedkv.ordering.targets import (
@@ -145,7 +146,10 @@ class OrderingSession:
         for name, value in self.pending_facts:
             sink.fact(name, value)
         self.pending_facts.clear()
-        impl = self.impl(target)
+        try:
+            impl = self.impl(target)
+        except MissingLMCacheAPI as exc:  # a release without this path proves nothing here
+            return self._missing(target, cell, exc, sink)
         trials, cycles = self.settings.trials, self.settings.delay_cycles
         gate = self.gate(cell.direction, cell.nbytes, sink)
         sensitive = gate.passed == 0
@@ -159,6 +163,18 @@ class OrderingSession:
                                          trials)
         self._record(sink, target, undelayed, sensitive)
         return self._verdict(target, cell, delayed, undelayed, gate)
+
+    def _missing(self, target: CopyTarget, cell: Cell, exc: MissingLMCacheAPI,
+                 sink: ResultSink) -> Judgement:
+        text = (f"VOID: {target.name} cannot be probed: {exc}; this LMCache release does not "
+                "have the copy path it names")
+        cycles = self.settings.delay_cycles
+        sink.check(TIER, {"target": target.name, "direction": cell.direction,
+                          "size": format_size(cell.nbytes), "delay": format_cycles(cycles)},
+                   0, 0, role=target.role, message=text, kind="ordering", status="void",
+                   detail={"missing": exc.what, "tried": exc.tried, "delay_cycles": cycles,
+                           "backend": self.backend.name, "description": target.summary})
+        return Judgement(False, text)
 
     def _verdict(self, target: CopyTarget, cell: Cell, delayed: CellResult,
                  undelayed: CellResult, gate: CellResult) -> Judgement:

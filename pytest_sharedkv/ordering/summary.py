@@ -77,7 +77,11 @@ def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:
         dp, dt = _tally(_delayed(mine))
         up, ut = _tally(_undelayed(mine))
         description = str(mine[0].detail.get("description", ""))
-        if not sensitive:
+        missing = next((c.detail for c in mine if c.detail.get("missing")), None)
+        if missing is not None:
+            verdict = (f"VOID (this LMCache release has no {missing['missing']}; looked in: "
+                       f"{'; '.join(missing.get('tried', []))})")
+        elif not sensitive:
             verdict = (f"VOID (the probe is not sensitive; {dp}/{dt} delayed and {up}/{ut} "
                        "undelayed checks held, which proves nothing)")
         elif dp == dt and up == ut:
@@ -99,7 +103,7 @@ def verdict_lines(checks: Sequence[Check], sensitive: bool = True) -> list[str]:
         if reference:
             lines.append(f"    xfail: {REFERENCE_REASON} ({detail.get('kernel_module')}); "
                          "its fault is shown, and does not fail the run")
-        if sensitive and (dp < dt or up < ut):
+        if sensitive and missing is None and (dp < dt or up < ut):
             package = str(detail.get("compiled_for", ""))
             proof = compiled_proof(checks, package) if package else []
             for remedy in remedy_lines(str(detail.get("remedy", "")), package, reference,

@@ -133,7 +133,7 @@ BUILTIN_TARGETS: tuple[CopyTarget, ...] = (
                "stream-aware torch tensor copy_(non_blocking=True)",
                f"{_CUDA}:TensorCopy"),
     CopyTarget("lmcache-fallback", "under-test",
-               "lmcache.v1.platform.torch_ops.mem_kernels.lmcache_memcpy_async (torch fallback)",
+               "lmcache.v1.platform.torch_ops lmcache_memcpy_async (the torch fallback)",
                f"{_LMC}:TorchFallbackCopy", requires=("lmcache",), remedy=LMCACHE_LAZY_REMEDY,
                fallback_for="lmcache", compiled_for="lmcache"),
     CopyTarget("lmcache-device-ops", "under-test",

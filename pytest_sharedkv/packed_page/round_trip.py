@@ -1,4 +1,5 @@
-"""Round trips through LMCache's real transfer code (lmcache 0.5.6 API), replica A -> B.
+"""Round trips through LMCache's real transfer code, replica A -> B (0.5.3 and 0.5.6 alike:
+names that moved between releases are found through ``host.lmcache_api``).
 
 Paths (all LMCache code; nothing here copies KV bytes itself):
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from pytest_sharedkv.host.lmcache_api import direction, known_keywords
 from pytest_sharedkv.layouts.build import (
     Replica,
     hybrid_config,
@@ -44,7 +46,7 @@ SEED_A, SEED_B = 11, 22
 
 # Combinations LMCache does not support by design: a test that meets LMCache's refusal is
 # an xfail with this reason and LMCache's own message (never a silent pass).
-HYBRID_ONLY_SERVER = ("LMCache 0.5.6 moves hybrid (Gated DeltaNet + attention) KV only through "
+HYBRID_ONLY_SERVER = ("LMCache moves hybrid (Gated DeltaNet + attention) KV only through "
                       "its server-side object-group path")
 
 
@@ -163,7 +165,6 @@ def call_block_kernel(kernel: Any, paged: Any, fmt: Any, layers: int, tensors: l
 
 def plain_trip(spec: LayoutSpec, path: str, device: torch.device, a: Replica, b: Replica,
                 a_ids: list[int], b_ids: list[int]) -> list[str]:
-    from lmcache import lmcache_native
     from lmcache.utils import EngineType
     from lmcache.v1.gpu_connector.utils import (
         get_block_size,
@@ -199,10 +200,10 @@ def plain_trip(spec: LayoutSpec, path: str, device: torch.device, a: Replica, b:
         objects = _allocate(torch.Size(shape), torch_dtype(spec.dtype), NUM_CHUNKS, device)
         tensors = [o.tensor for o in objects]
         call_block_kernel(kernel, norm_a, fmt, layers, tensors, a_ids, device,
-                          lmcache_native.TransferDirection.D2H, desc, chunk_tokens,
+                          direction("D2H"), desc, chunk_tokens,
                           BLOCKS_PER_CHUNK)
         call_block_kernel(kernel, norm_b, fmt_b, get_num_layers(norm_b, fmt_b), tensors,
-                          b_ids, device, lmcache_native.TransferDirection.H2D, desc,
+                          b_ids, device, direction("H2D"), desc,
                           chunk_tokens, BLOCKS_PER_CHUNK)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -234,15 +235,15 @@ def _server_trip(kv_a: dict[str, Any], kv_b: dict[str, Any], ids_a: list[list[in
                  ids_b: list[list[int]], infos: Any, chunk_tokens: int, hints: dict[str, str],
                  separate: bool) -> str:
     """lmcache_driven_transfer's store and retrieve (minus IPC): object groups, staging."""
-    from lmcache import lmcache_native
     from lmcache.utils import EngineType
     from lmcache.v1.multiprocess.group_view import expand_engine_block_ids
     from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import get_layout_desc
-    from lmcache.v1.multiprocess.object_group_transfer import (
-        downsample_and_stage_block_ids,
-        transfer_kv_per_object_group,
-    )
-    from lmcache.v1.platform.devices.cpu.cache_context import CPUCacheContext
+
+    from pytest_sharedkv.host.lmcache_api import resolve
+
+    CPUCacheContext = resolve("CPUCacheContext")
+    downsample_and_stage_block_ids = resolve("downsample_and_stage_block_ids")
+    transfer_kv_per_object_group = resolve("transfer_kv_per_object_group")
 
     def context(kv: dict[str, Any]) -> Any:
         return CPUCacheContext([_WrapperStandIn(t) for t in kv.values()],
@@ -263,14 +264,16 @@ def _server_trip(kv_a: dict[str, Any], kv_b: dict[str, Any], ids_a: list[list[in
                             torch.device("cpu"))
         transfer_kv_per_object_group(ctx_a, staged_a, objects, object_group_id=group,
                                      batch_size=1, skip_first_n_tokens=0,
-                                     direction=lmcache_native.TransferDirection.D2H,
-                                     transfer_key="store")
+                                     direction=direction("D2H"),
+                                     **known_keywords(transfer_kv_per_object_group,
+                                                      transfer_key="store"))
         stored.append(objects)
     for group, objects in enumerate(stored):
         transfer_kv_per_object_group(ctx_b, staged_b, objects, object_group_id=group,
                                      batch_size=4, skip_first_n_tokens=0,
-                                     direction=lmcache_native.TransferDirection.H2D,
-                                     transfer_key="retrieve")
+                                     direction=direction("H2D"),
+                                     **known_keywords(transfer_kv_per_object_group,
+                                                      transfer_key="retrieve"))
         _release(objects)
     kernel_groups = " ".join(
         f"kg{i}[{kg.engine_kv_format.name} bs={kg.shape_desc.bs} "

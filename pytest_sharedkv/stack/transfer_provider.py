@@ -25,9 +25,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from inspect import signature
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     read_log,
     void_problem,
 )
+from pytest_sharedkv.host.lmcache_api import accepts
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
@@ -89,14 +88,6 @@ def missing_api() -> list[str]:
                 continue
             missing += [f"{name}.{m}" for m in methods if not callable(getattr(obj, m, None))]
     return missing
-
-
-def accepts(function: Callable[..., Any], name: str) -> bool:
-    """Whether FUNCTION takes keyword NAME (LMCache 0.5.3's adapters lack some of 0.5.6's)."""
-    try:
-        return name in signature(function).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def tokens() -> list[int]:
