@@ -22,6 +22,9 @@ COMPILED_VOID = H200 / "service-0.5.6-compiled-lazy-run2.json"  # its hooks did 
 COMPILED_CLEAN = H200 / "service-0.5.6-compiled.json"  # lazy + mixed, an older report
 FALLBACK = H200 / "service-0.5.6-fallback-lazy-triage2.json"  # hooks loaded: every cell real
 RELEASED_053 = H200 / "replica_pair-0.5.3-compiled.json"  # its c_ops as released
+TRANSFER_053 = H200 / "transfer-0.5.3-compiled.json"  # the client-API bridge on a GPU
+TIERS_053 = H200 / "tiers-0.5.3-compiled.json"  # ordering, packed_page, pinned_pool, replica
+SERVICE_053 = H200 / "service-0.5.3-compiled-gate-void.json"  # the gate's hook missed 0.5.3
 
 
 def _compare(capsys: pytest.CaptureFixture[str], before: Path, after: Path) -> tuple[int, str]:
@@ -135,3 +138,54 @@ def test_0_5_3_on_its_compiled_c_ops_is_what_the_h200_measured() -> None:
                                                 "--max-num-seqs", "16"] for s in settings)
     transfer = [c for c in data["checks"] if c["key"]["provider"].startswith("transfer")]
     assert len(transfer) == 3 and all("dcp_size" in c["message"] for c in transfer)
+
+
+def test_the_transfer_bridge_moves_every_byte_through_0_5_3() -> None:
+    """The transfer provider on LMCache 0.5.3's client API (no dcp_size, no layout_hints on
+    register, its own recorded event), through the real server on CPU and on the GPU."""
+    data: dict[str, Any] = json.loads(TRANSFER_053.read_text())
+    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    cells = {c["key"]["provider"]: (c["passed"], c["trials"], c["status"])
+             for c in data["checks"]}
+    assert cells == {"transfer (cpu)": (256, 256, "pass"), "transfer (cuda)": (256, 256, "pass")}
+
+
+def test_0_5_3_copies_on_its_compiled_c_ops_are_stream_ordered() -> None:
+    """The ordering tier on 0.5.3's c_ops: both allocators' gpu_ops helpers held every
+    delayed and undelayed check while the negative control saw stale bytes in every delayed
+    one. Its lmcache-fallback and lmcache-device-ops cells, and packed_page, died on
+    ImportErrors of 0.5.6's names (host.lmcache_api finds 0.5.3's since; not rerun)."""
+    data: dict[str, Any] = json.loads(TIERS_053.read_text())
+    assert data["environment"]["lmcache"]["kernel_path"] == "compiled"
+    ordering = [c for c in data["checks"] if c["tier"] == "ordering"]
+    helpers = [c for c in ordering if c["key"]["target"].endswith("-helper")]
+    assert {c["key"]["target"] for c in helpers} == {"lmcache-lazy-helper",
+                                                     "lmcache-mixed-helper"}
+    assert sum(c["passed"] for c in helpers) == sum(c["trials"] for c in helpers) == 240
+    negative = [c for c in ordering if c["role"] == "negative-control"
+                and c["detail"]["delay_cycles"] > 0]
+    assert len(negative) == 6 and sum(c["passed"] for c in negative) == 0
+    died = [t for t in data["tests"] if t["outcome"] == "failed"]
+    assert len(died) == 69 and all(t["message"].startswith("ImportError") for t in died)
+
+
+def test_the_0_5_3_service_run_is_void_and_is_no_baseline_for_the_upgrade(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """0.5.3 compiled -> 0.5.6 fallback, the upgrade an operator on a torch-2.11 host makes:
+    the 0.5.3 service run's gate hook wrapped 0.5.6's module only (VOID; its progress line
+    had 200/200 cross answers as constructed), so its failures are no baseline: the compare
+    FAILS with the lost kernel path and every one of the 25 divergent requests as NEW."""
+    data: dict[str, Any] = json.loads(SERVICE_053.read_text())
+    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
+    assert (gate["status"], gate["kind"], gate["detail"]["status"]) == ("void", "gate", "VOID")
+    assert gate["detail"]["zeroed_chunks_logged"] == 0
+    status, out = _compare(capsys, SERVICE_053, FALLBACK)
+    flat = " ".join(out.split())
+    assert status == 1
+    assert "BEFORE VOID in service_regression: BEFORE proved nothing there" in out
+    assert "also in BEFORE |" not in out
+    assert "| NEW | kernel path lost | LMCache 0.5.3 -> 0.5.6 | BEFORE ran LMCache's " \
+        "compiled kernels (lmcache.c_ops); AFTER runs torch-fallback" in flat
+    for case in _diverged(FALLBACK):
+        assert f"| NEW | divergence | service_regression [provider=vllm, allocator=lazy, " \
+            f"delay=0, size=3k, step=chain, case={case}]" in flat, case

@@ -124,7 +124,7 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         status = gate.status if gate is not None else None
         void = gate if gate is not None and status in ("void", "confounded") else None
         if void is not None and not wrong:
-            lines.append(f"VERDICT {name}: VOID: {void.message}")
+            lines.append(f"VERDICT {name}: VOID: {void.message.removeprefix('VOID: ')}")
             continue
         if gate is not None and status == "unproven":
             lines.append(f"NOTE {name}: {gate.message}")

@@ -156,10 +156,27 @@ def lost_tests(before: Report, after: Report) -> list[Finding]:
     return lost
 
 
+def void_tiers(report: Report) -> set[str]:
+    """Tiers in which REPORT proved nothing: a record of status void (a sensitivity gate
+    whose hook never reached the server, an insensitive probe)."""
+    return {str(c.get("tier")) for c in report.data.get("checks", [])
+            if isinstance(c, dict) and c.get("status") == "void"}
+
+
+def _tier_of(report: Report, finding: Finding) -> str | None:
+    for test in report.data.get("tests", []):
+        if isinstance(test, dict) and test.get("nodeid") == finding.subject:
+            return str(test.get("tier"))
+    tier, _, _ = finding.subject.partition(" [")
+    return tier if finding.subject.endswith("]") else None
+
+
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
     """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
-    a test that passed in BEFORE and not in AFTER is always new."""
-    earlier = {f.key for f in findings(before)}
+    a test that passed in BEFORE and not in AFTER is always new, and so is one that failed
+    in a tier BEFORE proved nothing in (VOID): no baseline, not an old fault."""
+    void = void_tiers(before)
+    earlier = {f.key for f in findings(before) if _tier_of(before, f) not in void}
     problems = findings(after) + lost_tests(before, after)
     return ([f for f in problems if f.key not in earlier],
             [f for f in problems if f.key in earlier])

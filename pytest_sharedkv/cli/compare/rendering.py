@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from pytest_sharedkv.cli.compare import speed
-from pytest_sharedkv.cli.compare.correctness import Finding
+from pytest_sharedkv.cli.compare.correctness import Finding, void_tiers
 from pytest_sharedkv.cli.compare.kernels import kernel_line
 from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
@@ -109,6 +109,10 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                 if mine - theirs]
         lines += [f"TIERS DIFFER: {'; '.join(only)}: a test of a tier only BEFORE ran is "
                   "lost here, whatever the stack did (run both with the same -m)", ""]
+    void = sorted(void_tiers(before) & a_tiers)
+    if void:
+        lines += [f"BEFORE VOID in {', '.join(void)}: BEFORE proved nothing there, so its "
+                  "failures are no baseline: AFTER's are counted as new", ""]
     if flags:
         lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (
             "the engines ran differently (no perf screening: correctness as usual)"
