@@ -62,8 +62,8 @@ def where(what: str, places: tuple[str, ...] | None = None) -> str:
     for place in places if places is not None else PLACES[what]:
         try:
             _lookup(place)
-        except (ImportError, AttributeError) as exc:
-            tried.append(f"{place} ({type(exc).__name__}: {exc})")  # a dependency, maybe
+        except Exception as exc:  # absent, or a module whose own import fails here
+            tried.append(f"{place} ({type(exc).__name__}: {exc})")
             continue
         return place
     raise MissingLMCacheAPI(what, tried)
