@@ -26,6 +26,8 @@ PLACES: dict[str, tuple[str, ...]] = {
         "lmcache.v1.multiprocess.object_group_transfer:downsample_and_stage_block_ids",
         "lmcache.v1.multiprocess.modules.lmcache_driven_transfer:"
         "downsample_and_stage_block_ids"),
+    "get_layout_desc": (  # the same place in both; its module needs native_storage_ops
+        "lmcache.v1.multiprocess.modules.lmcache_driven_transfer:get_layout_desc",),
     "CPUCacheContext": ("lmcache.v1.platform.devices.cpu.cache_context:CPUCacheContext",
                         "lmcache.v1.platform.cpu.cache_context:CPUCacheContext"),
 }

@@ -166,8 +166,8 @@ class OrderingSession:
 
     def _missing(self, target: CopyTarget, cell: Cell, exc: MissingLMCacheAPI,
                  sink: ResultSink) -> Judgement:
-        text = (f"VOID: {target.name} cannot be probed: {exc}; this LMCache release does not "
-                "have the copy path it names")
+        text = (f"VOID: {target.name} cannot be probed: {exc}; this LMCache, as installed here, "
+                "cannot run the copy path it names")
         cycles = self.settings.delay_cycles
         sink.check(TIER, {"target": target.name, "direction": cell.direction,
                           "size": format_size(cell.nbytes), "delay": format_cycles(cycles)},

@@ -142,7 +142,7 @@ class PackedPageRunner:
                 return Verdict(False, str(exc), skip=True)
             return self._xfail(sink, key, f"{by_design}; LMCache: {exc}")
         except MissingLMCacheAPI as exc:  # a release without this path: nothing was moved
-            text = f"VOID: {case.id}: {exc}; this LMCache release does not have the path"
+            text = f"VOID: {case.id}: {exc}; this LMCache, as installed here, cannot run the path"
             sink.check(TIER, key, 0, 0, message=text, kind="bytes", status="void",
                        detail={"missing": exc.what, "tried": exc.tried})
             return Verdict(False, text)

@@ -237,10 +237,10 @@ def _server_trip(kv_a: dict[str, Any], kv_b: dict[str, Any], ids_a: list[list[in
     """lmcache_driven_transfer's store and retrieve (minus IPC): object groups, staging."""
     from lmcache.utils import EngineType
     from lmcache.v1.multiprocess.group_view import expand_engine_block_ids
-    from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import get_layout_desc
 
     from pytest_sharedkv.host.lmcache_api import resolve
 
+    get_layout_desc = resolve("get_layout_desc")
     CPUCacheContext = resolve("CPUCacheContext")
     downsample_and_stage_block_ids = resolve("downsample_and_stage_block_ids")
     transfer_kv_per_object_group = resolve("transfer_kv_per_object_group")
