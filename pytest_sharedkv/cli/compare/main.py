@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pytest_sharedkv.cli.compare import speed
+from pytest_sharedkv.cli.compare.allocators import as_twin, switch, switch_line
 from pytest_sharedkv.cli.compare.correctness import differences
 from pytest_sharedkv.cli.compare.flags import flag_differences
 from pytest_sharedkv.cli.compare.kernels import lost_kernels
@@ -45,7 +46,11 @@ def max_regression(text: str) -> float:
 def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False
             ) -> tuple[int, list[str]]:
     """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
-    differ, speed cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE."""
+    differ, speed cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE.
+    Where each ran one allocator and they differ, BEFORE is read as its AFTER-allocator twin."""
+    found = switch(before, after)
+    if found is not None:
+        before = as_twin(before, *found)
     new, old = differences(before, after)
     new = lost_kernels(before, after) + new  # an upgrade that lost the compiled kernels
     changes, sessions = speed.changes(before.perf, after.perf)
@@ -56,7 +61,8 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
-                                judged=judged)
+                                judged=judged,
+                                switched=switch_line(found) if found is not None else "")
 
 
 def main(argv: Sequence[str]) -> int:

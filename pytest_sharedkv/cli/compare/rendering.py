@@ -80,10 +80,11 @@ def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
 def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
                  sessions: Sequence[Change], flags: Sequence[str] = (),
-                 judged: bool = True) -> list[str]:
+                 judged: bool = True, switched: str = "") -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
-    settings that differ (speed then not JUDGED unless --allow-flag-change)."""
+    settings that differ (speed then not JUDGED unless --allow-flag-change); SWITCHED: the
+    allocator switch BEFORE was read across, if any."""
     every = [*changes, *sessions]
     regressions = speed.regressions(every, limit) if judged else []
     missing = speed.missing(every)
@@ -109,6 +110,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                 if mine - theirs]
         lines += [f"TIERS DIFFER: {'; '.join(only)}: a test of a tier only BEFORE ran is "
                   "lost here, whatever the stack did (run both with the same -m)", ""]
+    if switched:
+        lines += [switched, ""]
     void = sorted(void_tiers(before) & a_tiers)
     if void:
         lines += [f"BEFORE VOID in {', '.join(void)}: BEFORE proved nothing there, so its "
