@@ -72,7 +72,8 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: Re
         status=record_status(gate.status),
         detail={"status": gate.status, "zeroed_chunk": gate.zeroed_chunk,
                 "others_exact": gate.others_exact, "others": gate.others,
-                "zeroed_chunks_logged": gate.zeroed_chunks_logged, "controls": gate.details})
+                "zeroed_chunks_logged": gate.zeroed_chunks_logged, "wrapped": gate.wrapped,
+                "controls": gate.details})
     if gate.status == UNPROVEN:
         pytest.skip(gate.message)
     if gate.status != PROVEN:

@@ -133,3 +133,24 @@ def test_the_gate_zeroes_once_wherever_the_release_keeps_the_transfer(
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["moved", "1"]
     assert corrupt_hook.read_log(log) == [(0, 1, 4)]
+    where = "object_group_transfer" if layout is LAYOUT_056 else "modules.lmcache_driven_transfer"
+    assert corrupt_hook.read_wrapped(log) == [
+        f"lmcache.v1.multiprocess.{where}:transfer_kv_per_object_group"]
+
+
+def test_a_hook_that_found_no_target_says_so_and_no_list_is_unknown(tmp_path: Path) -> None:
+    """0.5.3's gate was VOID with no word of why: the hook lists what it wrapped beside its
+    log, created on arming, so 'wrapped none' is told apart from a hook that said nothing."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "zeroed.log"
+    assert corrupt_hook.read_wrapped(log) is None  # the stub, or an older hook
+    env = {**os.environ, corrupt_hook.CONTROL_ENV: str(tmp_path / "control.json"),
+           corrupt_hook.LOG_ENV: str(log), "PYTHONPATH": str(Path.cwd())}
+    done = subprocess.run([sys.executable, "-c", "from pytest_sharedkv.engine_hooks import "
+                           "corrupt_hook; corrupt_hook.install(); import json"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert corrupt_hook.read_wrapped(log) == []

@@ -83,3 +83,20 @@ def test_the_audit_record_is_no_step_of_the_table() -> None:
     checks = _checks(PROVEN, "sensitivity proven", wrong=0)
     lines = verdicts(checks)
     assert lines[-1].startswith("VERDICT lazy: 200/200 requests exact in every step")
+
+
+@pytest.mark.parametrize(("wrapped", "words"), [
+    ([], "it found none of its targets (lmcache.v1.multiprocess.object_group_transfer:"
+         "transfer_kv_per_object_group, lmcache.v1.multiprocess.modules."
+         "lmcache_driven_transfer:transfer_kv_per_object_group): this LMCache keeps the "
+         "server's object-group transfer elsewhere"),
+    (["m:f"], "it wrapped m:f, which the server never called for a retrieve"),
+    (None, "the wrapped entry point (corrupt_hook.TARGETS) is not what this LMCache"),
+])
+def test_a_gate_that_zeroed_nothing_says_what_its_hook_wrapped(
+        wrapped: list[str] | None, words: str) -> None:
+    gate = _gate(4, 4, logged=0)
+    gate.wrapped = wrapped
+    message = judge(gate, []).message
+    assert message.startswith("VOID: the sensitivity gate's hook never zeroed a chunk")
+    assert words in message

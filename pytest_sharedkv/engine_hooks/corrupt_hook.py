@@ -55,6 +55,29 @@ def armed_path(log: str | Path) -> Path:
     return Path(f"{log}.armed")
 
 
+def wrapped_path(log: str | Path) -> Path:
+    """Where the hook names each function it wrapped: a gate that zeroed nothing then says
+    whether no target was found (an LMCache that keeps the transfer elsewhere) or one was
+    wrapped and never called with a retrieve."""
+    return Path(f"{log}.wrapped")
+
+
+def log_wrapped(log: str | None, name: str) -> None:
+    if log:
+        with open(wrapped_path(log), "a", encoding="utf-8") as out:
+            out.write(f"{name}\n")
+
+
+def read_wrapped(log: Path) -> list[str] | None:
+    """The functions the hook wrapped (module:function), once each, in order; None where no
+    hook recorded any (the stub zeroes by itself; an older hook did not say)."""
+    try:
+        names = wrapped_path(log).read_text(encoding="utf-8").split()
+    except OSError:
+        return None
+    return list(dict.fromkeys(names))
+
+
 def log_armed(log: str | None) -> None:
     if log:
         with open(armed_path(log), "a", encoding="utf-8") as out:
@@ -96,6 +119,8 @@ def zero(obj: Any, log: str | None, group: int, chunk: int) -> None:
 
 def wrapper(control: Path, log: str | None) -> post_import.Wrapper:
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        log_wrapped(log, name)
+
         @functools.wraps(fn)
         def corrupting(cache_context: Any, block_ids_gpu: Any, memory_objs: Any,
                        object_group_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -116,9 +141,12 @@ def install() -> post_import.PostImportFinder | None:
     path = os.environ.get(CONTROL_ENV)
     if not path:
         return None
-    finder = post_import.install(TARGETS, wrapper(Path(path), os.environ.get(LOG_ENV)), TAG,
+    log = os.environ.get(LOG_ENV)
+    if log:
+        wrapped_path(log).touch()  # an empty list, not an unknown one, if nothing is wrapped
+    finder = post_import.install(TARGETS, wrapper(Path(path), log), TAG,
                                  verb="zeroing named chunks in")
-    log_armed(os.environ.get(LOG_ENV))
+    log_armed(log)
     print(f"sharedkv-{TAG}: sensitivity gate armed (control file {path})", file=sys.stderr,
           flush=True)
     return finder

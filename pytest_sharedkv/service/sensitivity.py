@@ -42,6 +42,7 @@ class GateResult:
     others_exact: int = 0  # ... whose answer stayed exact (should be all)
     zeroed_chunks_logged: int = 0
     hook_loaded: bool | None = None  # the server's hook recorded that it loaded (None: unknown)
+    wrapped: list[str] | None = None  # the functions the hook wrapped (None: not recorded)
     details: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -73,10 +74,11 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
     finally:
         control.unlink(missing_ok=True)
     logged = [row for row in (read_log(log) if log is not None else []) if row[1] == zeroed]
-    from pytest_sharedkv.engine_hooks.corrupt_hook import armed_path
+    from pytest_sharedkv.engine_hooks.corrupt_hook import armed_path, read_wrapped
 
     result = GateResult("", "", zeroed, zeroed_chunks_logged=len(logged),
-                        hook_loaded=armed_path(log).exists() if log is not None else None)
+                        hook_loaded=armed_path(log).exists() if log is not None else None,
+                        wrapped=read_wrapped(log) if log is not None else None)
     broken = []
     for case in controls:
         cold = runner.run.answer(case.id, "cold")
@@ -105,6 +107,20 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResu
     return judge(result, broken)
 
 
+def _wrapped_words(wrapped: list[str] | None) -> str:
+    from pytest_sharedkv.engine_hooks.corrupt_hook import TARGETS
+
+    targets = ", ".join(f"{m}:{f}" for m, fs in TARGETS.items() for f in fs)
+    if wrapped is None:  # a stub or an older hook: what it wrapped is not known
+        return ("the wrapped entry point (corrupt_hook.TARGETS) is not what this LMCache "
+                "version calls")
+    if not wrapped:
+        return (f"it found none of its targets ({targets}): this LMCache keeps the server's "
+                "object-group transfer elsewhere")
+    return (f"it wrapped {', '.join(wrapped)}, which the server never called for a "
+            "retrieve of the zeroed chunk")
+
+
 def judge(result: GateResult, broken: list[str]) -> GateResult:
     """RESULT's status and message from its counts: VOID when a control broke cold, the hook
     never fired or an answer copying from the zeroed chunk stayed exact with every other
@@ -123,9 +139,8 @@ def judge(result: GateResult, broken: list[str]) -> GateResult:
     elif not result.zeroed_chunks_logged:
         result.status, result.message = VOID, (
             "VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server "
-            "(no log line): the wrapped entry point "
-            "(corrupt_hook.TARGETS) is not what this LMCache version calls, so no result "
-            "of this tier shows the model can see corrupted KV")
+            f"(no log line): {_wrapped_words(result.wrapped)}, so no result of this tier "
+            "shows the model can see corrupted KV")
     elif result.changed < result.copying and result.others_exact < result.others:
         result.status, result.message = CONFOUNDED, (
             f"CONFOUNDED: with {where}, {result.changed} of {result.copying} answers that "
