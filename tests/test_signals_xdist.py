@@ -144,21 +144,18 @@ class Signalled:
     workers_before: list[Proc]
     workers_gone: bool
     workers_left: list[Proc]
-    seconds: float  # from the signal to the controller's exit
     interrupts: list[str]  # what interrupted each worker's test
 
 
 def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
     with inner_xdist(path, *args) as inner:
         workers = inner.others()
-        sent = time.monotonic()
         os.kill(inner.proc.pid, sig)
         inner.proc.wait(timeout=60)
-        seconds = time.monotonic() - sent
         gone = wait_for(lambda: not inner.others(), 3.0)
         interrupts = [p.read_text() for p in inner.ready.glob("interrupt-*")]
         return Signalled(inner.proc.returncode, inner.text(), path / "t.json", workers, gone,
-                         inner.others(), seconds, interrupts)
+                         inner.others(), interrupts)
 
 
 @pytest.fixture(scope="module")

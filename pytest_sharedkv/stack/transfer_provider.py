@@ -35,7 +35,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     read_log,
     void_problem,
 )
-from pytest_sharedkv.host.lmcache_api import accepts
+from pytest_sharedkv.host.lmcache_api import known_keywords
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
@@ -181,8 +181,7 @@ class Client:
         hints = {"kv_layout": "NHD"}  # without vLLM the CPU server would assume HND
         infos = create_engine_group_infos_from_vllm(config, kv, layout_hints=hints)
         register = self.worker.register_kv_caches
-        extra = {"layout_hints": hints} if accepts(register, "layout_hints") else {}
-        register(kv, engine_group_infos=infos, **extra)
+        register(kv, engine_group_infos=infos, **known_keywords(register, layout_hints=hints))
 
     def event(self) -> Any:
         """The ordering event a store or retrieve waits on: 0.5.6's adapter makes it;

@@ -21,6 +21,9 @@ class Finding:
     kind: str  # failed | error | unfinished | lost | VOID | CONFOUNDED | divergence | ...
     subject: str  # the test id, or the record's tier and key
     message: str
+    # the tier of the test or record it is about (None: the run, a collection error, a
+    # note or the perf screening), which says whether BEFORE's tier can be its baseline
+    tier: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -81,9 +84,11 @@ def findings(report: Report) -> list[Finding]:
         nodeid, outcome = str(test.get("nodeid", "?")), test.get("outcome")
         outcomes[nodeid] = outcome
         if outcome in FAILED:
-            found.append(Finding(str(outcome), nodeid, _short(test.get("message", ""))))
+            found.append(Finding(str(outcome), nodeid, _short(test.get("message", "")),
+                                 str(test.get("tier"))))
         elif outcome is None:
-            found.append(Finding("unfinished", nodeid, "the test never reported an outcome"))
+            found.append(Finding("unfinished", nodeid, "the test never reported an outcome",
+                                 str(test.get("tier"))))
     for entry in data.get("collection", []):
         if isinstance(entry, dict) and entry.get("outcome") in (*FAILED, "errors"):
             found.append(Finding("collection error", str(entry.get("nodeid", "?")),
@@ -93,7 +98,8 @@ def findings(report: Report) -> list[Finding]:
             continue
         kind = _check_kind(check)
         if kind:
-            found.append(Finding(kind, _record(check), _short(check.get("message", ""))))
+            found.append(Finding(kind, _record(check), _short(check.get("message", "")),
+                                 str(check.get("tier", "?"))))
     for note in data.get("notes", []):
         kind = _note_kind(note) if isinstance(note, dict) else None
         if isinstance(note, dict) and kind:
@@ -163,20 +169,12 @@ def void_tiers(report: Report) -> set[str]:
             if isinstance(c, dict) and c.get("status") == "void"}
 
 
-def _tier_of(report: Report, finding: Finding) -> str | None:
-    for test in report.data.get("tests", []):
-        if isinstance(test, dict) and test.get("nodeid") == finding.subject:
-            return str(test.get("tier"))
-    tier, _, _ = finding.subject.partition(" [")
-    return tier if finding.subject.endswith("]") else None
-
-
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
     """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
     a test that passed in BEFORE and not in AFTER is always new, and so is one that failed
     in a tier BEFORE proved nothing in (VOID): no baseline, not an old fault."""
     void = void_tiers(before)
-    earlier = {f.key for f in findings(before) if _tier_of(before, f) not in void}
+    earlier = {f.key for f in findings(before) if f.tier not in void}
     problems = findings(after) + lost_tests(before, after)
     return ([f for f in problems if f.key not in earlier],
             [f for f in problems if f.key in earlier])
