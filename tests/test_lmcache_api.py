@@ -91,3 +91,36 @@ def test_a_packed_page_path_the_release_lacks_is_a_void_record(
     assert "has no CPUCacheContext (looked in: a:b (ModuleNotFoundError))" in verdict.message
     assert [(c["status"], c["trials"], c["detail"]["missing"]) for c in sink.checks] == [
         ("void", 0, "CPUCacheContext")]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_cpu_kv_through_bound_compiled_kernels_is_an_xfail_only_when_they_are_bound(
+        monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    """LMCache 0.5.3 and 0.5.6 with their kernels bound send CPU-resident KV through them
+    (CUDAGuardImpl on a cpu tensor); the cell is an xfail naming why, decided by what the
+    probe bound, not by the error's text; without the kernels the same error is a failure."""
+    pytest.importorskip("torch")
+    from pytest_sharedkv.layouts.specs import default_registry
+    from pytest_sharedkv.packed_page import round_trip
+    from pytest_sharedkv.packed_page.fixtures import PackedCase, PackedPageRunner
+
+    def cuda_only(*args: Any) -> None:
+        raise RuntimeError("CUDAGuardImpl initialized with non-CUDA DeviceType: cpu")
+
+    monkeypatch.setattr(round_trip, "round_trip", cuda_only)
+    runner = PackedPageRunner(default_registry())
+    runner._compiled = compiled
+    sink = _Sink()
+    case = PackedCase("fa-nhd-bf16", "server", "cpu")
+    if not compiled:
+        with pytest.raises(RuntimeError, match="CUDAGuardImpl"):
+            runner.run(case, sink)  # type: ignore[arg-type]
+        return
+    verdict = runner.run(case, sink)  # type: ignore[arg-type]
+    assert verdict.xfail and not verdict.ok
+    assert verdict.message.startswith(round_trip.COMPILED_TAKES_CUDA_ONLY + "; LMCache: "
+                                      "RuntimeError: CUDAGuardImpl")
+    assert [c["status"] for c in sink.checks] == ["xfail"]
+    # the torch fallback's own cell stays a real check on the same host
+    assert round_trip.expected_unsupported(
+        default_registry().get("fa-nhd-bf16"), "kernel-fallback", "cpu", True) is None

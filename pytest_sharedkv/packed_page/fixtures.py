@@ -115,6 +115,15 @@ class Verdict:
 class PackedPageRunner:
     def __init__(self, registry: LayoutRegistry) -> None:
         self.registry = registry
+        self._compiled: bool | None = None
+
+    def compiled_bound(self) -> bool:
+        """Whether LMCache bound its compiled kernels in this process (probed once)."""
+        if self._compiled is None:
+            from pytest_sharedkv.host.lmcache_status import probe
+
+            self._compiled = probe().native_bound
+        return self._compiled
 
     def run(self, case: PackedCase, sink: ResultSink) -> Verdict:
         import torch
@@ -133,7 +142,7 @@ class PackedPageRunner:
                 return Verdict(False, reason, skip=True)
         spec = self.registry.get(case.layout)
         device = torch.device("cuda", 0) if case.device == "cuda" else torch.device("cpu")
-        by_design = expected_unsupported(spec, case.path)
+        by_design = expected_unsupported(spec, case.path, case.device, self.compiled_bound())
         key = {"layout": case.layout, "device": case.device, "path": case.path}
         try:
             trip = round_trip(spec, case.path, device)

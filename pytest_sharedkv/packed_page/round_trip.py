@@ -60,9 +60,19 @@ class Trip:
     facts: list[str] = field(default_factory=list)
 
 
-def expected_unsupported(spec: LayoutSpec, path: str) -> str | None:
+COMPILED_TAKES_CUDA_ONLY = (
+    "with its compiled kernels bound, LMCache sends CPU-resident KV through them and they "
+    "take CUDA tensors only (a host without the compiled build runs this path on the torch "
+    "fallback; no GPU deployment keeps its KV on the CPU)")
+
+
+def expected_unsupported(spec: LayoutSpec, path: str, device: str = "cuda",
+                         compiled: bool = False) -> str | None:
+    """Why LMCache refuses this cell by design or by a known limitation, else None."""
     if spec.family == "hybrid" and path in ("kernel-fallback", "kernel-native", "engine-driven"):
         return HYBRID_ONLY_SERVER
+    if compiled and device == "cpu" and path != "kernel-fallback":
+        return COMPILED_TAKES_CUDA_ONLY
     return None
 
 
