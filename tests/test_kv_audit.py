@@ -27,6 +27,12 @@ class Group:  # LMCache's EngineGroupInfo, the fields the hook reads
     recurrent_state: bool = False
 
 
+@dataclass(frozen=True)
+class Group053:  # LMCache 0.5.3's EngineGroupInfo: no recurrent_state field
+    layer_indices: tuple[int, ...]
+    tokens_per_block: int
+
+
 @dataclass
 class Op:  # LMCache's LoadStoreOp
     token_ids: list[int]
@@ -96,7 +102,17 @@ def kv_tensors(seed: int) -> dict[str, Any]:
 TOKENS = list(range(1000, 1000 + 4 * CHUNK + 1))  # 4 chunks and one token to recompute
 
 
-def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0) -> list[dict[str, Any]]:
+def as_053(connector: Any) -> dict[str, Any]:
+    """LMCache 0.5.3's registration: its groups carry no recurrent flag, and vLLM hands
+    the state layer over as a list of tensors, which LMCache re-views as one."""
+    adapter = connector.worker_adapter
+    adapter.engine_group_infos = [Group053(g.layer_indices, g.tokens_per_block)
+                                  for g in adapter.engine_group_infos]
+    return {n: [t] if n == "layers.2" else t for n, t in adapter.kv_caches.items()}
+
+
+def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0, release: str = "0.5.6"
+             ) -> list[dict[str, Any]]:
     """A stores 4 chunks; B's pages get A's bytes (then CORRUPT(b_kv, a_blocks, b_blocks))
     and B loads them."""
     from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
@@ -111,8 +127,10 @@ def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0) -> list[dict[st
         classes[role] = patch_connector(connector_class(), AuditLog(tmp_path, role))
     a = classes["A"](kv_tensors(1))
     b = classes["B"](kv_tensors(2))
-    a.register_kv_caches(a.worker_adapter.kv_caches)
-    b.register_kv_caches(b.worker_adapter.kv_caches)
+    for connector in (a, b):
+        registered = (as_053(connector) if release == "0.5.3"
+                      else connector.worker_adapter.kv_caches)
+        connector.register_kv_caches(registered)
     a.metadata = Metadata([Meta("cmpl-sharedkv.3k-001.cold.A-0-ab12", "STORE",
                                 Op(TOKENS, [a_blocks, a_state], 0, 4 * CHUNK))])
     a.wait_for_save()
@@ -157,11 +175,15 @@ def test_a_stale_chunk_is_named_with_whose_bytes_b_got(tmp_path: Path) -> None:
     assert "2 mismatching digests in 1 requests" in report.summary("lazy")
 
 
-def test_zeroed_recurrent_state_is_caught(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", ["0.5.6", "0.5.3"])
+def test_zeroed_recurrent_state_is_caught(tmp_path: Path, release: str) -> None:
+    """And counted as recurrent state on 0.5.3 too, whose groups do not say which is."""
     def zero_state(kv: dict[str, Any], b_blocks: list[int]) -> None:
         kv["layers.2"][29] = 0
 
-    report = kv_audit.compare(run_pair(tmp_path, zero_state))
+    report = kv_audit.compare(run_pair(tmp_path, zero_state, release=release))
+    assert report.compared_state == 1
+    assert "(8 attention KV, 1 recurrent state)" in report.summary("lazy")
     assert [(m.chunk, m.group, m.recurrent, m.equals) for m in report.mismatches] == [
         (3, 1, True, None)]
     assert "equal no chunk any replica stored" in report.mismatches[0].line()

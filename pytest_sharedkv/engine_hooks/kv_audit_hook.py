@@ -117,6 +117,27 @@ def gather(tensor: Any, blocks: Sequence[int]) -> Any:
     return part.view(torch.uint8).reshape(len(blocks), -1).cpu().numpy()
 
 
+# Set on the connector at registration: the layers vLLM registered as a list of state
+# tensors ([conv_state, ssm_state]: a Mamba/GDN layer). LMCache 0.5.6 flags such a group
+# ``recurrent_state``; 0.5.3 re-views the page as a one-block sliding window and flags
+# nothing, so the registration is what says which digests are recurrent state.
+STATE_LAYERS = "_sharedkv_state_layers"
+
+
+def state_layer_names(kv_caches: Any) -> frozenset[str]:
+    """Layers vLLM registered as a list of tensors (a recurrent layer's state)."""
+    items = kv_caches.items() if hasattr(kv_caches, "items") else ()
+    return frozenset(str(n) for n, t in items if isinstance(t, (list, tuple)))
+
+
+def is_recurrent(info: Any, layer_names: Sequence[str], state_layers: frozenset[str]
+                 ) -> bool:
+    """Whether a KV group holds recurrent state: LMCache's flag where it has one, else
+    the registration's list-of-tensors layers."""
+    return bool(getattr(info, "recurrent_state", False)) or any(
+        n in state_layers for n in layer_names)
+
+
 def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
              ) -> list[dict[str, Any]]:
     """Digest records for every chunk, group and layer of one STORE or RETRIEVE op."""
@@ -126,6 +147,7 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
     groups = list(adapter.engine_group_infos)
     per_group = adapter._block_ids_per_group(op)
     tensors = list(adapter.kv_caches.items())
+    state_layers: frozenset[str] = getattr(connector, STATE_LAYERS, frozenset())
     count = (int(op.end) - int(op.start)) // chunk
     first = int(op.start) // chunk
     skip = int(getattr(op, "skip_first_n_tokens", 0) or 0) if direction == "load" else 0
@@ -139,6 +161,8 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
                             "why": f"{len(blocks)} block ids for {count} chunks of {bpc}"})
             continue
         flat = list(blocks[:count * bpc])
+        recurrent = is_recurrent(info, [tensors[i][0] for i in info.layer_indices],
+                                 state_layers)
         for layer_index in info.layer_indices:
             name, tensor = tensors[layer_index]
             rows = gather(tensor, flat)
@@ -151,7 +175,7 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
                 records.append({
                     "kind": direction, "request": request_id, "chunk": first + i,
                     "key": keys[i], "group": g, "layer": name,
-                    "recurrent": bool(getattr(info, "recurrent_state", False)),
+                    "recurrent": recurrent,
                     "digest": digest_rows(rows[real])})
     records.append({"kind": "cost", "direction": direction, "request": request_id,
                     "tokens": count * chunk, "seconds": time.perf_counter() - started})
@@ -186,6 +210,7 @@ def patch_connector(cls: Any, log: AuditLog) -> Any:
     orig_finished = cls.get_finished
 
     def register_kv_caches(self: Any, kv_caches: Any) -> Any:
+        state = state_layer_names(kv_caches)  # before LMCache re-views them
         result = orig_register(self, kv_caches)
 
         def registered() -> list[dict[str, Any]]:
@@ -193,9 +218,12 @@ def patch_connector(cls: Any, log: AuditLog) -> Any:
             missing = [n for n in ADAPTER_NEEDS if not hasattr(adapter, n)]
             if missing:
                 return [{"kind": "unsupported", "missing": missing}]
+            setattr(self, STATE_LAYERS, state)
+            names = list(adapter.kv_caches)
             groups = [{"layers": list(g.layer_indices),
                        "tokens_per_block": int(getattr(g, "tokens_per_block", 0) or 0),
-                       "recurrent": bool(getattr(g, "recurrent_state", False))}
+                       "recurrent": is_recurrent(
+                           g, [names[i] for i in g.layer_indices if i < len(names)], state)}
                       for g in adapter.engine_group_infos]
             return [{"kind": "registered", "groups": groups,
                      "chunk": int(adapter.lmcache_tokens_per_chunk),
