@@ -25,6 +25,10 @@ RELEASED_053 = H200 / "replica_pair-0.5.3-compiled.json"  # its c_ops as release
 TRANSFER_053 = H200 / "transfer-0.5.3-compiled.json"  # the client-API bridge on a GPU
 TIERS_053 = H200 / "tiers-0.5.3-compiled.json"  # ordering, packed_page, pinned_pool, replica
 SERVICE_053 = H200 / "service-0.5.3-compiled-gate-void.json"  # the gate's hook missed 0.5.3
+SERVICE_053_LAZY = H200 / "service-0.5.3-compiled-lazy.json"  # the gate mended: proven
+ORDERING_053 = H200 / "ordering-packed_page-0.5.3-compiled.json"  # host.lmcache_api in
+PACKED_053 = H200 / "packed_page-0.5.3-compiled.json"  # CPU KV through c_ops: xfails
+FALLBACK_MIXED = H200 / "service-0.5.6-fallback-mixed.json"  # the fallback's other allocator
 
 
 def _compare(capsys: pytest.CaptureFixture[str], before: Path, after: Path) -> tuple[int, str]:
@@ -189,3 +193,80 @@ def test_the_0_5_3_service_run_is_void_and_is_no_baseline_for_the_upgrade(
     for case in _diverged(FALLBACK):
         assert f"| NEW | divergence | service_regression [provider=vllm, allocator=lazy, " \
             f"delay=0, size=3k, step=chain, case={case}]" in flat, case
+
+
+def _steps(path: Path) -> dict[str, tuple[int, int]]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return {c["key"]["step"]: (c["passed"], c["trials"]) for c in data["checks"]
+            if c["key"].get("size") == "3k" and c["key"].get("step") != "chain"}
+
+
+def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """LMCache 0.5.3 as released, lazy, 3k, audit on, with the gate that wraps 0.5.3's
+    transfer function and the one-block-a-step window at block 32: every step 200/200, the
+    gate proven, the audit's 8 mismatches the gate's chunk. The upgrade to 0.5.6 on its
+    fallback (the kernel path lost) FAILS against this real baseline, naming the path and
+    every one of the 25 divergent requests as NEW."""
+    data: dict[str, Any] = json.loads(SERVICE_053_LAZY.read_text())
+    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    assert _steps(SERVICE_053_LAZY) == {
+        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
+    assert gate["status"] == "pass"
+    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
+    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
+    settings = [json.loads(f["value"]) for f in data["facts"] if f["name"] == "engine_settings"]
+    assert settings and all(s["extra_args"] == ["--block-size", "32", "--max-num-batched-tokens",
+                                                "32", "--max-num-seqs", "16"] for s in settings)
+    status, out = _compare(capsys, SERVICE_053_LAZY, FALLBACK)
+    flat = " ".join(out.split())
+    assert status == 1
+    assert "BEFORE VOID" not in out
+    assert "| NEW | kernel path lost | LMCache 0.5.3 -> 0.5.6 | BEFORE ran LMCache's " \
+        "compiled kernels (lmcache.c_ops); AFTER runs torch-fallback" in flat
+    assert "FLAGS DIFFER: extra_args:" in out
+    for case in _diverged(FALLBACK):
+        assert f"step=chain, case={case}]" in flat, case
+
+
+def test_lazy_to_mixed_on_the_fallback_passes_and_back_fails(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """LMCache 0.5.6 on its fallback: the mixed pair answered 200/200 in every step (gate
+    proven). lazy -> mixed is the allocator switch that removed the fault (OK); mixed ->
+    lazy FAILS with each divergent lazy request judged against its mixed twin."""
+    assert _steps(FALLBACK_MIXED) == {
+        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    status, out = _compare(capsys, FALLBACK, FALLBACK_MIXED)
+    assert status == 0, out
+    assert "ALLOCATOR SWITCH: BEFORE ran lazy, AFTER mixed" in out
+    status, out = _compare(capsys, FALLBACK_MIXED, FALLBACK)
+    flat = " ".join(out.split())
+    assert status == 1 and "ALLOCATOR SWITCH: BEFORE ran mixed, AFTER lazy" in out
+    for case in _diverged(FALLBACK):
+        assert f"step=chain, case={case}]" in flat, case
+
+
+def test_0_5_3_ordering_and_packed_page_through_host_lmcache_api() -> None:
+    """0.5.3 on the H200 once host.lmcache_api found its names: what LMCache binds
+    (lmcache-device-ops, c_ops) held 60/60 delayed and undelayed; the torch fallback it
+    ships, called directly, saw stale bytes in 60/60 delayed checks (reference, not the
+    path it runs here). packed_page: 28 cells byte-exact; the 29 that send CPU-resident KV
+    through the bound c_ops are xfails saying so, with the 20 hybrid-by-design ones."""
+    from pytest_sharedkv.packed_page.round_trip import COMPILED_TAKES_CUDA_ONLY
+
+    data: dict[str, Any] = json.loads(ORDERING_053.read_text())
+    by: dict[tuple[str, bool], list[int]] = {}
+    for c in data["checks"]:
+        if c["tier"] == "ordering":
+            cell = by.setdefault((c["key"]["target"], c["detail"]["delay_cycles"] > 0), [0, 0])
+            cell[0] += c["passed"]
+            cell[1] += c["trials"]
+    assert by[("lmcache-device-ops", True)] == by[("lmcache-device-ops", False)] == [60, 60]
+    assert by[("lmcache-fallback", True)] == [0, 60]
+    packed: dict[str, Any] = json.loads(PACKED_053.read_text())
+    outcomes = sorted(t["outcome"] for t in packed["tests"])
+    assert outcomes.count("passed") == 28 and outcomes.count("xfailed") == 49
+    refused = [c for c in packed["checks"] if c["status"] == "xfail"
+               and c["message"].startswith(COMPILED_TAKES_CUDA_ONLY)]
+    assert len(refused) == 29 and {c["key"]["device"] for c in refused} == {"cpu"}
