@@ -57,6 +57,19 @@ def isolate(monkeypatch: pytest.MonkeyPatch, config: pytest.Config,
     monkeypatch.setenv(MATRIX_CACHE_ENV, str(run_directory(config, tmp_path_factory) / "matrix"))
 
 
+def keep_loaded(*modules: str) -> None:
+    """Import MODULES (those installed) in this process, so in-process inner runs
+    (``pytester.runpytest``), which drop what they first import, find them loaded: torch's
+    and lmcache's extensions do not survive a second import."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # absent or unusable here: the inner runs say so themselves
+            continue
+
+
 @pytest.fixture
 def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """Set the fake device list the plugin discovers (also inherited by subprocess runs)."""

@@ -1,7 +1,8 @@
 """The shipped ordering suite end to end: matrix, gating, tables, verdicts, void runs.
 
 GPU-free: the suite runs on the simulated-stream test double (SHAREDKV_SIMULATED_STREAMS)
-and fake leased devices, in subprocesses, exactly as a user would invoke it.
+and fake leased devices, in-process (pytester.runpytest: the same plugin, options and
+reports as a user's run, without an interpreter start and a torch import per run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
-from tests.conftest import isolate
+from tests.conftest import isolate, keep_loaded
+
+# The inner runs are in-process (pytester.runpytest): what an inner run first imports is
+# dropped after it, and torch and lmcache do not import twice, so they load here first.
+keep_loaded("torch", "lmcache", "lmcache.v1.platform")
 
 SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
 ORDERING_NODE = "suites/test_ordering.py::test_copy_path_is_stream_ordered[sim-ordered-D2H-4KiB]"
@@ -148,7 +153,7 @@ def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
                                       extended_run: tuple[str, dict[str, Any]]) -> None:
     simulated("1")
     pytester.makeconftest(EXTENSION)
-    listed = pytester.runpytest_subprocess("--sharedkv-list-targets")
+    listed = pytester.runpytest("--sharedkv-list-targets")
     assert listed.ret == 0
     listed.stdout.fnmatch_lines(["*mooncake-transfer * under-test * a third-party copy path*"])
     stdout, data = extended_run  # the same conftest, every target
@@ -160,7 +165,7 @@ def test_extension_hook_adds_a_target(pytester: pytest.Pytester,
 def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
                                         simulated: Callable[[str], None]) -> None:
     simulated("blocking-default-stream")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-json=report.json")
+    result = pytester.runpytest(*FAST, "--sharedkv-json=report.json")
     # nothing can pass when the negative control cannot see a fault
     result.assert_outcomes(failed=16)
     checks = json.loads((pytester.path / "report.json").read_text())["checks"]
@@ -182,11 +187,11 @@ def test_blind_probe_makes_the_run_void(pytester: pytest.Pytester,
 def test_target_selection_and_unknown_target(pytester: pytest.Pytester,
                                              simulated: Callable[[str], None]) -> None:
     simulated("1")
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-ordered")
+    result = pytester.runpytest(*FAST, "--sharedkv-targets=sim-ordered")
     result.assert_outcomes(passed=4)
     # the gate still ran: the negative control's delayed rows are in the table
     result.stdout.fnmatch_lines(["| sim-raw*| negative-control |*| -*| 0/3*|"])
-    bad = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-ordered,nope")
+    bad = pytester.runpytest(*FAST, "--sharedkv-targets=sim-ordered,nope")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["ERROR: --sharedkv-targets: unknown copy target(s) nope; known:"
                               " sim-raw, sim-ordered, sim-sync-then-raw, sim-unordered"])
@@ -198,17 +203,17 @@ def test_cpu_machine_skips_with_reason_and_require_gpu_fails(
     fake_gpus("")
     args = ["--pyargs", "pytest_sharedkv.suites", "-m", "ordering", "-p", "no:cacheprovider",
             "-rs", "--sharedkv-targets=raw-cudamemcpy,tensor-copy"]
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest(*args)
     result.assert_outcomes(skipped=12)
     result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
-    strict = pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu")
+    strict = pytester.runpytest(*args, "--sharedkv-require-gpu")
     strict.assert_outcomes(failed=12)
     # a device that torch cannot use (a CPU build) is a skip with its reason, then a failure
     fake_gpus("0")
-    cpu = pytester.runpytest_subprocess(*args)
+    cpu = pytester.runpytest(*args)
     cpu.assert_outcomes(skipped=12)
     cpu.stdout.fnmatch_lines(["*sees no CUDA device*"])
-    assert pytester.runpytest_subprocess(*args, "--sharedkv-require-gpu").ret == 1
+    assert pytester.runpytest(*args, "--sharedkv-require-gpu").ret == 1
 
 
 def test_cuda_launch_blocking_gives_the_same_verdicts(
@@ -320,6 +325,8 @@ def test_an_insensitive_cell_is_a_void_record_that_compare_does_not_pass(
                                           ("sim-ordered", "0"))]
 
 
+# Its conftest replaces host.lmcache_status.probe: run in a subprocess, never in-process,
+# where the replacement would outlive the inner run.
 STAND_IN_LMCACHE = """
 from pytest_sharedkv.host import lmcache_status
 from pytest_sharedkv.host.lmcache_status import LMCacheStatus
@@ -421,7 +428,7 @@ def test_a_copy_path_the_release_lacks_is_void_naming_where_it_looked(
     per cell, with a void record, never a traceback."""
     simulated("1")
     pytester.makeconftest(MISSING_PATH)
-    result = pytester.runpytest_subprocess(*FAST, "--sharedkv-targets=sim-raw,sim-absent",
+    result = pytester.runpytest(*FAST, "--sharedkv-targets=sim-raw,sim-absent",
                                            "--sharedkv-json=r.json")
     result.assert_outcomes(passed=4, failed=4)
     result.stdout.fnmatch_lines([
