@@ -159,7 +159,7 @@ def test_0_5_3_copies_on_its_compiled_c_ops_are_stream_ordered() -> None:
     """The ordering tier on 0.5.3's c_ops: both allocators' gpu_ops helpers held every
     delayed and undelayed check while the negative control saw stale bytes in every delayed
     one. Its lmcache-fallback and lmcache-device-ops cells, and packed_page, died on
-    ImportErrors of 0.5.6's names (host.lmcache_api finds 0.5.3's since; not rerun)."""
+    ImportErrors of 0.5.6's names (host.lmcache_api finds 0.5.3's since: ORDERING_053)."""
     data: dict[str, Any] = json.loads(TIERS_053.read_text())
     assert data["environment"]["lmcache"]["kernel_path"] == "compiled"
     ordering = [c for c in data["checks"] if c["tier"] == "ordering"]
