@@ -140,3 +140,34 @@ def test_cpu_kv_through_bound_compiled_kernels_is_an_xfail_only_when_they_are_bo
     # the torch fallback's own cell stays a real check on the same host
     assert round_trip.expected_unsupported(
         default_registry().get("fa-nhd-bf16"), "kernel-fallback", "cpu", True) is None
+
+
+def test_compiled_kernels_count_as_bound_only_where_they_shadow_the_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache's bind_native sets instance attributes over the class's torch fallback: the
+    shared check the probe, the ordering tier and packed_page read says bound only then,
+    after ensure_native ran; no DeviceOps or an LMCache that fails is not bound."""
+    import types
+
+    from pytest_sharedkv.host import lmcache_status
+
+    class Ops:
+        def lmcache_memcpy_async(self) -> None:  # the class's torch fallback
+            return None
+
+        def ensure_native(self) -> None:
+            if self.loads:
+                self.lmcache_memcpy_async = lambda: None  # type: ignore[method-assign]
+
+        loads = False
+
+    ops = Ops()
+    fake = types.ModuleType("lmcache")
+    fake.device_ops = ops  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lmcache", fake)
+    assert not lmcache_status.compiled_bound()
+    ops.loads = True
+    assert lmcache_status.compiled_bound()
+    assert not lmcache_status.kernels_bound(None)
+    monkeypatch.setitem(sys.modules, "lmcache", None)  # import fails
+    assert not lmcache_status.compiled_bound()

@@ -116,6 +116,33 @@ def device_ops(lmcache: Any) -> Any:
     return resolve_device_ops(str(getattr(lmcache, "torch_device_type", "cuda")))
 
 
+def bound_device_ops(lmcache: Any) -> Any:
+    """``device_ops`` with LMCache's compiled kernels bound where they load
+    (``ensure_native``), or None where this version has no DeviceOps to find."""
+    ops = device_ops(lmcache)
+    ensure = getattr(ops, "ensure_native", None)
+    if callable(ensure):
+        ensure()
+    return ops
+
+
+def kernels_bound(ops: Any) -> bool:
+    """Whether the compiled extension replaced the torch fallback on OPS (bind_native sets
+    instance attributes that shadow the class's fallback)."""
+    return ops is not None and "lmcache_memcpy_async" in vars(ops)
+
+
+def compiled_bound() -> bool:
+    """Whether LMCache's compiled kernels are bound in this process; False where LMCache or
+    its DeviceOps cannot be had (then it runs nothing compiled either)."""
+    try:
+        import lmcache
+
+        return kernels_bound(bound_device_ops(lmcache))
+    except Exception:
+        return False
+
+
 def _import_error(module: str) -> str | None:
     """Why the extension did not load: importing its file directly (a shim of the same
     name, as 0.5.3 installs, is bypassed)."""
@@ -157,17 +184,13 @@ def probe() -> LMCacheStatus:
         values["lmcache_version"] = str(getattr(lmcache, "__version__", "unknown"))
         module = compiled_module(lmcache)
         values["kernel_module"] = module
-        ops = device_ops(lmcache)
+        ops = bound_device_ops(lmcache)
         if ops is None:
             values["unknown"] = ("neither lmcache.device_ops nor "
                                  "lmcache.v1.platform.resolve_device_ops is there")
         else:
-            ensure = getattr(ops, "ensure_native", None)
-            if callable(ensure):
-                ensure()
             values["device_ops"] = type(ops).__name__
-            # bind_native sets instance attributes that shadow the class's torch fallback.
-            values["native_bound"] = "lmcache_memcpy_async" in vars(ops)
+            values["native_bound"] = kernels_bound(ops)
         if module is None:
             values["cuda_ops_error"] = "no compiled extension (cuda_ops or c_ops) is installed"
         elif not values.get("native_bound"):

@@ -33,15 +33,12 @@ def _device_ops() -> Any:
     """LMCache's DeviceOps instance, for 0.5.3 (resolve_device_ops) and 0.5.4 on alike."""
     import lmcache
 
-    from pytest_sharedkv.host.lmcache_status import device_ops
+    from pytest_sharedkv.host.lmcache_status import bound_device_ops
 
-    ops = device_ops(lmcache)
+    ops = bound_device_ops(lmcache)
     if ops is None:
         raise RuntimeError(f"lmcache {getattr(lmcache, '__version__', '?')}: neither "
                            "lmcache.device_ops nor lmcache.v1.platform.resolve_device_ops")
-    ensure = getattr(ops, "ensure_native", None)
-    if callable(ensure):
-        ensure()
     return ops
 
 
@@ -55,9 +52,10 @@ def compiled_name() -> str:
 
 
 def native_bound() -> bool:
-    """True when LMCache's compiled extension replaced the torch fallback on its DeviceOps
-    (bind_native sets instance attributes that shadow the class's fallback)."""
-    return "lmcache_memcpy_async" in vars(_device_ops())
+    """True when LMCache's compiled extension replaced the torch fallback on its DeviceOps."""
+    from pytest_sharedkv.host.lmcache_status import kernels_bound
+
+    return kernels_bound(_device_ops())
 
 
 def _direction(name: str) -> Any:

@@ -120,9 +120,9 @@ class PackedPageRunner:
     def compiled_bound(self) -> bool:
         """Whether LMCache bound its compiled kernels in this process (probed once)."""
         if self._compiled is None:
-            from pytest_sharedkv.host.lmcache_status import probe
+            from pytest_sharedkv.host.lmcache_status import compiled_bound
 
-            self._compiled = probe().native_bound
+            self._compiled = compiled_bound()
         return self._compiled
 
     def run(self, case: PackedCase, sink: ResultSink) -> Verdict:
