@@ -349,7 +349,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         report.compared - len(faults), report.compared, role="check", kind="audit-mismatch",
         status="void" if void else "fail" if faults else "pass",
         message=(void or "; ".join(m.line() for m in faults[:3]))[:600],
-        detail={"compared": report.compared, "unmatched": report.unmatched,
+        detail={**report.counts(),
                 "mismatches": [m.line() for m in faults[:200]],
                 "chunks_per_request": report.chunks_per_request,
                 "cost_us_per_token": report.cost_us_per_token(),

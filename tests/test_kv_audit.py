@@ -183,6 +183,8 @@ def test_zeroed_recurrent_state_is_caught(tmp_path: Path, release: str) -> None:
 
     report = kv_audit.compare(run_pair(tmp_path, zero_state, release=release))
     assert report.compared_state == 1
+    assert report.counts() == {"compared": 9, "compared_state": 1, "unmatched": 0,
+                               "unmatched_state": 0}
     assert "(8 attention KV, 1 recurrent state)" in report.summary("lazy")
     assert [(m.chunk, m.group, m.recurrent, m.equals) for m in report.mismatches] == [
         (3, 1, True, None)]
@@ -293,6 +295,9 @@ def test_the_replica_tier_round_fails_on_an_audited_mismatch(tmp_path: Path) -> 
     assert pair.sent == ["sharedkv.text-3k-000.cold.A", "sharedkv.text-3k-000.cross.B"]
     assert not verdict.ok
     assert "request text-3k-000 (cross on B): chunk 0, group 0 (KV), layer l" in verdict.message
+    [check] = bundle.checks
+    assert {k: check.detail["kv_audit"][k] for k in ("compared", "compared_state")} == {
+        "compared": 1, "compared_state": 0}
     assert any("1 mismatching digests in 1 requests" in n.text for n in bundle.notes)
 
     empty = tmp_path / "empty"

@@ -112,8 +112,7 @@ def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultS
                        "wall_s": round(wall, 2), "pair": pair.description,
                        "delayed_calls": dict(delayed) if delayed is not None else None,
                        "kv_audit": None if audit is None else {
-                           "compared": audit.compared, "unmatched": audit.unmatched,
-                           "void": audit.void,
+                           **audit.counts(), "void": audit.void,
                            "mismatches": [m.line() for m in audit.mismatches[:200]]},
                        "prompts": details})
     head = (f"{pair.description}: {exact}/{len(chosen)} exact cross-replica answers, "

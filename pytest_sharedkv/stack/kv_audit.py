@@ -76,6 +76,13 @@ class AuditReport:
     def mismatched_requests(self) -> set[str]:
         return {m.request for m in self.mismatches}
 
+    def counts(self) -> dict[str, int]:
+        """What the record keeps of the audit's size: digests compared and loads left
+        unjudged, each with its recurrent-state share (a release that does not flag state
+        groups shows here as 0 recurrent)."""
+        return {"compared": self.compared, "compared_state": self.compared_state,
+                "unmatched": self.unmatched, "unmatched_state": self.unmatched_state}
+
     def cost_us_per_token(self) -> float | None:
         return 1e6 * self.audit_seconds / self.audited_tokens if self.audited_tokens else None
 
