@@ -30,6 +30,9 @@ ORDERING_053 = H200 / "ordering-packed_page-0.5.3-compiled.json"  # host.lmcache
 PACKED_053 = H200 / "packed_page-0.5.3-compiled.json"  # CPU KV through c_ops: xfails
 FALLBACK_MIXED = H200 / "service-0.5.6-fallback-mixed.json"  # the fallback's other allocator
 PACKED_056 = H200 / "packed_page-0.5.6-compiled-xfail.json"  # its built cuda_ops bound
+SERVICE_053_MIXED = H200 / "service-0.5.3-compiled-mixed.json"  # the other allocator
+# ordering + packed_page again, with the one shared bound-kernels check (host.lmcache_status)
+SHARED_CHECK_053 = H200 / "ordering-packed_page-0.5.3-shared-check.json"
 
 
 def _compare(capsys: pytest.CaptureFixture[str], before: Path, after: Path) -> tuple[int, str]:
@@ -231,6 +234,47 @@ def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
         assert f"step=chain, case={case}]" in flat, case
 
 
+def test_0_5_3_mixed_on_its_compiled_c_ops_is_exact_and_counts_its_recurrent_state(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """LMCache 0.5.3 as released on the mixed allocator, with the lazy run's flags: every step
+    200/200, the gate proven, the audit's 8 mismatches the gate's chunk, and the audit now
+    counting 0.5.3's state pages as recurrent state (its lazy twin, before the hook read
+    vLLM's registration, counted 0). lazy -> mixed on one release and kernel path is an
+    allocator switch that passes; the upgrade to 0.5.6's fallback on the same allocator
+    answers every request right and still FAILS on the one difference it has: the compiled
+    kernels lost."""
+    data: dict[str, Any] = json.loads(SERVICE_053_MIXED.read_text())
+    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    assert data["environment"]["settings"]["allocators"] == ["mixed"]
+    assert _steps(SERVICE_053_MIXED) == {
+        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
+    assert gate["status"] == "pass"
+    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
+    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
+    [line] = [n["text"] for n in data["notes"] if n["text"].startswith("KV AUDIT mixed: ")]
+    assert "(20828 attention KV, 474 recurrent state)" in line
+    assert "8 mismatching digests in 8 requests" in line
+    lazy: dict[str, Any] = json.loads(SERVICE_053_LAZY.read_text())
+    assert [json.loads(f["value"])["extra_args"] for f in data["facts"]
+            if f["name"] == "engine_settings"] == [
+        json.loads(f["value"])["extra_args"] for f in lazy["facts"]
+        if f["name"] == "engine_settings"]
+
+    status, out = _compare(capsys, SERVICE_053_LAZY, SERVICE_053_MIXED)
+    assert status == 0, out
+    assert "ALLOCATOR SWITCH: BEFORE ran lazy, AFTER mixed" in out
+    assert "FLAGS DIFFER" not in out
+    status, out = _compare(capsys, SERVICE_053_MIXED, FALLBACK_MIXED)
+    flat = " ".join(out.split())
+    assert status == 1
+    assert "RESULT: FAIL: 1 new correctness difference(s)" in out
+    assert "| NEW | kernel path lost | LMCache 0.5.3 -> 0.5.6 | BEFORE ran LMCache's " \
+        "compiled kernels (lmcache.c_ops); AFTER runs torch-fallback" in flat
+    status, out = _compare(capsys, SERVICE_053_MIXED, SERVICE_053_MIXED)
+    assert status == 0 and "RESULT: OK" in out
+
+
 def test_lazy_to_mixed_on_the_fallback_passes_and_back_fails(
         capsys: pytest.CaptureFixture[str]) -> None:
     """LMCache 0.5.6 on its fallback: the mixed pair answered 200/200 in every step (gate
@@ -256,7 +300,25 @@ def test_0_5_3_ordering_and_packed_page_through_host_lmcache_api() -> None:
     through the bound c_ops are xfails saying so, with the 20 hybrid-by-design ones."""
     from pytest_sharedkv.packed_page.round_trip import COMPILED_TAKES_CUDA_ONLY
 
-    data: dict[str, Any] = json.loads(ORDERING_053.read_text())
+    _held_as_on_the_h200(ORDERING_053, PACKED_053, COMPILED_TAKES_CUDA_ONLY)
+
+
+def test_the_shared_bound_kernels_check_gives_0_5_3_the_same_cells_on_the_h200() -> None:
+    """host.lmcache_status holds the one check of whether the compiled kernels are bound
+    (the probe, the ordering tier and packed_page's xfails read it): rerun on the H200 with
+    0.5.3 it decides the same cells as the copies it replaced did."""
+    from pytest_sharedkv.packed_page.round_trip import COMPILED_TAKES_CUDA_ONLY
+
+    data: dict[str, Any] = json.loads(SHARED_CHECK_053.read_text())
+    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    assert data["summary"]["failed"] == 0
+    _held_as_on_the_h200(SHARED_CHECK_053, SHARED_CHECK_053, COMPILED_TAKES_CUDA_ONLY)
+    assert [t["outcome"] for t in data["tests"] if "test_ordering" in t["nodeid"]].count(
+        "xfailed") == 6
+
+
+def _held_as_on_the_h200(ordering: Path, packed_page: Path, refusal: str) -> None:
+    data: dict[str, Any] = json.loads(ordering.read_text())
     by: dict[tuple[str, bool], list[int]] = {}
     for c in data["checks"]:
         if c["tier"] == "ordering":
@@ -265,11 +327,11 @@ def test_0_5_3_ordering_and_packed_page_through_host_lmcache_api() -> None:
             cell[1] += c["trials"]
     assert by[("lmcache-device-ops", True)] == by[("lmcache-device-ops", False)] == [60, 60]
     assert by[("lmcache-fallback", True)] == [0, 60]
-    packed: dict[str, Any] = json.loads(PACKED_053.read_text())
-    outcomes = sorted(t["outcome"] for t in packed["tests"])
+    packed: dict[str, Any] = json.loads(packed_page.read_text())
+    outcomes = sorted(t["outcome"] for t in packed["tests"] if "test_packed_page" in t["nodeid"])
     assert outcomes.count("passed") == 28 and outcomes.count("xfailed") == 49
     refused = [c for c in packed["checks"] if c["status"] == "xfail"
-               and c["message"].startswith(COMPILED_TAKES_CUDA_ONLY)]
+               and c["message"].startswith(refusal)]
     assert len(refused) == 29 and {c["key"]["device"] for c in refused} == {"cpu"}
 
 
