@@ -205,6 +205,19 @@ def _steps(path: Path) -> dict[str, tuple[int, int]]:
             if c["key"].get("size") == "3k" and c["key"].get("step") != "chain"}
 
 
+def _exact_on_0_5_3(path: Path) -> dict[str, Any]:
+    """A 0.5.3 compiled service report: every 3k step 200/200, the gate proven, the audit
+    passed over all 21,302 digests."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    assert _steps(path) == {s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
+    assert gate["status"] == "pass"
+    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
+    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
+    return data
+
+
 def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
         capsys: pytest.CaptureFixture[str]) -> None:
     """LMCache 0.5.3 as released, lazy, 3k, audit on, with the gate that wraps 0.5.3's
@@ -212,14 +225,7 @@ def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
     gate proven, the audit's 8 mismatches the gate's chunk. The upgrade to 0.5.6 on its
     fallback (the kernel path lost) FAILS against this real baseline, naming the path and
     every one of the 25 divergent requests as NEW."""
-    data: dict[str, Any] = json.loads(SERVICE_053_LAZY.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
-    assert _steps(SERVICE_053_LAZY) == {
-        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
-    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
-    assert gate["status"] == "pass"
-    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
-    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
+    data = _exact_on_0_5_3(SERVICE_053_LAZY)
     settings = [json.loads(f["value"]) for f in data["facts"] if f["name"] == "engine_settings"]
     assert settings and all(s["extra_args"] == ["--block-size", "32", "--max-num-batched-tokens",
                                                 "32", "--max-num-seqs", "16"] for s in settings)
@@ -243,15 +249,8 @@ def test_0_5_3_mixed_on_its_compiled_c_ops_is_exact_and_counts_its_recurrent_sta
     allocator switch that passes; the upgrade to 0.5.6's fallback on the same allocator
     answers every request right and still FAILS on the one difference it has: the compiled
     kernels lost."""
-    data: dict[str, Any] = json.loads(SERVICE_053_MIXED.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
+    data = _exact_on_0_5_3(SERVICE_053_MIXED)
     assert data["environment"]["settings"]["allocators"] == ["mixed"]
-    assert _steps(SERVICE_053_MIXED) == {
-        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
-    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
-    assert gate["status"] == "pass"
-    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
-    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
     [line] = [n["text"] for n in data["notes"] if n["text"].startswith("KV AUDIT mixed: ")]
     assert "(20828 attention KV, 474 recurrent state)" in line
     assert "8 mismatching digests in 8 requests" in line
