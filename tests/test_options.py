@@ -45,6 +45,15 @@ README = Path(__file__).parent.parent / "README.md"
         (["--sharedkv-perf-model=27b"], "--sharedkv-perf-model: '27b' is not one of geometry, "
                                         "27b-compute"),
         (["--sharedkv-kv-cache-gib=0"], "--sharedkv-kv-cache-gib: '0' is out of range*"),
+        (["--sharedkv-perf-arms=OFF,ON"], "--sharedkv-perf-arms: 'OFF,ON' names OFF, the "
+                                          "control every block pair holds anyway; it takes "
+                                          "one or both of ON,NATIVE"),
+        (["--sharedkv-perf-arms=ON,FAST"], "--sharedkv-perf-arms: FAST: not a treatment arm*"),
+        (["--sharedkv-perf-arms=on,ON"], "--sharedkv-perf-arms: 'on,ON' names ON twice*"),
+        (["--sharedkv-perf-arms=,"], "--sharedkv-perf-arms: needs at least one treatment arm*"),
+        (["--sharedkv-native-arm", "--sharedkv-perf-arms=NATIVE"],
+         "--sharedkv-native-arm is shorthand for --sharedkv-perf-arms ON,NATIVE, but "
+         "--sharedkv-perf-arms gives NATIVE; give one of them, or both alike"),
     ],
 )
 def test_bad_option_is_a_usage_error(
@@ -68,6 +77,38 @@ def test_vllm_args_parse_as_a_shell_would(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: ini option sharedkv_vllm_args: * does not parse*"])
+
+
+@pytest.mark.parametrize(("ini", "args", "arms"), [
+    ("", [], ("ON",)),
+    ("", ["--sharedkv-perf-arms=native"], ("NATIVE",)),
+    ("", ["--sharedkv-perf-arms=NATIVE,ON"], ("ON", "NATIVE")),  # block order, as written
+    ("", ["--sharedkv-native-arm"], ("ON", "NATIVE")),
+    ("", ["--sharedkv-native-arm", "--sharedkv-perf-arms=ON,NATIVE"], ("ON", "NATIVE")),
+    ("sharedkv_perf_arms = NATIVE\nsharedkv_native_arm = false", [], ("NATIVE",)),
+    ("sharedkv_native_arm = true", [], ("ON", "NATIVE")),
+])
+def test_the_perf_arms_and_their_shorthand(pytester: pytest.Pytester, ini: str,
+                                           args: list[str], arms: tuple[str, ...]) -> None:
+    """--sharedkv-perf-arms names the treatments screened against OFF; --sharedkv-native-arm
+    is ON,NATIVE, and the two given alike agree."""
+    from pytest_sharedkv.state import state_of
+
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    settings = state_of(pytester.parseconfigure(*args)).settings
+    assert settings.treatment_arms == arms
+
+
+def test_perf_arms_that_contradict_the_ini_shorthand_name_both(
+        pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsharedkv_native_arm = true\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--sharedkv-perf-arms=ON")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option sharedkv_native_arm is shorthand for "
+                                 "--sharedkv-perf-arms ON,NATIVE, but --sharedkv-perf-arms "
+                                 "gives ON*"])
+    assert "passed" not in result.stdout.str()
 
 
 def test_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:

@@ -126,3 +126,20 @@ def test_a_dropped_size_leaves_the_screenings_payloads(
     kept = _payloads(settings, True, None, 1568, 16, without=("32k",))
     assert kept.sizes() == ["8k"] and kept.warmups and kept.sessions
     assert _payloads(settings, True, None, 1568, 16).sizes() == ["8k", "32k"]
+
+
+def test_the_pool_note_names_the_pools_of_the_arms_that_run() -> None:
+    """A run without ON says the NATIVE offload and what it was sized from, not an ON pool
+    it never started; with both arms both are said."""
+    from pytest_sharedkv.perf.fixtures import _pool_note
+    from pytest_sharedkv.perf.pool_size import PoolSize
+
+    pool = PoolSize(64.0, "the largest size", native_gb=32.0)
+    assert _pool_note(pool, ("OFF", "ON")) == \
+        "pool: 64 GB of LMCache L1 in the ON arm (the largest size)"
+    assert _pool_note(pool, ("OFF", "NATIVE")).startswith(
+        "pool: the NATIVE arm offloads to 32 GB on each replica (vLLM's own, not shared; ")
+    assert "sized as the ON arm's 64 GB would be (the largest size)" in \
+        _pool_note(pool, ("OFF", "NATIVE"))
+    both = _pool_note(pool, ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF"))
+    assert both.startswith("pool: 64 GB of LMCache L1 in the ON arm") and "32 GB" in both

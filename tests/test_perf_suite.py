@@ -49,12 +49,18 @@ def sharedkv_perf_screening(sharedkv_perf_screening):
 """
 
 
-def small_plan(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """BASE's arguments for the shipped suite run in-process with SMALL_PLAN and without
-    the plots (matplotlib hidden: drawing them took 4 s a run; the default run draws
-    them)."""
+# For tests that read only the TTFT steps: no sessions, no windows (nor the warm burst).
+TTFT_PLAN = SMALL_PLAN.replace("sessions_per_placement=1, windows=(4,)",
+                               "sessions_per_placement=0, windows=()")
+
+
+def small_plan(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+               plan: str = SMALL_PLAN) -> list[str]:
+    """BASE's arguments for the shipped suite run in-process with PLAN (SMALL_PLAN unless
+    given) and without the plots (matplotlib hidden: drawing them took 4 s a run; the
+    default run draws them)."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    pytester.makeconftest(SMALL_PLAN)
+    pytester.makeconftest(plan)
     (pytester.path / "test_perf.py").write_text(Path(SUITE).read_text())
     return ["test_perf.py", *BASE[1:]]
 
@@ -213,7 +219,11 @@ def test_token_checks_and_block_order() -> None:
     assert block_arms(1) == ("OFF", "ON")
     assert block_arms(2) == ("OFF", "ON", "ON", "OFF")
     assert block_arms(3) == ("OFF", "ON", "ON", "OFF", "OFF", "ON")
-    assert block_arms(2, native=True) == ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF")
+    assert block_arms(2, ("ON", "NATIVE")) == ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF")
+    assert block_arms(2, ("NATIVE",)) == ("OFF", "NATIVE", "NATIVE", "OFF")
+    for bad in ((), ("OFF",), ("ON", "ON")):
+        with pytest.raises(ValueError, match="treatment arms must be distinct"):
+            block_arms(1, bad)
 
 
 class _Order(BlockRunner):
@@ -335,6 +345,28 @@ def test_the_native_arm_is_a_third_block_of_every_pair(
     pairing = pair_observations(run.observations, run.blocks)
     assert pairing.ok
     assert {p.arms for p in pairing.pairs} == {"ON/OFF", "NATIVE/OFF"}
+
+
+def test_native_alone_is_screened_against_off(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--sharedkv-perf-arms NATIVE: a pair is OFF-NATIVE (no ON block, so it fits where
+    three blocks would not); on the stub each NATIVE replica keeps a pool of its own, so
+    B's cross step finds nothing of A's, and NATIVE pairs with OFF."""
+    result = pytester.runpytest(*small_plan(pytester, monkeypatch, TTFT_PLAN),
+                                "--sharedkv-provider=stub", "--sharedkv-json=r.json",
+                                "--sharedkv-blocks=1", "--sharedkv-perf-arms=NATIVE")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*perf screening on stub: blocks OFF-NATIVE, sizes 3k*",
+                                 "*cross OFF 0%, NATIVE 0%*",
+                                 "*VERDICT perf: cross-replica TTFT 3k NATIVE/OFF *"])
+    assert "VERDICT hits" not in result.stdout.str()  # no ON arm: no pool hits to judge
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.blocks == ["OFF", "NATIVE"]
+    pools = [next((Path(a).name for a in p["argv"] if "stub-pool" in a), None)
+             for x in run.launches for p in x["processes"]]
+    assert pools == [None, None, "stub-pool-A", "stub-pool-B"]  # OFF none; NATIVE its own
+    pairing = pair_observations(run.observations, run.blocks)
+    assert pairing.ok and {p.arms for p in pairing.pairs} == {"NATIVE/OFF"}
 
 
 def test_a_pool_too_small_marks_the_cross_hits_partial(

@@ -275,6 +275,27 @@ def parse_vllm_args(text: str) -> tuple[str, ...]:
 
 
 PERF_MODELS = ("geometry", "27b-compute")
+CONTROL_ARM = "OFF"  # the perf tier's control: in every block pair, never named as a treatment
+TREATMENT_ARMS = ("ON", "NATIVE")  # the arms a block pair may screen against OFF, in block order
+NATIVE_SHORTHAND = TREATMENT_ARMS  # what --sharedkv-native-arm stands for
+
+
+def parse_perf_arms(text: str) -> tuple[str, ...]:
+    """The treatment arms screened against OFF, in block order (ON before NATIVE whatever
+    order they are written in): a pair runs them in that order, so two runs that name the
+    same arms run the same blocks."""
+    names = tuple(s for s in (p.strip().upper() for p in text.split(",")) if s)
+    takes = f"it takes one or both of {','.join(TREATMENT_ARMS)}"
+    if not names:
+        raise OptionError(f"needs at least one treatment arm; {takes}")
+    if CONTROL_ARM in names:
+        raise OptionError(f"{text!r} names {CONTROL_ARM}, the control every block pair holds "
+                          f"anyway; {takes}")
+    bad = [n for n in names if n not in TREATMENT_ARMS]
+    if bad:
+        raise OptionError(f"{', '.join(bad)}: not a treatment arm; {takes}")
+    _no_duplicates(text, names, example=",".join(TREATMENT_ARMS))
+    return tuple(arm for arm in TREATMENT_ARMS if arm in names)
 
 
 def parse_bool(text: str) -> bool:
@@ -489,10 +510,18 @@ class Settings:
         "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default "
         f"{{default}}: OFF-ON-ON-OFF; 1 to {MAX_BLOCK_PAIRS})",
         whole_number(1, MAX_BLOCK_PAIRS), metavar="N")
+    perf_arms: tuple[str, ...] = setting(
+        ("ON",),
+        "perf tier: the treatment arms screened against OFF (the control, in every block "
+        "pair), one block each per pair: ON (the shared LMCache pool), NATIVE (vLLM's native "
+        "CPU offloading, --kv-offloading-backend native, the pool's size on each replica) or "
+        "both (default {default}: OFF-ON, ON-OFF, ...; NATIVE: OFF-NATIVE, NATIVE-OFF; "
+        "ON,NATIVE: OFF-ON-NATIVE, NATIVE-ON-OFF)",
+        parse_perf_arms, metavar="ON,NATIVE")
     native_arm: bool = setting(
         False,
-        "perf tier: add vLLM's native CPU offloading (--kv-offloading-backend native, the "
-        "pool's size on each replica) as a third block in every block pair: OFF-ON-NATIVE, "
+        "perf tier: shorthand for the perf arms ON,NATIVE (--sharedkv-perf-arms): vLLM's "
+        "native CPU offloading as a third block in every block pair, OFF-ON-NATIVE, "
         "NATIVE-ON-OFF",
         parse_bool, flag=True)
     perf_model: str | None = setting(
@@ -551,6 +580,13 @@ class Settings:
     def delays(self) -> tuple[int, ...]:
         """The replica tiers' delay axis: undelayed, plus the injected delay when asked."""
         return (0, self.inject_delay) if self.inject_delay else (0,)
+
+    @property
+    def treatment_arms(self) -> tuple[str, ...]:
+        """The arms the perf tier screens against OFF: --sharedkv-native-arm's ON,NATIVE
+        where it is on (load_settings refuses a --sharedkv-perf-arms that says otherwise),
+        else --sharedkv-perf-arms."""
+        return NATIVE_SHORTHAND if self.native_arm else self.perf_arms
 
     def settle_for(self, delay: int) -> float:
         if self.settle_s is not None:
@@ -638,8 +674,14 @@ def load_settings(config: pytest.Config) -> Settings:
 
 
 def _combination_problem(settings: Settings) -> str | None:
-    """Options that each parse but do nothing together, said before the run instead of
-    being ignored without a word."""
+    """Options that each parse but do nothing together, or say two things, said before
+    the run instead of being ignored without a word."""
+    if settings.native_arm and settings.sources.get("perf_arms", "default") != "default" \
+            and settings.perf_arms != NATIVE_SHORTHAND:
+        return (f"{settings.source_of('native_arm')} is shorthand for "
+                f"{settings.source_of('perf_arms')} {','.join(NATIVE_SHORTHAND)}, but "
+                f"{settings.source_of('perf_arms')} gives {','.join(settings.perf_arms)}; "
+                "give one of them, or both alike")
     if settings.inject_delay:
         provider = settings.provider
         if provider is Provider.AUTO and settings.endpoints:

@@ -31,7 +31,7 @@ from pytest_sharedkv.perf.observations import (
     PerfRun,
     SessionObservation,
 )
-from pytest_sharedkv.perf.pairing import blocks_per_pair
+from pytest_sharedkv.perf.pairing import CONTROL, blocks_per_pair
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.stack.completions import request_body
@@ -44,12 +44,16 @@ Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
 PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
 
 
-def block_arms(pairs: int, native: bool = False) -> tuple[str, ...]:
-    """N block pairs, alternating OFF-ON, ON-OFF, ...: 2 -> OFF ON ON OFF. NATIVE (vLLM's
-    own CPU offloading) joins each pair as a third block: OFF ON NATIVE NATIVE ON OFF."""
+def block_arms(pairs: int, treatments: Sequence[str] = ("ON",)) -> tuple[str, ...]:
+    """N block pairs of OFF and the TREATMENTS, alternating direction so drift cancels:
+    2 pairs of ON -> OFF ON ON OFF; of NATIVE (vLLM's own CPU offloading) -> OFF NATIVE
+    NATIVE OFF; of ON and NATIVE -> OFF ON NATIVE NATIVE ON OFF."""
     if pairs < 1:
         raise ValueError(f"block pairs must be at least 1, not {pairs}")
-    group = ["OFF", "ON", "NATIVE"] if native else ["OFF", "ON"]
+    if not treatments or CONTROL in treatments or len(set(treatments)) != len(treatments):
+        raise ValueError(f"treatment arms must be distinct arms besides {CONTROL}, not "
+                         f"{list(treatments)}")
+    group = [CONTROL, *treatments]
     arms: list[str] = []
     for p in range(pairs):
         arms += group if p % 2 == 0 else group[::-1]

@@ -450,7 +450,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         pytest.skip(no_pair + (" (or --sharedkv-provider stub to exercise the perf tier on "
                                "its test double)" if resolved.missing else ""))
     provider = resolved.provider
-    arms = block_arms(settings.blocks, native=settings.native_arm)
+    arms = block_arms(settings.blocks, settings.treatment_arms)
     if provider is Provider.STUB:
         setup = _stub_setup(settings, arms, tmp_path_factory)
     elif provider is Provider.EXTERNAL:
@@ -470,10 +470,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                                     setup.max_tokens, without=pool.dropped)
         setup.l1_size_gb, setup.one_by_one = pool.gb, pool.one_by_one
         setup.native_gb = pool.native_gb
-        setup.notes.append(f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
-                           + (f"; the NATIVE arm offloads to {pool.native_gb:g} GB on each "
-                              "replica (vLLM's own, not shared; both replicas' on this host "
-                              "stay under its cap)" if "NATIVE" in setup.arms else ""))
+        setup.notes.append(_pool_note(pool, setup.arms))
     setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     settle, per_token = setup.settle_s, setup.store_s_per_token
     if settings.settle_s is not None:
@@ -510,6 +507,17 @@ def _pool_size(model: Path, payload_set: PayloadSet) -> PoolSize:
     tokens = {size: [prompt_size(p.prompt_tokens, p.text) for p in payload_set.of_size(size)]
               for size in payload_set.sizes()}
     return pool_size_gb(config, tokens)
+
+
+def _pool_note(pool: PoolSize, arms: Sequence[str]) -> str:
+    """What the screening's pools hold, for the arms it runs (a run without ON still says
+    the pool its NATIVE offload is sized from)."""
+    native = (f"the NATIVE arm offloads to {pool.native_gb:g} GB on each replica (vLLM's "
+              "own, not shared; both replicas' on this host stay under its cap)")
+    if "ON" not in arms:
+        return f"pool: {native}, sized as the ON arm's {pool.gb:g} GB would be ({pool.why})"
+    return (f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
+            + (f"; {native}" if "NATIVE" in arms else ""))
 
 
 def _longest(payload_set: PayloadSet) -> int:
