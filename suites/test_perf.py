@@ -30,11 +30,11 @@ OVERHEAD_LIMIT = 1.3  # screening wall time / (request latencies + restarts), on
 def _refusals(run: PerfRun, runner: BlockRunner) -> list[str]:
     """Token counts that differ from the payload's or across blocks, and (with two arms to
     pair) every observation without exactly one partner in its block pair."""
-    from pytest_sharedkv.perf.pairing import pair_observations
+    from pytest_sharedkv.perf.pairing import pair_run
 
     found = list(runner.refusals)
     if runner.plan.restartable:
-        found += [str(r) for r in pair_observations(run.observations, run.blocks).refusals]
+        found += [str(r) for r in pair_run(run).refusals]
     return found
 
 

@@ -61,6 +61,14 @@ def test_round_trip(perf_data: dict[str, Any]) -> None:
      "perf.sessions[0].placement: 'random' is not one of fixed, alternating"),
     (lambda d: d["floor"].update(h2d_gb_s=0), "perf.floor.h2d_gb_s: must be positive"),
     (lambda d: d.update(blocks="OFF,ON"), "perf.blocks: expected a list"),
+    (lambda d: d.update(block_pairs=[0, 0, 1, 1]),
+     "perf.block_pairs: 4 entries for 6 blocks (one pair number a block)"),
+    (lambda d: d.update(block_pairs=[1, 1, 2, 2, 3, 3]),
+     "perf.block_pairs[0]: expected 0, found 1"),
+    (lambda d: d.update(block_pairs=[0, 0, 2, 2, 3, 3]),
+     "perf.block_pairs[2]: expected 0 or 1, found 2"),
+    (lambda d: d.update(block_pairs=[0, 0, 1, 1, 1, 1]),  # the records say blocks 4, 5: pair 2
+     "perf.observations[100].pair: 2, but perf.block_pairs puts block 4 in block pair 1"),
 ])
 def test_a_broken_record_is_refused_by_path(perf_data: dict[str, Any], change: Any,
                                             message: str) -> None:
@@ -69,6 +77,17 @@ def test_a_broken_record_is_refused_by_path(perf_data: dict[str, Any], change: A
     with pytest.raises(PerfReportError) as caught:
         from_json(data)
     assert str(caught.value).startswith(message)
+
+
+def test_block_pairs_round_trip_and_stay_out_where_not_recorded(
+        perf_data: dict[str, Any]) -> None:
+    """A report that records its pairs reads them back; one written before the field (the
+    committed screening) reads none and writes none, as before."""
+    run = from_json(perf_data)
+    assert run.block_pairs == [] and "block_pairs" not in to_json(run)
+    recorded = {**perf_data, "block_pairs": [0, 0, 1, 1, 2, 2]}
+    assert from_json(recorded).block_pairs == [0, 0, 1, 1, 2, 2]
+    assert to_json(from_json(recorded))["block_pairs"] == [0, 0, 1, 1, 2, 2]
 
 
 def test_not_an_object_is_refused() -> None:

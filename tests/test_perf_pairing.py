@@ -110,3 +110,57 @@ def test_with_the_native_arm_a_pair_is_three_blocks_and_each_treatment_pairs_wit
     missing = pair_observations(data[:2] + data[3:], blocks)
     assert [(r.arm, r.pair) for r in missing.refusals] == [("OFF", 0), ("ON", 0)]
     assert "no partner in arm NATIVE of block pair 0" in missing.refusals[0].reason
+
+
+def test_pairs_of_different_arms_and_sizes_pair_each_treatment_with_their_own_off() -> None:
+    """A merge of an OFF-ON-NATIVE run with an OFF-ON and an OFF-NATIVE run: block_pairs
+    says which blocks form each pair, so each treatment pairs with the OFF of its own pair
+    (derived as pairs of one size, pair 1's blocks would be OFF-OFF-NATIVE and ON's
+    observations in it strays)."""
+    from pytest_sharedkv.perf.pairing import pair_layout, treatment_pairs
+
+    blocks = ["OFF", "ON", "NATIVE", "OFF", "ON", "OFF", "NATIVE"]
+    layout = [0, 0, 0, 1, 1, 2, 2]
+    data = [obs("OFF", 0, pair=0, ttft_s=2.0), obs("ON", 1, pair=0, ttft_s=0.5),
+            obs("NATIVE", 2, pair=0, ttft_s=1.5), obs("OFF", 3, pair=1, ttft_s=2.4),
+            obs("ON", 4, pair=1, ttft_s=0.6), obs("OFF", 5, pair=2, ttft_s=1.0),
+            obs("NATIVE", 6, pair=2, ttft_s=0.9)]
+    pairing = pair_observations(data, blocks, layout)
+    assert pairing.ok, pairing.refusals
+    assert sorted((p.pair, p.arms, p.control.block, p.ratio) for p in pairing.pairs) == [
+        (0, "NATIVE/OFF", 0, 0.75), (0, "ON/OFF", 0, 0.25), (1, "ON/OFF", 3, 0.25),
+        (2, "NATIVE/OFF", 5, 0.9)]
+    assert treatment_pairs(blocks, layout) == {"ON": 2, "NATIVE": 2}
+    assert pair_layout(blocks) == [0, 0, 0, 1, 1, 1, 2]  # what the field replaces
+    assert not pair_observations(data, blocks).ok
+    # a block of a two-block pair that recorded nothing refuses its partner, as before
+    missing = pair_observations(data[:-1], blocks, layout)
+    assert [(r.arm, r.pair) for r in missing.refusals] == [("OFF", 2)]
+    assert "no partner in arm NATIVE of block pair 2" in missing.refusals[0].reason
+
+
+def test_a_pair_without_off_is_refused() -> None:
+    """OFF is the control of every ratio: a pair of two treatments is not paired (NATIVE
+    over ON would be no ratio the screening means)."""
+    pairing = pair_observations([obs("ON", 0, pair=0), obs("NATIVE", 1, pair=0)],
+                                ["ON", "NATIVE"], [0, 0])
+    assert not pairing.pairs and len(pairing.refusals) == 2
+    assert "no control: block pair 0 holds no OFF block (ON-NATIVE)" in \
+        pairing.refusals[0].reason
+    stray = pair_observations([obs("OFF", 0), obs("NATIVE", 1)], ["OFF", "ON"], [0, 0])
+    assert "holds the arms OFF, ON, NATIVE, but its blocks ran OFF-ON" in \
+        stray.refusals[0].reason
+
+
+def test_an_old_report_without_block_pairs_pairs_as_before() -> None:
+    """Reports written before block_pairs read as consecutive pairs of one size: the same
+    pairs as the layout recorded today, for two and three arms alike."""
+    from pytest_sharedkv.perf.pairing import pair_layout
+
+    two = ["OFF", "ON", "ON", "OFF", "OFF", "ON"]
+    assert pair_layout(two) == [0, 0, 1, 1, 2, 2]
+    three = ["OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF"]
+    assert pair_layout(three) == [0, 0, 0, 1, 1, 1]
+    data = [obs(arm, block, pair=block // 3) for block, arm in enumerate(three)]
+    assert pair_observations(data, three).pairs == \
+        pair_observations(data, three, pair_layout(three)).pairs

@@ -107,7 +107,7 @@ def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
     # the one run of this file that draws the plots (the others hide matplotlib)
     result.stdout.fnmatch_lines(["*plots: r-perf-ttft.png, r-perf-sessions.png"]
                                 if find_spec("matplotlib") else [f"*{MISSING}*"])
-    assert run.blocks == ["OFF", "ON", "ON", "OFF"]
+    assert run.blocks == ["OFF", "ON", "ON", "OFF"] and run.block_pairs == [0, 0, 1, 1]
     assert len(run.restarts_s) == 4 and run.floor is None and run.wall_s > 0
     assert run.engine["provider"] == "stub (test double)"
     measured = [o for o in run.observations if not o.warmup]
@@ -339,7 +339,7 @@ def test_the_native_arm_is_a_third_block_of_every_pair(
         "*cross OFF 0%, ON 100%, NATIVE 0%*",
     ])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
-    assert run.blocks == ["OFF", "ON", "NATIVE"]
+    assert run.blocks == ["OFF", "ON", "NATIVE"] and run.block_pairs == [0, 0, 0]
     assert sorted({s.placement for s in run.sessions}) == ["alternating", "fixed", "window-4"]
     assert {o.pair for o in run.observations} == {0}
     pairing = pair_observations(run.observations, run.blocks)
@@ -361,11 +361,11 @@ def test_native_alone_is_screened_against_off(
                                  "*VERDICT perf: cross-replica TTFT 3k NATIVE/OFF *"])
     assert "VERDICT hits" not in result.stdout.str()  # no ON arm: no pool hits to judge
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
-    assert run.blocks == ["OFF", "NATIVE"]
+    assert run.blocks == ["OFF", "NATIVE"] and run.block_pairs == [0, 0]
     pools = [next((Path(a).name for a in p["argv"] if "stub-pool" in a), None)
              for x in run.launches for p in x["processes"]]
     assert pools == [None, None, "stub-pool-A", "stub-pool-B"]  # OFF none; NATIVE its own
-    pairing = pair_observations(run.observations, run.blocks)
+    pairing = pair_observations(run.observations, run.blocks, run.block_pairs)
     assert pairing.ok and {p.arms for p in pairing.pairs} == {"NATIVE/OFF"}
 
 

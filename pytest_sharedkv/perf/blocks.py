@@ -31,7 +31,7 @@ from pytest_sharedkv.perf.observations import (
     PerfRun,
     SessionObservation,
 )
-from pytest_sharedkv.perf.pairing import CONTROL, blocks_per_pair
+from pytest_sharedkv.perf.pairing import CONTROL, pair_layout
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.stack.completions import request_body
@@ -107,11 +107,11 @@ class BlockRunner:
         self.accounting = Accounting()
         self.refusals: list[str] = []
         self.where = "the first start"  # the phase running now, for progress and failures
-        self.per_pair = blocks_per_pair(plan.arms)  # 2 blocks a pair, 3 with NATIVE
+        self.pairs = pair_layout(plan.arms)  # each block's pair: OFF and one of each treatment
         self.run_record = PerfRun(schema=PERF_SCHEMA, model_digest=model_digest,
                                   corpus_digest=payloads.digest, engine=dict(engine),
                                   blocks=list(plan.arms), floor=floor, notes=list(notes),
-                                  chunk_tokens=chunk_tokens)
+                                  chunk_tokens=chunk_tokens, block_pairs=list(self.pairs))
 
     # -- the screening ---------------------------------------------------------------
 
@@ -260,7 +260,7 @@ class BlockRunner:
     def _record(self, timing: Timing, block: int, arm: str, step: str, payload: Payload,
                 request: str, warmup: bool) -> None:
         self.run_record.observations.append(observation(
-            timing, arm=arm, block=block, pair=block // self.per_pair, size=payload.size,
+            timing, arm=arm, block=block, pair=self.pairs[block], size=payload.size,
             step=step, request=request, payload_sha256=payload.sha256,
             prompt_tokens=payload.prompt_tokens, warmup=warmup))
 
@@ -288,7 +288,7 @@ class BlockRunner:
         self.accounting.busy_s += group
         for session, wall in zip(sessions, walls, strict=True):
             self.run_record.sessions.append(SessionObservation(
-                arm=arm, block=block, pair=block // self.per_pair,
+                arm=arm, block=block, pair=self.pairs[block],
                 session=f"{prefix}{session.id}", placement=label or placement,
                 turns=len(session.turns), wall_s=wall, payload_sha256=session.sha256))
         return group

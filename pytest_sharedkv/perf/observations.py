@@ -6,7 +6,7 @@ it back through ``from_json``, which refuses a foreign or broken record by name.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,6 +136,11 @@ class PerfRun:
     engine_settings: dict[str, Any] = field(default_factory=dict)
     # each block's launched processes: {"arm", "processes": [{"name", "argv", "env"}]}
     launches: list[dict[str, Any]] = field(default_factory=list)
+    # the block pair of each block, parallel to ``blocks`` (0, 0, 1, 1, ...): what lets a
+    # merge hold pairs of different arms and sizes (OFF-ON beside OFF-NATIVE). Empty: not
+    # recorded (reports written before it), read as consecutive pairs of one size each
+    # (``pairing.pair_layout``)
+    block_pairs: list[int] = field(default_factory=list)
 
 
 def size_tokens(size: str) -> int | None:
@@ -158,11 +163,13 @@ def size_order(size: str) -> tuple[float, str]:
 
 
 def to_json(run: PerfRun) -> dict[str, Any]:
-    """The run as JSON; ``runs`` only where it is a merge, the floor's stored bytes only
-    where known (a record without them stays what it was before they existed)."""
+    """The run as JSON; ``runs`` only where it is a merge, ``block_pairs`` and the floor's
+    stored bytes only where known (a record without them stays what it was before they
+    existed)."""
     data = asdict(run)
-    if not run.runs:
-        del data["runs"]
+    for name in ("runs", "block_pairs"):
+        if not getattr(run, name):
+            del data[name]
     if data.get("floor") is not None and data["floor"].get("stored_bytes_per_token") is None:
         del data["floor"]["stored_bytes_per_token"]
     return data
@@ -285,13 +292,17 @@ def from_json(data: object) -> PerfRun:
     if chunk is not None and not (_is_int(chunk) and chunk > 0):
         raise PerfReportError(f"perf.chunk_tokens: expected a positive integer or null, "
                               f"found {chunk!r}")
+    block_pairs = _block_pairs(_list(data, "block_pairs"), blocks)
+    observations = [_observation(o, f"perf.observations[{i}]")
+                    for i, o in enumerate(_list(data, "observations"))]
+    sessions = [_session(s, f"perf.sessions[{i}]")
+                for i, s in enumerate(_list(data, "sessions"))]
+    for name, records in (("observations", observations), ("sessions", sessions)):
+        _in_their_pairs(records, block_pairs, f"perf.{name}")
     return PerfRun(
         schema=schema, model_digest=data["model_digest"], corpus_digest=data["corpus_digest"],
-        engine=dict(engine), blocks=blocks, floor=floor,
-        observations=[_observation(o, f"perf.observations[{i}]")
-                      for i, o in enumerate(_list(data, "observations"))],
-        sessions=[_session(s, f"perf.sessions[{i}]")
-                  for i, s in enumerate(_list(data, "sessions"))],
+        engine=dict(engine), blocks=blocks, floor=floor, block_pairs=block_pairs,
+        observations=observations, sessions=sessions,
         restarts_s=[float(r) for r in restarts], wall_s=float(wall),
         notes=_strings(_list(data, "notes"), "perf.notes"), chunk_tokens=chunk,
         runs=[RunSource(**_fields(r, _RUN_SOURCE, f"perf.runs[{i}]"))
@@ -299,6 +310,34 @@ def from_json(data: object) -> PerfRun:
         model=_mapping(data, "model", str_values=True),
         engine_settings=_mapping(data, "engine_settings"),
         launches=[dict(x) for x in _list(data, "launches") if isinstance(x, dict)])
+
+
+def _block_pairs(values: list[Any], blocks: list[str]) -> list[int]:
+    """``perf.block_pairs`` where recorded: one pair number a block, from 0, each block in
+    the pair of the block before it or the next one (pairs are consecutive blocks)."""
+    if not values:
+        return []
+    if len(values) != len(blocks):
+        raise PerfReportError(f"perf.block_pairs: {len(values)} entries for {len(blocks)} "
+                              "blocks (one pair number a block)")
+    expected = [0]
+    for i, value in enumerate(values):
+        if not _is_int(value) or value not in expected:
+            raise PerfReportError(f"perf.block_pairs[{i}]: expected "
+                                  f"{' or '.join(map(str, expected))}, found {value!r} (pairs "
+                                  "are numbered from 0, in run order)")
+        expected = [value, value + 1]
+    return list(values)
+
+
+def _in_their_pairs(records: Sequence[Observation | SessionObservation],
+                    block_pairs: list[int], where: str) -> None:
+    """Each record's pair is its block's (where the pairs are recorded): pairing reads the
+    pair a block belongs to from ``block_pairs`` and the records' own numbers alike."""
+    for i, r in enumerate(records):
+        if r.block < len(block_pairs) and r.pair != block_pairs[r.block]:
+            raise PerfReportError(f"{where}[{i}].pair: {r.pair}, but perf.block_pairs puts "
+                                  f"block {r.block} in block pair {block_pairs[r.block]}")
 
 
 def _mapping(data: dict[str, Any], name: str, str_values: bool = False) -> dict[str, Any]:

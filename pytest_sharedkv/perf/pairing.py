@@ -2,12 +2,14 @@
 in the same block pair: the pair is the independent unit of every comparison.
 
 Two observations are partners when they share (payload sha256, replica, step, size,
-request) in two arms of one block pair. A block pair is two blocks (OFF, ON), or three
-where the run adds vLLM's native offloading (OFF, ON, NATIVE): each treatment arm pairs
-with OFF. An observation without exactly one partner is
+request) in two arms of one block pair. A block pair is OFF and one block of each
+treatment arm the run screened: OFF-ON, OFF-NATIVE, or OFF-ON-NATIVE; each treatment
+pairs with OFF of its own pair. Which blocks form a pair is the run's ``block_pairs``
+(a merge may hold pairs of different arms and sizes); reports written before it are
+consecutive pairs of one size each. An observation without exactly one partner is
 refused, and so is a partner whose prompt or output token count differs (the two arms did
-not answer the same thing, so their times do not compare). Warm-ups are left out here and
-in every statistic, but stay in the data.
+not answer the same thing, so their times do not compare); so is every observation of a
+pair without OFF. Warm-ups are left out here and in every statistic, but stay in the data.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pytest_sharedkv.perf.observations import Observation, PerfReportError
+from pytest_sharedkv.perf.observations import Observation, PerfReportError, PerfRun
 
 CONTROL = "OFF"  # the denominator of every paired ratio, where a pair holds it
 
@@ -96,41 +98,84 @@ def _where(o: Observation) -> str:
 
 
 def blocks_per_pair(blocks: Sequence[str] | None) -> int:
-    """Blocks in one block pair: one per distinct arm of the run (2, or 3 with NATIVE)."""
+    """Blocks in each block pair of a run that did not record its pairs (every pair then
+    had the same arms): one per distinct arm (2, or 3 with ON and NATIVE)."""
     return max(2, len(set(blocks))) if blocks else 2
 
 
-def _arms(observations: Sequence[Observation], blocks: Sequence[str] | None,
-          pair: int) -> list[str]:
-    """The arms of one block pair: from the run's block list where given (so a block that
-    recorded nothing still counts), else from what was recorded; OFF first."""
-    arms = [o.arm for o in observations]
-    if blocks is not None:
-        size = blocks_per_pair(blocks)
-        arms = [*blocks[size * pair:size * pair + size], *arms]
+def pair_layout(blocks: Sequence[str], block_pairs: Sequence[int] | None = None) -> list[int]:
+    """The block pair of each block: BLOCK_PAIRS where recorded, else (a report written
+    before pairs could differ) consecutive pairs of ``blocks_per_pair(blocks)`` blocks."""
+    if block_pairs:
+        return list(block_pairs)
+    size = blocks_per_pair(blocks)
+    return [i // size for i in range(len(blocks))]
+
+
+def pair_arms(blocks: Sequence[str], block_pairs: Sequence[int] | None = None
+              ) -> dict[int, list[str]]:
+    """Each block pair's arms, in the order its blocks ran."""
+    arms: dict[int, list[str]] = defaultdict(list)
+    for arm, pair in zip(blocks, pair_layout(blocks, block_pairs), strict=True):
+        arms[pair].append(arm)
+    return dict(arms)
+
+
+def treatment_pairs(blocks: Sequence[str], block_pairs: Sequence[int] | None = None
+                    ) -> dict[str, int]:
+    """How many block pairs hold each treatment arm (a ratio's pairs, and so whether it
+    can have an interval), in arm order of first appearance."""
+    counts: dict[str, int] = {}
+    for arms in pair_arms(blocks, block_pairs).values():
+        for arm in dict.fromkeys(arms):
+            if arm != CONTROL:
+                counts[arm] = counts.get(arm, 0) + 1
+    return counts
+
+
+def _arms(observations: Sequence[Observation], planned: Sequence[str] | None) -> list[str]:
+    """The arms of one block pair: its blocks' (PLANNED, where the run's blocks are known,
+    so a block that recorded nothing still counts) and what was recorded; OFF first."""
+    arms = [*(planned or ()), *(o.arm for o in observations)]
     unique = list(dict.fromkeys(arms))
     return sorted(unique, key=lambda a: a != CONTROL)
 
 
+def _problem(arms: Sequence[str], planned: Sequence[str] | None, pair: int) -> str | None:
+    """Why no observation of block pair PAIR can be paired, or None."""
+    if planned is None and len(arms) > 2:
+        return f"block pair {pair} holds the arms {', '.join(arms)}; a pair is 2 blocks of 2 arms"
+    stray = [a for a in arms if planned is not None and a not in planned]
+    if stray:
+        return (f"block pair {pair} holds the arms {', '.join(arms)}, but its blocks ran "
+                f"{'-'.join(planned or ())}")
+    if len(arms) < 2:
+        return f"no partner: block pair {pair} ran only arm {arms[0]}"
+    if CONTROL not in arms:
+        return (f"no control: block pair {pair} holds no {CONTROL} block ({'-'.join(arms)}); "
+                f"every treatment pairs with {CONTROL} of its own pair")
+    return None
+
+
 def pair_observations(observations: Iterable[Observation],
-                      blocks: Sequence[str] | None = None) -> Pairing:
+                      blocks: Sequence[str] | None = None,
+                      block_pairs: Sequence[int] | None = None) -> Pairing:
     """Match every measured observation with its partner in the other arm of its block
     pair. ``blocks`` (the run's arm per block) lets a block that recorded nothing refuse
-    the requests of its partner block."""
+    the requests of its partner block; ``block_pairs`` says which blocks form each pair
+    (unrecorded: consecutive pairs of one size)."""
     result = Pairing()
     by_pair: dict[int, list[Observation]] = defaultdict(list)
     for o in observations:
         if not o.warmup:
             by_pair[o.pair].append(o)
+    planned = pair_arms(blocks, block_pairs) if blocks is not None else {}
     for pair in sorted(by_pair):
         group = by_pair[pair]
-        arms = _arms(group, blocks, pair)
-        size = blocks_per_pair(blocks)
-        if len(arms) < 2 or len(arms) > size:
-            reason = (f"block pair {pair} holds the arms {', '.join(arms)}; a pair is {size} "
-                      f"blocks of {size} arms" if len(arms) > size else
-                      f"no partner: block pair {pair} ran only arm {arms[0]}")
-            result.refusals += [_refuse(o, reason) for o in group]
+        arms = _arms(group, planned.get(pair))
+        problem = _problem(arms, planned.get(pair), pair)
+        if problem is not None:
+            result.refusals += [_refuse(o, problem) for o in group]
             continue
         keyed: dict[str, dict[Key, list[Observation]]] = {arm: {} for arm in arms}
         for o in group:
@@ -148,10 +193,14 @@ def pair_observations(observations: Iterable[Observation],
                         result.refusals.append(_refuse(
                             o, f"no partner in arm {other} of block pair {pair} "
                                f"({_where(o)}, payload sha256 {o.payload_sha256[:16]})"))
-        control = arms[0]
         for treatment in arms[1:]:
-            result.pairs += _matched(keyed, control, treatment, pair, result)
+            result.pairs += _matched(keyed, CONTROL, treatment, pair, result)
     return result
+
+
+def pair_run(run: PerfRun) -> Pairing:
+    """``pair_observations`` of a whole screening, with its blocks and recorded pairs."""
+    return pair_observations(run.observations, run.blocks or None, run.block_pairs or None)
 
 
 def _matched(keyed: dict[str, dict[Key, list[Observation]]], control: str, treatment: str,

@@ -24,7 +24,7 @@ from pytest_sharedkv.perf.observations import (
     SessionObservation,
     size_order,
 )
-from pytest_sharedkv.perf.pairing import CONTROL, PairedRequest, Pairing, pair_observations
+from pytest_sharedkv.perf.pairing import CONTROL, PairedRequest, Pairing, pair_run
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -290,7 +290,7 @@ def analyse(run: PerfRun, *, confidence: float = CONFIDENCE, resamples: int = RE
             seed: int = SEED) -> Analysis:
     """Cells, pairing (refusals kept, not raised: the caller decides) and paired ratios
     over the pairs that matched."""
-    pairing = pair_observations(run.observations, run.blocks or None)
+    pairing = pair_run(run)
     return Analysis(
         run=run, cells=cells(run.observations), pairing=pairing,
         ratios=paired_ratios(pairing.pairs, confidence=confidence, resamples=resamples,
