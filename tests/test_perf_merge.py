@@ -45,6 +45,20 @@ def part(data: dict[str, Any], first: int, count: int) -> dict[str, Any]:
     return out
 
 
+def relabel(data: dict[str, Any], arm: str, to: str, factor: float = 1.0) -> dict[str, Any]:
+    """DATA's blocks and records of ARM as arm TO (in place), cross-replica TTFTs times
+    FACTOR: a run that screened another treatment on the same corpus."""
+    perf = data["perf"]
+    perf["blocks"] = [to if b == arm else b for b in perf["blocks"]]
+    for name in ("observations", "sessions"):
+        for o in perf[name]:
+            if o["arm"] == arm:
+                o["arm"] = to
+                if o.get("step") == "cross":
+                    o["ttft_s"] *= factor
+    return data
+
+
 def write(directory: Path, name: str, data: dict[str, Any]) -> Path:
     path = directory / name
     path.write_text(json.dumps(data))
@@ -83,6 +97,7 @@ def test_the_halves_merged_give_the_statistics_of_the_whole(
     whole = analyse(from_json(load()["perf"]))
     merged = merged_analysis(out)
     assert merged.run.blocks == whole.run.blocks
+    assert whole.run.block_pairs == [] and merged.run.block_pairs == [0, 0, 1, 1, 2, 2]
     assert merged.run.observations == whole.run.observations  # pairs numbered on
     assert merged.run.sessions == whole.run.sessions
     assert summary(merged) == summary(whole)
@@ -149,9 +164,16 @@ def _change(field: str, data: dict[str, Any]) -> str:
     if field == "engine settings":
         perf["engine_settings"] = {"enforce_eager": True, "max_num_seqs": 16}
         return "perf.engine_settings (engine flags)"
-    if field == "arms":
+    if field == "blocks and records":
         perf["blocks"] = ["ON", "OFF"]
-        return "perf.blocks (arms order)"
+        return "perf.observations[0].arm: 'OFF' in block 0, which perf.blocks runs as 'ON'"
+    if field == "no OFF":
+        relabel(data, "OFF", "NATIVE")
+        return ("perf.blocks: block pair 0 (NATIVE-ON) holds no OFF block, the control its "
+                "treatments are paired with")
+    if field == "an arm twice":
+        perf["blocks"], perf["block_pairs"] = ["OFF", "OFF"], [0, 0]
+        return "perf.blocks: block pair 0 (OFF-OFF) is not a whole block pair"
     if field == "sizes":
         perf["observations"] = [o for o in perf["observations"] if o["size"] != "128k"]
         return "perf.observations (sizes)"
@@ -167,9 +189,9 @@ def _change(field: str, data: dict[str, Any]) -> str:
     raise AssertionError(field)
 
 
-REFUSALS = ["model_digest", "corpus_digest", "payload", "engine", "engine settings", "arms",
-            "sizes",
-            "whole pairs", "chunk", "no perf"]
+REFUSALS = ["model_digest", "corpus_digest", "payload", "engine", "engine settings",
+            "blocks and records", "no OFF", "an arm twice", "sizes", "whole pairs", "chunk",
+            "no perf"]
 
 
 @pytest.mark.parametrize("field", REFUSALS)
@@ -189,6 +211,65 @@ def test_a_merge_that_does_not_fit_is_refused_naming_file_and_field(
     assert named in err, err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+def three_on_one_native(tmp_path: Path) -> list[Path]:
+    """Three OFF-ON runs written before block_pairs and one OFF-NATIVE run that records
+    them (as the tier does now), its cross-replica TTFTs 3x ON's."""
+    whole = load()
+    native = relabel(part(whole, 4, 2), "ON", "NATIVE", factor=3.0)
+    native["perf"]["block_pairs"] = [0, 0]
+    runs = [part(whole, 0, 2), part(whole, 2, 2), part(whole, 4, 2), native]
+    return [write(tmp_path, f"run{i}.json", d) for i, d in enumerate(runs)]
+
+
+def test_runs_of_different_treatments_merge_and_pair_within_their_own_pairs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three OFF-ON sessions and one OFF-NATIVE session: the merged report records which
+    blocks form each pair, ON/OFF has its three pairs and an interval, NATIVE/OFF its one
+    pair and none; the notes say which run screened what."""
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, three_on_one_native(tmp_path))]) == 0
+    merged = merged_analysis(out)
+    assert merged.run.blocks == ["OFF", "ON", "ON", "OFF", "OFF", "ON", "OFF", "NATIVE"]
+    assert merged.run.block_pairs == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert merged.pairing.ok, merged.pairing.refusals
+    assert {(p.arms, p.pair) for p in merged.pairing.pairs} == {
+        ("ON/OFF", 0), ("ON/OFF", 1), ("ON/OFF", 2), ("NATIVE/OFF", 3)}
+    cross = {r.arms: r for r in merged.ratios if (r.size, r.step) == ("8k", "cross")}
+    assert cross["ON/OFF"].block_pairs == 3 and cross["ON/OFF"].interval is not None
+    assert cross["NATIVE/OFF"].block_pairs == 1 and cross["NATIVE/OFF"].interval is None
+    assert cross["NATIVE/OFF"].median == pytest.approx(3 * cross["ON/OFF"].per_pair[2][1])
+    assert [(r.first_block, r.first_pair, r.pairs) for r in merged.run.runs] == [
+        (0, 0, 1), (2, 1, 1), (4, 2, 1), (6, 3, 1)]
+    assert "block pairs 3-3, arms OFF-NATIVE" in merged.run.notes[0]
+    assert merged.run.notes[1] == ("treatment arms differ between runs: ON in 3 block pairs, "
+                                   "NATIVE in 1 block pair; each is paired with OFF of its own "
+                                   "pairs")
+    assert "NATIVE/OFF" in capsys.readouterr().out
+
+
+def test_mixed_pair_sizes_merge_again_and_keep_their_pairs(tmp_path: Path) -> None:
+    """An OFF-ON run merged with an OFF-ON-NATIVE run (three blocks a pair; both written
+    before block_pairs), and that merge with an OFF-NATIVE run: every pair keeps its own
+    blocks and numbers (the second run's pair is 1, not block 2 // 3 blocks a pair)."""
+    whole = load()
+    three = part(whole, 0, 2)
+    on = [o for o in three["perf"]["observations"] if o["arm"] == "ON"]
+    three["perf"]["blocks"].append("NATIVE")
+    three["perf"]["observations"] += [dict(o, arm="NATIVE", block=2) for o in on]
+    first = tmp_path / "first.json"
+    assert main([str(first), str(write(tmp_path, "two.json", part(whole, 2, 2))),
+                 str(write(tmp_path, "three.json", three))]) == 0
+    native = relabel(part(whole, 4, 2), "ON", "NATIVE")
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(first), str(write(tmp_path, "native.json", native))]) == 0
+    merged = merged_analysis(out)
+    assert merged.run.blocks == ["ON", "OFF", "OFF", "ON", "NATIVE", "OFF", "NATIVE"]
+    assert merged.run.block_pairs == [0, 0, 1, 1, 1, 2, 2]
+    assert merged.pairing.ok, merged.pairing.refusals
+    assert sorted({(p.arms, p.pair) for p in merged.pairing.pairs}) == [
+        ("NATIVE/OFF", 1), ("NATIVE/OFF", 2), ("ON/OFF", 0), ("ON/OFF", 1)]
 
 
 def test_engine_flags_compare_where_recorded_launches_are_carried(tmp_path: Path) -> None:

@@ -3,14 +3,18 @@ screening from blocks measured in separate runs.
 
 Three block pairs give a bootstrap interval; one stretch of GPU time may not hold them, so
 a screening is resumable: run the perf tier again later (on the same or another host) and
-merge the reports. The merge refuses, naming the file and the field, inputs that did not
-measure the same thing: another perf schema, model digest, corpus (its digest or any
-request's payload sha256), engine (versions, chunk, KV geometry), engine flags (the argv
-recorded per block, where both recorded it), arms order or sizes. Blocks keep their own
-run: block and pair numbers continue from the run before, so ``perf.pairing`` pairs only
-within one run's blocks, and ``perf.runs`` says which blocks came from which file, host and
-time. The tests, checks and notes of every input are kept (a failure anywhere still fails
-``compare``).
+merge the reports. The runs may screen different treatments against OFF (three OFF-ON runs
+and one OFF-NATIVE run, where a GPU session holds two blocks a pair but not three): every
+block pair of every input must hold OFF, the control its treatments are paired with. The
+merge refuses, naming the file and the field, inputs that did not measure the same thing:
+another perf schema, model digest, corpus (its digest or any request's payload sha256),
+engine (versions, chunk, KV geometry), engine flags (the argv recorded per block, where
+both recorded it) or sizes; and an input that is not whole block pairs with OFF. Blocks
+keep their own run: block and pair numbers continue from the run before and
+``perf.block_pairs`` says which blocks form each pair, so ``perf.pairing`` pairs only
+within one run's blocks, whatever each pair's size, and ``perf.runs`` says which blocks
+came from which file, host and time. The tests, checks and notes of every input are kept
+(a failure anywhere still fails ``compare``).
 
 Exit status: 0 written, 2 a usage error or inputs that do not merge (one line, no
 traceback).
@@ -29,12 +33,20 @@ from typing import Any, NoReturn
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
 from pytest_sharedkv.perf.observations import (
     Floor,
+    Observation,
     PerfRun,
     RunSource,
+    SessionObservation,
     size_order,
     to_json,
 )
-from pytest_sharedkv.perf.pairing import blocks_per_pair
+from pytest_sharedkv.perf.pairing import (
+    CONTROL,
+    blocks_per_pair,
+    pair_arms,
+    pair_layout,
+    treatment_pairs,
+)
 
 PROG = "python -m pytest_sharedkv merge-screenings"
 # The engine settings the perf tier records (``perf.engine_settings``, one per run: the
@@ -56,12 +68,6 @@ class MergeError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise MergeError(f"{message}\n{self.format_usage().rstrip()}")
-
-
-def arms_order(blocks: Sequence[str]) -> list[str]:
-    """The arms of a run's first block pair, in the order it ran them (the perf tier starts
-    every run OFF, ON; or OFF, ON, NATIVE, and alternates from there)."""
-    return list(blocks[:blocks_per_pair(blocks)])
 
 
 def sizes(run: PerfRun) -> list[str]:
@@ -102,9 +108,6 @@ def check_mergeable(first: Report, other: Report) -> None:
     for key in sorted(set(x.engine) | set(y.engine)):
         if x.engine.get(key) != y.engine.get(key):
             _refuse(other, f"perf.engine.{key}", y.engine.get(key), first, x.engine.get(key))
-    if arms_order(x.blocks) != arms_order(y.blocks):
-        _refuse(other, "perf.blocks (arms order)", arms_order(y.blocks), first,
-                arms_order(x.blocks))
     if sizes(x) != sizes(y):
         _refuse(other, "perf.observations (sizes)", sizes(y), first, sizes(x))
     if (x.floor is None) != (y.floor is None):
@@ -126,13 +129,36 @@ def check_mergeable(first: Report, other: Report) -> None:
         _refuse(other, f"perf.{SETTINGS_FIELD} (engine flags)", flags, first, first_flags)
 
 
-def _whole_pairs(report: Report) -> None:
+def layout(report: Report) -> list[int]:
+    """Each block's pair in REPORT (recorded, or consecutive pairs of one size in a report
+    written before ``block_pairs``); MergeError unless every pair is OFF and one block of
+    each of its treatments, and every record lies in a block of its arm."""
     assert report.perf is not None
-    blocks = report.perf.run.blocks
+    run = report.perf.run
+    blocks = run.blocks
     size = blocks_per_pair(blocks)
-    if not blocks or len(blocks) % size:
+    if not blocks or (not run.block_pairs and len(blocks) % size):
         raise MergeError(f"{report.path}: perf.blocks: {len(blocks)} blocks "
                          f"({'-'.join(blocks) or 'none'}) are not whole block pairs of {size}")
+    for pair, arms in pair_arms(blocks, run.block_pairs).items():
+        if CONTROL not in arms:
+            raise MergeError(f"{report.path}: perf.blocks: block pair {pair} "
+                             f"({'-'.join(arms)}) holds no {CONTROL} block, the control its "
+                             "treatments are paired with (a merge needs every pair to hold it)")
+        if len(arms) < 2 or len(set(arms)) < len(arms):
+            raise MergeError(f"{report.path}: perf.blocks: block pair {pair} "
+                             f"({'-'.join(arms)}) is not a whole block pair ({CONTROL} and one "
+                             "block of each treatment)")
+    kept: tuple[tuple[str, Sequence[Observation | SessionObservation]], ...] = (
+        ("observations", run.observations), ("sessions", run.sessions))
+    for name, records in kept:
+        for i, r in enumerate(records):
+            arm = blocks[r.block] if 0 <= r.block < len(blocks) else None
+            if r.arm != arm:
+                raise MergeError(f"{report.path}: perf.{name}[{i}].arm: {r.arm!r} in block "
+                                 f"{r.block}, which perf.blocks runs as {arm!r} (its blocks "
+                                 "and records disagree)")
+    return pair_layout(blocks, run.block_pairs)
 
 
 def _host(report: Report) -> str:
@@ -144,20 +170,20 @@ def _host(report: Report) -> str:
     return report.perf.run.engine.get("gpu", "unknown") + " (no host name recorded)"
 
 
-def _sources(report: Report, first_block: int, first_pair: int) -> list[RunSource]:
-    """The runs REPORT holds, numbered from FIRST_BLOCK/FIRST_PAIR (a merged input keeps
-    its own runs)."""
+def _sources(report: Report, first_block: int, first_pair: int, pairs: int
+             ) -> list[RunSource]:
+    """The runs REPORT (of PAIRS block pairs) holds, numbered from FIRST_BLOCK/FIRST_PAIR
+    (a merged input keeps its own runs)."""
     assert report.perf is not None
     run = report.perf.run
     flags = RECORDED if engine_flags(report) is not None else NOT_RECORDED
     if run.runs:
         return [replace(r, first_block=r.first_block + first_block,
                         first_pair=r.first_pair + first_pair) for r in run.runs]
-    size = blocks_per_pair(run.blocks)
     return [RunSource(source=str(report.path), host=_host(report),
                       created=str(report.data.get("created", "")), first_block=first_block,
-                      blocks=len(run.blocks), first_pair=first_pair,
-                      pairs=len(run.blocks) // size, wall_s=run.wall_s, engine_flags=flags)]
+                      blocks=len(run.blocks), first_pair=first_pair, pairs=pairs,
+                      wall_s=run.wall_s, engine_flags=flags)]
 
 
 def _floor(runs: Sequence[PerfRun]) -> Floor | None:
@@ -171,20 +197,37 @@ def _floor(runs: Sequence[PerfRun]) -> Floor | None:
                                 f"({', '.join(f'{f.h2d_gb_s:.1f}' for f in floors)} GB/s)")
 
 
-def describe(run: RunSource, index: int) -> str:
+def describe(run: RunSource, index: int, blocks: Sequence[str]) -> str:
+    """One run of a merge: its file, host and time, and its blocks, pairs and arms (BLOCKS:
+    the merged screening's)."""
     last_block, last_pair = run.first_block + run.blocks - 1, run.first_pair + run.pairs - 1
+    arms = "-".join(blocks[run.first_block:last_block + 1])
     return (f"run {index + 1}: {run.source} ({run.host}, {run.created}): blocks "
             f"{run.first_block}-{last_block}, block pairs {run.first_pair}-{last_pair}, "
-            f"{run.wall_s:.1f} s; {run.engine_flags}")
+            f"arms {arms}, {run.wall_s:.1f} s; {run.engine_flags}")
+
+
+def _arms_note(merged: PerfRun) -> list[str]:
+    """Where the runs screened different treatments: how many block pairs each has (a
+    treatment's ratios use its own pairs only)."""
+    pairs = treatment_pairs(merged.blocks, merged.block_pairs)
+    layouts = {"-".join(sorted(set(merged.blocks[r.first_block:r.first_block + r.blocks])))
+               for r in merged.runs}
+    if len(layouts) < 2:
+        return []
+    return ["treatment arms differ between runs: " + ", ".join(
+        f"{arm} in {n} block pair{'s' if n != 1 else ''}" for arm, n in pairs.items())
+        + f"; each is paired with {CONTROL} of its own pairs"]
 
 
 def merge_runs(reports: Sequence[Report]) -> PerfRun:
     """One screening of every report's blocks, numbered on; MergeError where they differ."""
+    layouts = []
     for report in reports:
         if report.perf is None:
             raise MergeError(f"{report.path}: perf: the report holds no perf screening (run "
                              "the perf tier: -m perf)")
-        _whole_pairs(report)
+        layouts.append(layout(report))
     first = reports[0]
     for other in reports[1:]:
         check_mergeable(first, other)
@@ -192,9 +235,11 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
     merged = PerfRun(schema=runs[0].schema, model_digest=runs[0].model_digest,
                      corpus_digest=runs[0].corpus_digest, engine=dict(runs[0].engine),
                      blocks=[], floor=_floor(runs), chunk_tokens=runs[0].chunk_tokens)
-    for report, run in zip(reports, runs, strict=True):
-        block, pair = len(merged.blocks), len(merged.blocks) // blocks_per_pair(run.blocks)
-        sources = _sources(report, block, pair)
+    for report, run, pairs in zip(reports, runs, layouts, strict=True):
+        block = len(merged.blocks)
+        pair = merged.block_pairs[-1] + 1 if merged.block_pairs else 0
+        merged.block_pairs += [p + pair for p in pairs]
+        sources = _sources(report, block, pair, len(set(pairs)))
         merged.observations += [replace(o, block=o.block + block, pair=o.pair + pair)
                                 for o in run.observations]
         merged.sessions += [replace(s, block=s.block + block, pair=s.pair + pair)
@@ -209,7 +254,9 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
         merged.runs += sources
     flags = {r.engine_flags for r in merged.runs}
     merged.notes = [f"merged from {len(merged.runs)} separate runs: "
-                    + "; ".join(describe(r, i) for i, r in enumerate(merged.runs)),
+                    + "; ".join(describe(r, i, merged.blocks)
+                                for i, r in enumerate(merged.runs)),
+                    *_arms_note(merged),
                     *([f"{NOT_RECORDED} in every run, so they were not compared"]
                       if flags == {NOT_RECORDED} else
                       [f"{NOT_RECORDED} in some runs, so they were compared only where "
@@ -250,8 +297,9 @@ def main(argv: Sequence[str]) -> int:
     import sys
 
     parser = _Parser(prog=PROG, description="Merge perf screenings of separate runs (the same "
-                     "model, corpus, engine and arms) into one report, block pairs numbered "
-                     "on, so that enough pairs for an interval can span several runs.")
+                     "model, corpus and engine; each block pair holding OFF, its treatments "
+                     "ON, NATIVE or both) into one report, block pairs numbered on, so that "
+                     "enough pairs for an interval can span several runs.")
     parser.add_argument("out", type=Path, metavar="OUT.json", help="the merged report")
     parser.add_argument("inputs", type=Path, nargs="+", metavar="IN.json",
                         help="the reports to merge, in the order they ran (two or more)")
