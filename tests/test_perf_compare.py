@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 
 from pytest_sharedkv.cli.compare.main import main, max_regression
 from pytest_sharedkv.cli.compare.speed import Change, Stat
+from pytest_sharedkv.perf.observations import PerfRun, from_json, to_json
+from tests.perf_arms import with_native_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENING = ROOT / "fixtures" / "perf" / "screening.json"
@@ -227,6 +230,42 @@ def test_a_missing_cell_fails_and_the_markdown_file_is_written(
     assert "RESULT: FAIL: 12 cell(s) MISSING in AFTER" in out
     status, _, err = run(capsys, SCREENING, SCREENING, "--markdown", tmp_path)
     assert status == 2 and f"--markdown: cannot write {tmp_path}" in err
+
+
+def with_arms(data: dict[str, Any], shape: Callable[[PerfRun], PerfRun]) -> dict[str, Any]:
+    """DATA with its screening reshaped (tests.perf_arms: NATIVE in some pairs)."""
+    out = copy.deepcopy(data)
+    out["perf"] = to_json(shape(from_json(out["perf"])))
+    return out
+
+
+def test_arms_only_one_side_screened_are_named_not_missing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """BEFORE three OFF-ON pairs and one OFF-NATIVE pair (a merge), AFTER OFF-ON only: the
+    arms both ran are compared, NATIVE is named as BEFORE's alone, and nothing is MISSING;
+    the other way round it is AFTER's alone."""
+    merged = write(tmp_path, "merged.json", with_arms(baseline, with_native_pair))
+    status, out, _ = run(capsys, merged, SCREENING)
+    assert status == 0, out
+    assert ("ARMS DIFFER: NATIVE only in BEFORE (1 block pair): their cells are not "
+            "compared; judged: the arms both screened (OFF, ON)") in out
+    assert "MISSING" not in out and "| NATIVE" not in out and "| 8k   | ON  | cross" in out
+    status, out, _ = run(capsys, SCREENING, merged)
+    assert status == 0 and "ARMS DIFFER: NATIVE only in AFTER (1 block pair)" in out
+    status, out, _ = run(capsys, SCREENING, SCREENING)
+    assert "ARMS DIFFER" not in out
+
+
+def test_a_shared_arm_is_judged_beside_an_arm_one_side_alone_ran(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
+    """ON 20% slower in AFTER, which also screened NATIVE: ON's cell is still a regression
+    over its three block pairs a side."""
+    after = write(tmp_path, "after.json", with_arms(slower(baseline, 1.2), with_native_pair))
+    status, out, _ = run(capsys, SCREENING, after)
+    assert status == 1
+    (row,) = [line for line in out.splitlines() if "REGRESSION" in line]
+    assert row.startswith("| 8k   | ON  | cross") and row.count("(n=6, 3 pairs)") == 2
+    assert "ARMS DIFFER: NATIVE only in AFTER" in out
 
 
 def test_reports_without_perf_compare_correctness_only(

@@ -246,7 +246,10 @@ def test_runs_of_different_treatments_merge_and_pair_within_their_own_pairs(
     assert merged.run.notes[1] == ("treatment arms differ between runs: ON in 3 block pairs, "
                                    "NATIVE in 1 block pair; each is paired with OFF of its own "
                                    "pairs")
-    assert "NATIVE/OFF" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| 8k   | cross          | NATIVE/OFF |" in printed
+    assert "ON: 3 block pairs, NATIVE: 1 block pair: no interval (an interval needs >= 3)" \
+        in printed
 
 
 def test_mixed_pair_sizes_merge_again_and_keep_their_pairs(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_pairs_of_different_arms_and_sizes_pair_each_treatment_with_their_own_of
     says which blocks form each pair, so each treatment pairs with the OFF of its own pair
     (derived as pairs of one size, pair 1's blocks would be OFF-OFF-NATIVE and ON's
     observations in it strays)."""
-    from pytest_sharedkv.perf.pairing import pair_layout, treatment_pairs
+    from pytest_sharedkv.perf.pairing import arm_pairs, pair_layout
 
     blocks = ["OFF", "ON", "NATIVE", "OFF", "ON", "OFF", "NATIVE"]
     layout = [0, 0, 0, 1, 1, 2, 2]
@@ -130,7 +130,7 @@ def test_pairs_of_different_arms_and_sizes_pair_each_treatment_with_their_own_of
     assert sorted((p.pair, p.arms, p.control.block, p.ratio) for p in pairing.pairs) == [
         (0, "NATIVE/OFF", 0, 0.75), (0, "ON/OFF", 0, 0.25), (1, "ON/OFF", 3, 0.25),
         (2, "NATIVE/OFF", 5, 0.9)]
-    assert treatment_pairs(blocks, layout) == {"ON": 2, "NATIVE": 2}
+    assert arm_pairs(blocks, layout) == {"OFF": 3, "ON": 2, "NATIVE": 2}
     assert pair_layout(blocks) == [0, 0, 0, 1, 1, 1, 2]  # what the field replaces
     assert not pair_observations(data, blocks).ok
     # a block of a two-block pair that recorded nothing refuses its partner, as before

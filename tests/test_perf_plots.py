@@ -98,7 +98,8 @@ def test_the_ttft_plot_draws_the_floor_per_size_and_arms_side_by_side(
     assert len(medians) == 2
     assert all(a < b for a, b in zip(*medians, strict=True))
     labels = figure.legends[0].get_texts()
-    assert [t.get_text() for t in labels] == ["OFF (median)", "ON (median)",
+    assert [t.get_text() for t in labels] == ["OFF (median; 3 block pairs)",
+                                               "ON (median; 3 block pairs)",
                                                "transfer floor (KV at the measured H2D rate)"]
 
 
@@ -124,4 +125,22 @@ def test_the_sessions_plot_has_a_legend(analysis: Analysis) -> None:
     legend = sessions_figure(analysis).axes[0].get_legend()
     assert legend is not None
     assert [t.get_text() for t in legend.get_texts()] == [
-        "OFF: one session", "ON: one session", "one block pair's medians, joined"]
+        "OFF: one session; 3 block pairs", "ON: one session; 3 block pairs",
+        "one block pair's medians, joined"]
+
+
+def test_arms_in_some_pairs_say_their_pairs_and_join_only_their_own(
+        analysis: Analysis) -> None:
+    """ON in two block pairs and NATIVE in one (a merge): each arm's legend entry says its
+    pairs, and a pair's session line joins only the arms it ran (OFF-NATIVE for the last)."""
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the plots extra)")
+    from pytest_sharedkv.perf.plots import sessions_figure, ttft_figure
+    from tests.perf_arms import native_last
+
+    mixed = analyse(native_last(analysis.run))
+    labels = [t.get_text() for t in ttft_figure(mixed).legends[0].get_texts()]
+    assert labels[:3] == ["OFF (median; 3 block pairs)", "ON (median; 2 block pairs)",
+                          "NATIVE (median; 1 block pair)"]
+    fixed: Any = sessions_figure(mixed).axes[0]
+    assert sorted(list(line.get_xdata()) for line in fixed.get_lines()) == [
+        [0, 1], [0, 1], [0, 2]]

@@ -21,6 +21,7 @@ from pytest_sharedkv.perf.statistics import (
     session_ratios,
 )
 from pytest_sharedkv.perf.tables import report_lines
+from tests.perf_arms import native_last, with_native_pair
 
 SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
 
@@ -139,3 +140,42 @@ def test_a_cross_ttft_below_the_floor_is_invalid(fixture_run: PerfRun) -> None:
     assert "INVALID (1 of 6 below the floor)" in text
     no_floor = replace(fixture_run, floor=None)
     assert "NOTE floor: not measured in this run" in "\n".join(report_lines(analyse(no_floor)))
+
+
+def test_a_treatment_in_some_pairs_is_judged_on_those_pairs(fixture_run: PerfRun) -> None:
+    """ON in two block pairs, NATIVE in one: each ratio uses its own pairs, the table says
+    how many each has, and a partial ON hit leaves NATIVE's ratio of that size judged as
+    its pairs allow (not NOT JUDGED for ON's sake)."""
+    run = native_last(fixture_run)
+    analysis = analyse(run)
+    assert analysis.pairing.ok, analysis.pairing.refusals
+    assert analysis.arm_pairs == {"OFF": 3, "ON": 2, "NATIVE": 1}
+    pairs = {(r.size, r.step, r.arms): r.block_pairs for r in analysis.ratios}
+    assert pairs[("8k", "cross", "ON/OFF")] == 2 and pairs[("8k", "cross", "NATIVE/OFF")] == 1
+    sessions = {(r.subject, r.ratio): r.block_pairs for r in analysis.session_ratios}
+    assert sessions[("fixed", "NATIVE/OFF")] == 1 and sessions[("fixed", "ON/OFF")] == 2
+    lines = report_lines(analysis)
+    assert "block pairs per treatment (its ratios use the pairs that hold it): ON: 2 block " \
+        "pairs: no interval, NATIVE: 1 block pair: no interval (an interval needs >= 3)" \
+        in lines
+    partial = replace(run, observations=[
+        replace(o, cached_tokens=0) if (o.arm, o.step, o.size, o.request) ==
+        ("ON", "cross", "8k", "8k-0") else o for o in run.observations])
+    (verdict,) = [line for line in report_lines(analyse(partial))
+                  if line.startswith("VERDICT perf")]
+    assert "8k ON/OFF" in verdict and "NOT JUDGED (2 ON requests were partial" in verdict
+    native = verdict.split("8k NATIVE/OFF ")[1].split(";")[0]
+    assert "no interval: 1 block pairs" in native and "NOT JUDGED" not in native
+
+
+def test_three_pairs_of_a_treatment_give_its_interval_beside_one_without(
+        fixture_run: PerfRun) -> None:
+    """A merge of three OFF-ON pairs and one OFF-NATIVE pair: ON's ratios have intervals,
+    NATIVE's none, and the line says which."""
+    extra = with_native_pair(fixture_run)
+    analysis = analyse(extra)
+    assert analysis.pairing.ok, analysis.pairing.refusals
+    assert all((r.interval is not None) == (r.treatment == "ON") for r in analysis.ratios)
+    assert "block pairs per treatment (its ratios use the pairs that hold it): ON: 3 block " \
+        "pairs, NATIVE: 1 block pair: no interval (an interval needs >= 3)" \
+        in report_lines(analysis)

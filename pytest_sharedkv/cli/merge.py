@@ -42,10 +42,10 @@ from pytest_sharedkv.perf.observations import (
 )
 from pytest_sharedkv.perf.pairing import (
     CONTROL,
+    arm_pairs,
     blocks_per_pair,
     pair_arms,
     pair_layout,
-    treatment_pairs,
 )
 
 PROG = "python -m pytest_sharedkv merge-screenings"
@@ -210,7 +210,8 @@ def describe(run: RunSource, index: int, blocks: Sequence[str]) -> str:
 def _arms_note(merged: PerfRun) -> list[str]:
     """Where the runs screened different treatments: how many block pairs each has (a
     treatment's ratios use its own pairs only)."""
-    pairs = treatment_pairs(merged.blocks, merged.block_pairs)
+    pairs = {arm: n for arm, n in arm_pairs(merged.blocks, merged.block_pairs).items()
+             if arm != CONTROL}
     layouts = {"-".join(sorted(set(merged.blocks[r.first_block:r.first_block + r.blocks])))
                for r in merged.runs}
     if len(layouts) < 2:

@@ -121,15 +121,14 @@ def pair_arms(blocks: Sequence[str], block_pairs: Sequence[int] | None = None
     return dict(arms)
 
 
-def treatment_pairs(blocks: Sequence[str], block_pairs: Sequence[int] | None = None
-                    ) -> dict[str, int]:
-    """How many block pairs hold each treatment arm (a ratio's pairs, and so whether it
-    can have an interval), in arm order of first appearance."""
+def arm_pairs(blocks: Sequence[str], block_pairs: Sequence[int] | None = None
+              ) -> dict[str, int]:
+    """How many block pairs hold each arm (OFF: every pair; a treatment: the pairs its
+    ratios and their interval can use), in order of first appearance."""
     counts: dict[str, int] = {}
     for arms in pair_arms(blocks, block_pairs).values():
         for arm in dict.fromkeys(arms):
-            if arm != CONTROL:
-                counts[arm] = counts.get(arm, 0) + 1
+            counts[arm] = counts.get(arm, 0) + 1
     return counts
 
 

@@ -43,6 +43,13 @@ def _arms(analysis: Analysis) -> list[str]:
     return [a for a in ARMS if a in present] + sorted(present - set(ARMS))
 
 
+def _pairs(analysis: Analysis, arm: str) -> str:
+    """"; N block pairs" of ARM for its legend entry: arms of a merge may hold different
+    numbers of pairs (OFF-ON runs beside an OFF-NATIVE one), and the points show so."""
+    n = analysis.arm_pairs.get(arm)
+    return "" if n is None else f"; {n} block pair{'s' if n != 1 else ''}"
+
+
 def _x(size: str) -> float:
     tokens = size_tokens(size)
     return float(tokens) if tokens else 1.0
@@ -129,7 +136,7 @@ def ttft_figure(analysis: Analysis) -> Figure:
                        linewidths=0)
             ax.scatter([centre[c.size] for c in mine], [c.median_ttft_s for c in mine],
                        s=140, marker="_", linewidths=2.5, color=COLOURS.get(arm, "black"),
-                       label=f"{arm} (median)")
+                       label=f"{arm} (median{_pairs(analysis, arm)})")
         if step == "cross":
             for i, size in enumerate(s for s in sizes if s in floors):
                 seconds, _ = floors[size]
@@ -212,7 +219,8 @@ def sessions_figure(analysis: Analysis) -> Figure:
         ax.set_title(f"{placement} placement")
         ax.grid(True, axis="y", alpha=0.3)
     handles = [Line2D([], [], marker="o", linestyle="", color=COLOURS.get(arm, "black"),
-                      alpha=0.6, label=f"{arm}: one session") for arm in arms]
+                      alpha=0.6, label=f"{arm}: one session{_pairs(analysis, arm)}")
+               for arm in arms]
     handles.append(Line2D([], [], marker="o", color="black", alpha=0.6, linewidth=1,
                           label="one block pair's medians, joined"))
     axes[0].legend(handles=handles, loc="best", fontsize="small")

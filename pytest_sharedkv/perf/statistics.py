@@ -24,7 +24,13 @@ from pytest_sharedkv.perf.observations import (
     SessionObservation,
     size_order,
 )
-from pytest_sharedkv.perf.pairing import CONTROL, PairedRequest, Pairing, pair_run
+from pytest_sharedkv.perf.pairing import (
+    CONTROL,
+    PairedRequest,
+    Pairing,
+    arm_pairs,
+    pair_run,
+)
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -144,6 +150,11 @@ class PairedRatio:
     @property
     def block_pairs(self) -> int:
         return len(self.per_pair)
+
+    @property
+    def treatment(self) -> str:
+        """The arm over OFF ("ON" of "ON/OFF")."""
+        return self.arms.split("/")[0]
 
     @property
     def median(self) -> float:
@@ -280,6 +291,18 @@ class Analysis:
     ratios: list[PairedRatio] = field(default_factory=list)
     session_cells: list[SessionCell] = field(default_factory=list)
     session_ratios: list[SessionRatio] = field(default_factory=list)
+
+    @property
+    def arm_pairs(self) -> dict[str, int]:
+        """How many block pairs hold each arm the run's blocks ran (pairs of a merge may
+        hold different treatments): a treatment's ratios use only its own pairs."""
+        return arm_pairs(self.run.blocks, self.run.block_pairs)
+
+    @property
+    def treatment_pairs(self) -> dict[str, int]:
+        """``arm_pairs`` of the treatments (every arm but OFF), in arm order."""
+        pairs = self.arm_pairs
+        return {arm: pairs[arm] for arm in sorted(pairs, key=_arm_order) if arm != CONTROL}
 
     def cell(self, size: str, arm: str, step: str) -> Cell | None:
         return next((c for c in self.cells

@@ -89,6 +89,19 @@ def _no_interval_note(ratios: Sequence[PairedRatio | SessionRatio]) -> list[str]
             f"(an interval needs >= {MIN_PAIRS})"]
 
 
+def treatment_pairs_line(analysis: Analysis) -> list[str]:
+    """How many block pairs hold each treatment, and so which of its ratios can have an
+    interval: a merge of OFF-ON and OFF-NATIVE runs gives each its own count."""
+    pairs = analysis.treatment_pairs
+    if not pairs:
+        return []
+    parts = [f"{arm}: {n} block pair{'s' if n != 1 else ''}"
+             + (": no interval" if n < MIN_PAIRS else "") for arm, n in pairs.items()]
+    needs = f" (an interval needs >= {MIN_PAIRS})" if min(pairs.values()) < MIN_PAIRS else ""
+    return ["block pairs per treatment (its ratios use the pairs that hold it): "
+            + ", ".join(parts) + needs]
+
+
 def ratio_table(analysis: Analysis) -> list[str]:
     rows = [[r.size, r.step, r.arms, f"{r.median:.3f}x", str(r.block_pairs), str(r.requests),
              _interval(r), _judged(r)] for r in analysis.ratios]
@@ -99,7 +112,7 @@ def ratio_table(analysis: Analysis) -> list[str]:
             "cannot be wider than their range):",
             *markdown_table(["size", "step", "ratio", "median", "block pairs", "requests",
                              "interval", "judged"], rows),
-            *_no_interval_note(analysis.ratios)]
+            *_no_interval_note(analysis.ratios), *treatment_pairs_line(analysis)]
 
 
 def refusal_line(analysis: Analysis) -> str:
@@ -124,7 +137,7 @@ def ttft_verdict(analysis: Analysis) -> str:
     partial = _partial(analysis)
 
     def part(r: PairedRatio) -> str:
-        missed = [o for o in partial if o.size == r.size]
+        missed = [o for o in partial if (o.size, o.arm) == (r.size, r.treatment)]
         if missed:  # a recompute inside the ON side: not the transfer the ratio means
             return (f"{r.size} {r.arms} {r.median:.2f}x: NOT JUDGED ({len(missed)} ON "
                     "requests were partial pool hits)")

@@ -19,7 +19,9 @@ when its block pairs also tell the change from noise (``significance.welch``, on
 the change's direction; pyperf's ``compare_to`` judges the same way and prints "Not
 significant"), else the verdict says "within noise" or "not judged" and the RESULT line
 counts them, slower and faster: an A/A pair of H200 runs differs by 10-35% in some cells.
-Where the two screenings' engine settings differ (CUDA graphs or eager, KV cache, fp8, the
+Only the arms both screenings ran are compared: an arm one side alone screened (NATIVE
+merged into BEFORE's OFF-ON pairs) is named on an ARMS DIFFER line, not counted as
+missing. Where the two screenings' engine settings differ (CUDA graphs or eager, KV cache, fp8, the
 user's ``--sharedkv-vllm-args``), a FLAGS DIFFER line names them and speed cells are shown
 but not judged as regressions, unless ``--allow-flag-change``.
 

@@ -62,7 +62,8 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
                                 judged=judged,
-                                switched=switch_line(found) if found is not None else "")
+                                switched=switch_line(found) if found is not None else "",
+                                arms=speed.arms_line(before.perf, after.perf))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -80,11 +80,12 @@ def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
 def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
                  sessions: Sequence[Change], flags: Sequence[str] = (),
-                 judged: bool = True, switched: str = "") -> list[str]:
+                 judged: bool = True, switched: str = "", arms: str = "") -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ (speed then not JUDGED unless --allow-flag-change); SWITCHED: the
-    allocator switch BEFORE was read across, if any."""
+    allocator switch BEFORE was read across, if any; ARMS: the perf arms only one side
+    screened, if any (CHANGES and SESSIONS hold the shared arms only)."""
     every = [*changes, *sessions]
     regressions = speed.regressions(every, limit) if judged else []
     missing = speed.missing(every)
@@ -112,6 +113,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                   "lost here, whatever the stack did (run both with the same -m)", ""]
     if switched:
         lines += [switched, ""]
+    if arms:
+        lines += [arms, ""]
     void = sorted(void_tiers(before) & a_tiers)
     if void:
         lines += [f"BEFORE VOID in {', '.join(void)}: BEFORE proved nothing there, so its "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_sharedkv.perf.observations import ARMS
 from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
 from pytest_sharedkv.perf.statistics import Analysis
 from pytest_sharedkv.perf.tables import behind, seconds
@@ -113,12 +114,51 @@ def session_changes(before: Analysis, after: Analysis) -> list[Change]:
     return _changes(stats(before), stats(after))
 
 
+def arms(analysis: Analysis) -> set[str]:
+    """The arms a screening ran: its blocks' (a cell's arm where none were recorded)."""
+    return set(analysis.run.blocks) or {c.arm for c in analysis.cells} | {
+        c.arm for c in analysis.session_cells}
+
+
+def shared_arms(before: Analysis, after: Analysis) -> set[str]:
+    """The arms both screenings ran: the only ones compared (a treatment one side did not
+    screen is a choice of what to run, not a lost cell)."""
+    return arms(before) & arms(after)
+
+
+def arms_line(before: Analysis | None, after: Analysis | None) -> str:
+    """ARMS DIFFER: the arms only one side screened, with their block pairs; "" where both
+    ran the same arms."""
+    if before is None or after is None:
+        return ""
+    shared = shared_arms(before, after)
+    only = []
+    for side, mine in (("BEFORE", before), ("AFTER", after)):
+        pairs = mine.arm_pairs
+        for arm in sorted(arms(mine) - shared, key=_arm_order):
+            n = pairs.get(arm)
+            only.append(f"{arm} only in {side}" + (
+                "" if n is None else f" ({n} block pair{'s' if n != 1 else ''})"))
+    if not only:
+        return ""
+    judged = ", ".join(sorted(shared, key=_arm_order)) or "none"
+    return (f"ARMS DIFFER: {'; '.join(only)}: their cells are not compared; judged: the "
+            f"arms both screened ({judged})")
+
+
+def _arm_order(arm: str) -> int:
+    return ARMS.index(arm) if arm in ARMS else len(ARMS)
+
+
 def changes(before: Analysis | None, after: Analysis | None
             ) -> tuple[list[Change], list[Change]]:
-    """(TTFT changes, session wall-time changes); none unless both hold a screening."""
+    """(TTFT changes, session wall-time changes) of the arms both screened; none unless
+    both hold a screening."""
     if before is None or after is None:
         return [], []
-    return ttft_changes(before, after), session_changes(before, after)
+    shared = shared_arms(before, after)
+    return ([c for c in ttft_changes(before, after) if c.what[1] in shared],
+            [c for c in session_changes(before, after) if c.what[0] in shared])
 
 
 def regressions(changes: Sequence[Change], limit: float) -> list[Change]:
