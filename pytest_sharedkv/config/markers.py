@@ -18,7 +18,8 @@ TIER_MARKERS: dict[str, str] = {
     "pinned_pool": "the full host pool is really pinned, with the size that was asked",
     "replica_pair": "two replicas over one shared LMCache pool (launcher, hits, teardown)",
     "service_regression": "exact answers and hit accounting: cold / local / cross / receiver-local",
-    "perf": "locality performance in OFF-ON-ON-OFF blocks with payload-matched pairs",
+    "perf": "locality performance in OFF-ON-ON-OFF blocks (or OFF-NATIVE, OFF-ON-NATIVE) "
+            "with payload-matched pairs",
 }
 
 GPU_MARKER = "sharedkv_gpu"
