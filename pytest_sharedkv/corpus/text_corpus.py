@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.corpus.copy_corpus import PLAN, PROTOCOL, chunks_for, control_chunks, spread
-from pytest_sharedkv.models.tiny_model import synthetic_corpus
+from pytest_sharedkv.models.tiny_model import synthetic_sentences
 
 ANSWER_TOKENS = 16
 TOKENS_PER_WORD = 1.4  # estimate when no tokenizer is at hand
@@ -52,7 +52,7 @@ def text_case(cid: str, role: str, size: str, tokens: int, source_chunk: int, ch
                 "of record")
     budget = tokens - count(question) - count(fact) - 2
     parts, used, planted = [], 0, False
-    for sentence in synthetic_corpus(rng.randrange(1 << 30), 40 + tokens // 8):
+    for sentence in synthetic_sentences(rng.randrange(1 << 30), 40 + tokens // 8):
         if not planted and used >= source_chunk * chunk + 1:
             parts.append(fact)
             planted = True

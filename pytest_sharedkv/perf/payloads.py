@@ -93,7 +93,7 @@ def text_generator(model: Path | None) -> Generator:
     """Seeded pseudo-text of about TOKENS tokens, counted by the model's tokenizer where
     one is at hand (else None: the served usage says)."""
     from pytest_sharedkv.corpus.text_corpus import token_counter
-    from pytest_sharedkv.models.tiny_model import synthetic_corpus
+    from pytest_sharedkv.models.tiny_model import synthetic_sentences
 
     count, exact = token_counter(model)
 
@@ -101,7 +101,7 @@ def text_generator(model: Path | None) -> Generator:
         rng = random.Random(seed)
         parts: list[str] = []
         used = 0
-        for sentence in synthetic_corpus(rng.randrange(1 << 30), 40 + tokens // 6):
+        for sentence in synthetic_sentences(rng.randrange(1 << 30), 40 + tokens // 6):
             cost = count(sentence)
             if used + cost > tokens:
                 break
