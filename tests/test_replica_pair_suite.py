@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from pytest_sharedkv.processes.managed import group_members
+from tests.conftest import keep_loaded
 from tests.process_tags import tagged
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
@@ -199,13 +200,18 @@ def test_transfer_locations() -> None:
 
 def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner runs are in-process (the server and both replicas are processes of their
+    own, on CPU: nothing here touches a device): lmcache, which the test's gate imports,
+    is loaded here first (an inner run drops what it first imports, and lmcache does not
+    import twice); each run then costs no interpreter start and no lmcache import."""
     pytest.importorskip("lmcache")
+    keep_loaded("torch", "lmcache")
     args = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k",
             "transfer and cpu", "-p", "no:cacheprovider"]
-    result = pytester.runpytest_subprocess(*args)
+    result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1)
     monkeypatch.setenv("SHAREDKV_TRANSFER_FAULT", "off-by-one")
-    wrong = pytester.runpytest_subprocess(*args)
+    wrong = pytester.runpytest(*args)
     wrong.assert_outcomes(failed=1)
     wrong.stdout.fnmatch_lines(["*wrong bytes: * of 256 retrieved page(s) differ from replica "
                                 "A's and * other page(s) changed; first: layer 0, B block * "
