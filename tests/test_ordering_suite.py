@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.host import lmcache_status
 from pytest_sharedkv.host.devices import FAKE_GPUS_ENV
 from tests.conftest import isolate, keep_loaded
 
 # The inner runs are in-process (pytester.runpytest): what an inner run first imports is
 # dropped after it, and torch and lmcache do not import twice, so they load here first.
 keep_loaded("torch", "lmcache", "lmcache.v1.platform")
+REAL_PROBE = lmcache_status.probe
 
 SCREENING = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "screening.json"
 ORDERING_NODE = "suites/test_ordering.py::test_copy_path_is_stream_ordered[sim-ordered-D2H-4KiB]"
@@ -325,14 +327,16 @@ def test_an_insensitive_cell_is_a_void_record_that_compare_does_not_pass(
                                           ("sim-ordered", "0"))]
 
 
-# Its conftest replaces host.lmcache_status.probe: run in a subprocess, never in-process,
-# where the replacement would outlive the inner run.
+# Its conftest replaces host.lmcache_status.probe for the inner run, which is in-process:
+# the conftest puts the real probe back when the run ends (pytest_unconfigure runs however
+# the run ends), so the replacement never outlives it.
 STAND_IN_LMCACHE = """
 from pytest_sharedkv.host import lmcache_status
 from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 from pytest_sharedkv.ordering.targets import LMCACHE_LAZY_REMEDY, CopyTarget
 
 NATIVE = {native}
+REAL_PROBE = lmcache_status.probe
 # A stand-in for what host.lmcache_status finds: LMCache 0.5.6 with its compiled cuda_ops
 # bound (NATIVE) or on its torch fallback.
 lmcache_status.probe = lambda: LMCacheStatus(
@@ -340,6 +344,10 @@ lmcache_status.probe = lambda: LMCacheStatus(
     device_ops="CudaDeviceOps",
     cuda_ops_error=None if NATIVE else "ImportError: undefined symbol: _ZN3c10")
 SIM = "pytest_sharedkv.ordering.simulated"
+
+
+def pytest_unconfigure(config):
+    lmcache_status.probe = REAL_PROBE
 
 
 def pytest_sharedkv_copy_targets(registry):
@@ -368,7 +376,8 @@ def test_the_fallback_is_a_reference_where_lmcache_binds_its_compiled_kernels(
     installed. Its fault is still measured and shown, as an xfail."""
     simulated("1")
     pytester.makeconftest(STAND_IN_LMCACHE.format(native=True))
-    result = pytester.runpytest_subprocess(*FAST, LMCACHE_TARGETS, "--sharedkv-json=r.json")
+    result = pytester.runpytest(*FAST, LMCACHE_TARGETS, "--sharedkv-json=r.json")
+    assert lmcache_status.probe is REAL_PROBE  # the stand-in ended with its run
     result.assert_outcomes(passed=12, xfailed=4)
     assert result.ret == 0
     result.stdout.fnmatch_lines([
@@ -395,7 +404,8 @@ def test_on_the_torch_fallback_the_fallback_fails_and_the_build_is_only_suggeste
         pytester: pytest.Pytester, simulated: Callable[[str], None]) -> None:
     simulated("1")
     pytester.makeconftest(STAND_IN_LMCACHE.format(native=False))
-    result = pytester.runpytest_subprocess(*FAST, LMCACHE_TARGETS)
+    result = pytester.runpytest(*FAST, LMCACHE_TARGETS)
+    assert lmcache_status.probe is REAL_PROBE  # the stand-in ended with its run
     result.assert_outcomes(passed=8, failed=8)
     result.stdout.fnmatch_lines([
         "*VERDICT sim-lmcache-fallback [[]under-test[]]: NOT stream-ordered*",
