@@ -43,21 +43,19 @@ def test_header_under_xdist_without_options_is_in_the_summary(
 
 READ = ("import sys; from pytest_sharedkv.host.environment import torch_build; "
         "print(repr((torch_build(), 'torch' in sys.modules)))")
-IMPORTED = "import torch; print(repr((torch.__version__, torch.version.cuda)))"
 
 
 def test_torch_build_read_without_import() -> None:
-    """In fresh interpreters (this one may have imported torch, or not): the text read gives
-    what importing torch gives, and imports nothing of torch."""
-    pytest.importorskip("torch", reason="compared with the installed torch's own answer")
+    """In a fresh interpreter (this one may have imported torch, or not), the text read
+    imports nothing of torch; it gives what importing torch gives (torch's own answer is
+    read here: the same interpreter and installed torch, without a second interpreter that
+    imports it)."""
+    torch = pytest.importorskip("torch", reason="compared with the installed torch's own answer")
 
-    def run(code: str) -> object:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300, check=True)
-        return ast.literal_eval(out.stdout.strip().splitlines()[-1])
-
-    read, imported = run(READ), run(IMPORTED)
-    assert read == (imported, False)
+    out = subprocess.run([sys.executable, "-c", READ], capture_output=True, text=True,
+                         timeout=300, check=True)
+    read = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert read == ((torch.__version__, torch.version.cuda), False)
 
 
 def test_fallback_is_said_plainly() -> None:
