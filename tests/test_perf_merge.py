@@ -307,6 +307,50 @@ def test_the_h200_aa_pair_merges_into_three_block_pairs(tmp_path: Path) -> None:
     assert merged.run.floor.h2d_gb_s == max(f.h2d_gb_s for f in rates if f is not None)
 
 
+def test_the_27b_compute_sessions_merge_and_keep_the_stored_layout(tmp_path: Path) -> None:
+    """The real-compute screening's two H200 sessions (one OFF-ON pair each, a day apart):
+    one report of two block pairs; the first session predates the stored-layout field, the
+    second knows it, so the merged floor keeps the layout (a full hit's 262,144 B a token)."""
+    first, second = H200 / "perf-27b-compiled-s1.json", H200 / "perf-27b-compiled-s2.json"
+    out = tmp_path / "merged.json"
+    assert main([str(out), str(first), str(second)]) == 0
+    merged = merged_analysis(out)
+    assert merged.pairing.ok
+    assert {r.block_pairs for r in merged.ratios} == {2}
+    assert all(r.interval is None for r in merged.ratios)  # an interval needs three
+    assert load(out)["perf"]["block_pairs"] == [0, 0, 1, 1]
+    older = from_json(load(first)["perf"]).floor
+    assert older is not None and older.stored_bytes_per_token is None
+    assert merged.run.floor is not None
+    assert merged.run.floor.stored_bytes_per_token == 262_144
+    cross = {r.size: [ratio for _, ratio in r.per_pair] for r in merged.ratios
+             if r.step == "cross" and r.arms == "ON/OFF"}
+    assert set(cross) == {"8k", "32k", "128k"}
+    assert all(len(ratios) == 2 and max(ratios) < 0.2  # the pool pays off at every size
+               for ratios in cross.values())
+
+
+def test_a_stored_layout_that_differs_is_refused(tmp_path: Path) -> None:
+    second = load(H200 / "perf-27b-compiled-s2.json")
+    other = copy.deepcopy(second)
+    other["perf"]["floor"]["stored_bytes_per_token"] = 65_536
+    a, b = write(tmp_path, "a.json", second), write(tmp_path, "b.json", other)
+    assert main([str(tmp_path / "out.json"), str(a), str(b)]) == 2
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_compare_between_the_two_27b_compute_sessions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """compare on two real-compute screenings: same model, corpus, flags and kernel path,
+    no correctness difference; cells that moved >10% are not judged on one pair a side."""
+    first, second = H200 / "perf-27b-compiled-s1.json", H200 / "perf-27b-compiled-s2.json"
+    assert compare_main([str(first), str(second)]) == 0
+    text = capsys.readouterr().out
+    assert "RESULT: OK: no correctness difference, no significant regression" in text
+    assert "FLAGS DIFFER" not in text and "ARMS DIFFER" not in text
+    assert "AFTER LMCache 0.5.6 on compiled (lmcache.cuda_ops)" in text
+
+
 def test_compare_reads_a_merged_report(tmp_path: Path, halves: tuple[Path, Path],
                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "merged.json"

@@ -117,6 +117,10 @@ def check_mergeable(first: Report, other: Report) -> None:
             if getattr(x.floor, name) != getattr(y.floor, name):
                 _refuse(other, f"perf.floor.{name}", getattr(y.floor, name), first,
                         getattr(x.floor, name))
+        # an older report lacks the stored layout; two that both know it must agree
+        xs, ys = x.floor.stored_bytes_per_token, y.floor.stored_bytes_per_token
+        if xs is not None and ys is not None and xs != ys:
+            _refuse(other, "perf.floor.stored_bytes_per_token", ys, first, xs)
     payloads = {(o.size, o.step, o.replica, o.request): o.payload_sha256
                 for o in x.observations}
     for i, o in enumerate(y.observations):
@@ -193,8 +197,13 @@ def _floor(runs: Sequence[PerfRun]) -> Floor | None:
     if not floors:
         return None
     best = max(floors, key=lambda f: f.h2d_gb_s)
-    return replace(best, source=f"{best.source}; the fastest of {len(floors)} runs' rates "
-                                f"({', '.join(f'{f.h2d_gb_s:.1f}' for f in floors)} GB/s)")
+    # the same model lays its KV out the same way: a run that recorded the stored layout
+    # gives it to one (older) that did not (check_mergeable refused two that disagree)
+    stored = next((f.stored_bytes_per_token for f in floors
+                   if f.stored_bytes_per_token is not None), None)
+    return replace(best, stored_bytes_per_token=stored,
+                   source=f"{best.source}; the fastest of {len(floors)} runs' rates "
+                          f"({', '.join(f'{f.h2d_gb_s:.1f}' for f in floors)} GB/s)")
 
 
 def describe(run: RunSource, index: int, blocks: Sequence[str]) -> str:
