@@ -56,6 +56,7 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
     """The blocks run end to end; every measured request pairs with its partner; the
     screening's wall time is mostly the requests and restarts it measures."""
     from pytest_sharedkv.perf.fixtures import attach_run
+    from pytest_sharedkv.stack.engine_start import starts_note
 
     runner = sharedkv_perf_screening
     try:
@@ -71,7 +72,9 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
                 f"restarts {accounting.busy_s:.1f} s) = {ratio:.2f} (limit {OVERHEAD_LIMIT} "
                 f"{'on a GPU' if on_gpu else 'on a GPU; reported only here'}; settles "
                 f"{accounting.settle_s:.1f} s)")
-    for line in [*run.notes, overhead, _plots(run, sharedkv_settings)]:
+    starts = starts_note(run.launches)
+    for line in [*run.notes, *([starts] if starts else []), overhead,
+                 _plots(run, sharedkv_settings)]:
         sharedkv_results.note(TIER, line)
     refusals = _refusals(run, runner)
     if refusals:

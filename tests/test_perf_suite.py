@@ -149,7 +149,13 @@ def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun)
         names = [p["name"] for p in block["processes"]]
         assert names == ["stub replica A", "stub replica B"]
         assert all("pytest_sharedkv.stack.stub_openai" in p["argv"] for p in block["processes"])
+        # each block's start: the restart the screening timed, each process's ready time
+        assert block["restart_s"] > 0 and set(block["start"]) == set(names)
+        assert all(0 < p["ready"] <= block["restart_s"] for p in block["start"].values())
+    assert [x["restart_s"] for x in run.launches] == run.restarts_s
     assert run.model["kind"] == "stub (test double)"
+    result.stdout.fnmatch_lines(["*engine starts: block 0 (OFF) * s: stub replica A ready * s; "
+                                 "stub replica B ready * s | block 1 (ON)*"])
 
 
 # A screening whose ON block served one token more for one request (no replicas run).

@@ -35,6 +35,7 @@ from pytest_sharedkv.perf.pairing import CONTROL, pair_layout
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.stack.completions import request_body
+from pytest_sharedkv.stack.engine_start import describe
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
@@ -190,14 +191,17 @@ class BlockRunner:
         self._close()
         self.pair = self.launch(arm)
         seconds = time.perf_counter() - started
-        if self.pair.launches:  # what this block ran: argv and the environment set
-            self.run_record.launches.append({"arm": arm, "processes": list(self.pair.launches)})
+        if self.pair.launches:  # what this block ran (argv, the environment set), its start
+            self.run_record.launches.append({
+                "arm": arm, "processes": list(self.pair.launches), "restart_s": seconds,
+                "start": {name: dict(phases) for name, phases in self.pair.starts.items()}})
         if self.pair.engine_settings:
             self.run_record.engine_settings = dict(self.pair.engine_settings)
         if self.plan.restartable:
             self.run_record.restarts_s.append(seconds)
         self.accounting.busy_s += seconds
-        self.log(f"{arm}: {self.pair.description} ready in {seconds:.1f} s")
+        where = f" ({describe(self.pair.starts)})" if self.pair.starts else ""
+        self.log(f"{arm}: {self.pair.description} ready in {seconds:.1f} s{where}")
 
     def _close(self) -> None:
         if self.pair is not None:

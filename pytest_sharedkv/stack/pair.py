@@ -263,6 +263,9 @@ class ReplicaPair:
         # the engine settings of its vLLM replicas; empty for external endpoints and stubs
         self.launches: list[dict[str, Any]] = []
         self.engine_settings: dict[str, Any] = {}
+        # each launched process's start in seconds: "ready" (the suite's measure) and the
+        # phases its own log names (engine_start); empty where nothing was launched
+        self.starts: dict[str, dict[str, float]] = {}
         self._launches_recorded = False
         self._lock = threading.Lock()
 

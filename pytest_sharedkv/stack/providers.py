@@ -320,7 +320,27 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     pair.relaunch = lambda **changes: launch_vllm_pair(replace(spec, **changes))
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))
+    pair.starts = start_record(server, replicas)
     return pair
+
+
+def start_record(server: LMCacheServer | None,
+                 replicas: Mapping[str, Replica]) -> dict[str, dict[str, float]]:
+    """Each launched process's start: the suite's ready time, and for an engine the
+    phases vLLM's log names."""
+    from pytest_sharedkv.stack.engine_start import READY, vllm_phases
+
+    starts: dict[str, dict[str, float]] = {}
+    if server is not None and server.startup_s is not None:
+        starts[server.process.name] = {READY: server.startup_s}
+    for replica in replicas.values():
+        if replica.process is None:
+            continue
+        phases = vllm_phases(replica.process.log_text())
+        if replica.start_seconds:
+            phases = {READY: replica.start_seconds[-1], **phases}
+        starts[replica.process.name] = phases
+    return starts
 
 
 def together(spec: LaunchSpec) -> bool:
@@ -392,6 +412,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     pair.engine_settings = spec.engine.record()  # what a vllm pair would have run with
     pair.relaunch = lambda **changes: stub_pair(replace(spec, **changes))
     start_all(pair, together=True)
+    pair.starts = start_record(None, replicas)
     return pair
 
 
