@@ -344,6 +344,7 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
 
     class Server:
         port = 5555
+        startup_s = 1.5
 
         def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
             self.process = ManagedProcess("lmcache server (mixed)", ["lmcache", "serve"],
@@ -379,6 +380,8 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     assert all("UNRELATED_CALLER_VAR" not in x["env"] for x in pair.launches)
     assert pair.engine_settings["kv_cache_bytes"] == 1 << 30
     assert started == [True]
+    # the server's measured start; replicas that never started (start_all is faked) none
+    assert pair.starts == {"lmcache server (mixed)": {"ready": 1.5}}
 
 
 def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:

@@ -339,7 +339,8 @@ def start_record(server: LMCacheServer | None,
         phases = vllm_phases(replica.process.log_text())
         if replica.start_seconds:
             phases = {READY: replica.start_seconds[-1], **phases}
-        starts[replica.process.name] = phases
+        if phases:
+            starts[replica.process.name] = phases
     return starts
 
 
