@@ -41,3 +41,47 @@ def test_run_layers_the_release_over_the_base_site(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == ("PYTHONPATH=/tmp/site-lmcache-0.5.3:/base "
                                   "ARGS=-m pytest_sharedkv -p syrupy -m ordering")
+
+
+def _fake_host(tmp_path: Path) -> dict[str, str]:
+    """The environment of a host whose python3 prints what it got (the suite's run), with
+    no LMCache source release where SDIST points (so the real cuda_ops build fails)."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "ARGS=$*"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:/usr/bin:/bin",
+           "SHAREDKV_RESULTS": str(tmp_path / "res"), "SDIST": str(tmp_path / "missing.tgz")}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def test_a_perf_session_stops_when_cuda_ops_does_not_build(tmp_path: Path) -> None:
+    env = _fake_host(tmp_path)
+    out = subprocess.run(["bash", str(KIT / "perf-session.sh"), "s3"], env=env,
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 1
+    progress = (tmp_path / "res" / "progress.txt").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in progress] == [
+        "start", "compile failed (see compile.log): nothing run", "done"]
+    assert not (tmp_path / "res" / "s3.log").exists()
+
+
+def test_a_perf_session_runs_the_shared_flags_then_the_callers(tmp_path: Path) -> None:
+    env = _fake_host(tmp_path)
+    kit = tmp_path / "contrib" / "gpu-host"  # the kit, with a cuda_ops build that succeeds
+    kit.mkdir(parents=True)
+    (kit / "perf-session.sh").write_text((KIT / "perf-session.sh").read_text())
+    (kit / "lmcache-site.sh").write_text('#!/bin/bash\n[ "$1" = compile ] && exit 0\n'
+                                         f'exec bash {KIT / "lmcache-site.sh"} "$@"\n')
+    out = subprocess.run(["bash", str(kit / "perf-session.sh"), "s3", "--sharedkv-perf-arms",
+                          "NATIVE"], env=env, capture_output=True, text=True, check=False,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    progress = (tmp_path / "res" / "progress.txt").read_text()
+    assert progress.splitlines()[-1].endswith(" done") and "perf rc=0" in progress
+    args = (tmp_path / "res" / "s3.log").read_text().strip()
+    assert args.startswith("ARGS=-m pytest_sharedkv -p syrupy -m perf --sharedkv-perf-model "
+                           "27b-compute --sharedkv-service-sizes 8k,32k,128k --sharedkv-blocks 1 "
+                           "--sharedkv-require-gpu --basetemp ")
+    assert args.endswith(f"--sharedkv-json {tmp_path}/res/s3.json --sharedkv-perf-arms NATIVE")

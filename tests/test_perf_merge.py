@@ -339,6 +339,24 @@ def test_a_stored_layout_that_differs_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out.json").exists()
 
 
+def test_a_session_on_the_other_kernel_path_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A session whose LMCache ran its torch fallback (a cuda_ops build that did not load)
+    does not merge with one on the compiled kernels: the same flags, another stack."""
+    second = load(H200 / "perf-27b-compiled-s2.json")
+    fallback = copy.deepcopy(second)
+    fallback["environment"]["lmcache"].update(kernel_path="torch-fallback", kernel_module=None)
+    a, b = write(tmp_path, "a.json", second), write(tmp_path, "b.json", fallback)
+    assert main([str(tmp_path / "out.json"), str(a), str(b)]) == 2
+    assert not (tmp_path / "out.json").exists()
+    err = capsys.readouterr().err
+    assert "b.json" in err and "environment.lmcache.kernel_path" in err, err
+    unknown = copy.deepcopy(second)  # an older report that recorded no kernel path merges
+    del unknown["environment"]["lmcache"]
+    c = write(tmp_path, "c.json", unknown)
+    assert main([str(tmp_path / "ok.json"), str(a), str(c)]) == 0
+
+
 def test_compare_between_the_two_27b_compute_sessions(
         capsys: pytest.CaptureFixture[str]) -> None:
     """compare on two real-compute screenings: same model, corpus, flags and kernel path,

@@ -32,3 +32,15 @@ ls -la "$OUT"; du -sh "$OUT/deps"
 for f in "$OUT/a.tar.xz" "$OUT/b.tar.xz"; do
   [ "$(stat -c %s "$f")" -lt $((62 << 20)) ] || { echo "$f is over the transfer limit"; exit 1; }
 done
+# LMCache in a folder of its own (lmcache-site.sh install 0.5.6 OUT/lmcache56): deps/, it and
+# the repo together stay under one transfer's 64 MiB
+mkdir -p "$OUT/lmcache56" && mv "$OUT"/deps/lmcache-0.5.6-*.whl "$OUT/lmcache56/"
+# LMCache's source release cut to what lmcache-site.sh compile reads (csrc/, setup.py,
+# setup_extensions/: about 150 KB) where the full one (9.4 MB) is at hand
+SDIST=${LMCACHE_SDIST:-$(dirname "$0")/../../../shared/gpu-host/lmcache-0.5.6.tar.gz}
+if [ -f "$SDIST" ]; then
+  mkdir -p "$W/sdist" "$OUT/sdist"
+  tar -xzf "$SDIST" -C "$W/sdist" lmcache-0.5.6/csrc lmcache-0.5.6/setup.py \
+    lmcache-0.5.6/setup_extensions
+  tar -czf "$OUT/sdist/lmcache-0.5.6.tar.gz" -C "$W/sdist" lmcache-0.5.6
+fi

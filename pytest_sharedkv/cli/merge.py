@@ -108,6 +108,9 @@ def check_mergeable(first: Report, other: Report) -> None:
     for key in sorted(set(x.engine) | set(y.engine)):
         if x.engine.get(key) != y.engine.get(key):
             _refuse(other, f"perf.engine.{key}", y.engine.get(key), first, x.engine.get(key))
+    mine, theirs = _kernel_path(first), _kernel_path(other)
+    if mine is not None and theirs is not None and mine != theirs:  # compiled vs fallback
+        _refuse(other, "environment.lmcache.kernel_path", theirs, first, mine)
     if sizes(x) != sizes(y):
         _refuse(other, "perf.observations (sizes)", sizes(y), first, sizes(x))
     if (x.floor is None) != (y.floor is None):
@@ -131,6 +134,15 @@ def check_mergeable(first: Report, other: Report) -> None:
     flags, first_flags = engine_flags(other), engine_flags(first)
     if flags is not None and first_flags is not None and flags != first_flags:
         _refuse(other, f"perf.{SETTINGS_FIELD} (engine flags)", flags, first, first_flags)
+
+
+def _kernel_path(report: Report) -> str | None:
+    """LMCache's kernel path the run recorded (compiled, torch-fallback), None where it
+    recorded none (an older report, no LMCache) or could not tell."""
+    environment = report.data.get("environment")
+    lmcache = environment.get("lmcache") if isinstance(environment, dict) else None
+    path = lmcache.get("kernel_path") if isinstance(lmcache, dict) else None
+    return path if isinstance(path, str) and path != "unknown" else None
 
 
 def layout(report: Report) -> list[int]:
