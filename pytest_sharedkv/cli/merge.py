@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pytest_sharedkv.cli.compare.kernels import lmcache_of
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
 from pytest_sharedkv.perf.observations import (
     Floor,
@@ -139,9 +140,8 @@ def check_mergeable(first: Report, other: Report) -> None:
 def _kernel_path(report: Report) -> str | None:
     """LMCache's kernel path the run recorded (compiled, torch-fallback), None where it
     recorded none (an older report, no LMCache) or could not tell."""
-    environment = report.data.get("environment")
-    lmcache = environment.get("lmcache") if isinstance(environment, dict) else None
-    path = lmcache.get("kernel_path") if isinstance(lmcache, dict) else None
+    lmcache = lmcache_of(report)
+    path = lmcache.get("kernel_path") if lmcache is not None else None
     return path if isinstance(path, str) and path != "unknown" else None
 
 

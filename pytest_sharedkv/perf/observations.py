@@ -10,13 +10,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_sharedkv.config.options import CONTROL_ARM, TREATMENT_ARMS
 from pytest_sharedkv.stack.steps import STEP_NAMES
 
 PERF_SCHEMA = "pytest-sharedkv-perf/1"
 # OFF: GPU prefix caching, no shared pool; ON: the shared LMCache pool (validated
 # allocator); NATIVE: vLLM's native CPU offloading.
-ARMS = ("OFF", "ON", "NATIVE")
+ARMS = (CONTROL_ARM, *TREATMENT_ARMS)
 STEPS = STEP_NAMES
+
+
+def arm_order(arm: str) -> int:
+    """ARMS' order (OFF, ON, NATIVE), an arm it does not know last."""
+    return ARMS.index(arm) if arm in ARMS else len(ARMS)
+
 # window-N: N alternating sessions at once (throughput screening), kept apart from the
 # plain placements so their wall times never mix
 PLACEMENTS = ("fixed", "alternating", "window-4", "window-8")

@@ -18,9 +18,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from pytest_sharedkv.config.options import CONTROL_ARM
 from pytest_sharedkv.perf.observations import Observation, PerfReportError, PerfRun
 
-CONTROL = "OFF"  # the denominator of every paired ratio, where a pair holds it
+CONTROL = CONTROL_ARM  # the denominator of every paired ratio, where a pair holds it
 
 Key = tuple[str, str, str, str, str]
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pytest_sharedkv.perf.observations import (
-    ARMS,
     PLACEMENTS,
     STEPS,
     Observation,
     PerfRun,
     SessionObservation,
+    arm_order,
     size_order,
 )
 from pytest_sharedkv.perf.pairing import (
@@ -40,10 +40,6 @@ MIN_PAIRS = 3  # an interval over fewer block pairs says nothing
 
 def no_interval(pairs: int) -> str:
     return f"no interval: {pairs} block pairs (an interval needs >= {MIN_PAIRS})"
-
-
-def _arm_order(arm: str) -> int:
-    return ARMS.index(arm) if arm in ARMS else len(ARMS)
 
 
 def _step_order(step: str) -> int:
@@ -130,7 +126,7 @@ def cells(observations: Iterable[Observation]) -> list[Cell]:
     groups: dict[tuple[str, str, str], list[Observation]] = defaultdict(list)
     for o in measured(observations):
         groups[(o.size, o.arm, o.step)].append(o)
-    order = sorted(groups, key=lambda k: (size_order(k[0]), _arm_order(k[1]),
+    order = sorted(groups, key=lambda k: (size_order(k[0]), arm_order(k[1]),
                                           _step_order(k[2])))
     return [Cell(*key, tuple(groups[key])) for key in order]
 
@@ -222,7 +218,7 @@ def session_cells(sessions: Iterable[SessionObservation]) -> list[SessionCell]:
     groups: dict[tuple[str, str], list[SessionObservation]] = defaultdict(list)
     for s in sessions:
         groups[(s.arm, s.placement)].append(s)
-    order = sorted(groups, key=lambda k: (_arm_order(k[0]), PLACEMENTS.index(k[1])
+    order = sorted(groups, key=lambda k: (arm_order(k[0]), PLACEMENTS.index(k[1])
                                           if k[1] in PLACEMENTS else len(PLACEMENTS)))
     return [SessionCell(*key, tuple(groups[key])) for key in order]
 
@@ -271,7 +267,7 @@ def _ratio(subject: str, ratio: str, top: dict[int, float], bottom: dict[int, fl
 def session_ratios(sessions: Sequence[SessionObservation], *, confidence: float = CONFIDENCE,
                    resamples: int = RESAMPLES, seed: int = SEED) -> list[SessionRatio]:
     """Per arm: alternating/fixed; per placement: each other arm / OFF."""
-    arms = sorted({s.arm for s in sessions}, key=_arm_order)
+    arms = sorted({s.arm for s in sessions}, key=arm_order)
     found = [_ratio(arm, "alternating/fixed", _pair_medians(sessions, arm, "alternating"),
                     _pair_medians(sessions, arm, "fixed"), confidence, resamples, seed)
              for arm in arms]
@@ -302,7 +298,7 @@ class Analysis:
     def treatment_pairs(self) -> dict[str, int]:
         """``arm_pairs`` of the treatments (every arm but OFF), in arm order."""
         pairs = self.arm_pairs
-        return {arm: pairs[arm] for arm in sorted(pairs, key=_arm_order) if arm != CONTROL}
+        return {arm: pairs[arm] for arm in sorted(pairs, key=arm_order) if arm != CONTROL}
 
     def cell(self, size: str, arm: str, step: str) -> Cell | None:
         return next((c for c in self.cells

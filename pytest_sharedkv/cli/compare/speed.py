@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_sharedkv.perf.observations import ARMS
+from pytest_sharedkv.perf.observations import arm_order
 from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
 from pytest_sharedkv.perf.statistics import Analysis
 from pytest_sharedkv.perf.tables import behind, seconds
@@ -135,19 +135,15 @@ def arms_line(before: Analysis | None, after: Analysis | None) -> str:
     only = []
     for side, mine in (("BEFORE", before), ("AFTER", after)):
         pairs = mine.arm_pairs
-        for arm in sorted(arms(mine) - shared, key=_arm_order):
+        for arm in sorted(arms(mine) - shared, key=arm_order):
             n = pairs.get(arm)
             only.append(f"{arm} only in {side}" + (
                 "" if n is None else f" ({n} block pair{'s' if n != 1 else ''})"))
     if not only:
         return ""
-    judged = ", ".join(sorted(shared, key=_arm_order)) or "none"
+    judged = ", ".join(sorted(shared, key=arm_order)) or "none"
     return (f"ARMS DIFFER: {'; '.join(only)}: their cells are not compared; judged: the "
             f"arms both screened ({judged})")
-
-
-def _arm_order(arm: str) -> int:
-    return ARMS.index(arm) if arm in ARMS else len(ARMS)
 
 
 def changes(before: Analysis | None, after: Analysis | None
