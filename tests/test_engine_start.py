@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pytest_sharedkv.stack.engine_start import READY, describe, starts_note, vllm_phases
 
-LOG = (Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
-       / "perf-27b-compiled-s2-engine-start.log")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
+LOG = FIXTURES / "perf-27b-compiled-s2-engine-start.log"
 
 
 def _sections() -> dict[str, str]:
@@ -27,6 +27,16 @@ def test_the_phases_of_a_real_compute_engine_start() -> None:
     phases = vllm_phases(_sections()["OFF-167683534604/vllm-A-58575.log"])
     assert phases == {"weights": 3.808362, "torch.compile": 144.59, "profiling/warmup": 124.94,
                       "graph capture": 15.0, "engine init": 298.46}
+
+
+def test_the_phases_of_an_engine_with_vllms_own_offloading() -> None:
+    """The NATIVE arm's engine (vLLM's OffloadingConnector, 32 GB) on the hybrid
+    27b-compute model, from its H200 start: it serves the model, and its phases read alike."""
+    text = (FIXTURES / "native-probe-27b-compute.log").read_text()
+    assert "Creating offloading spec with name: CPUOffloadingSpec" in text
+    assert vllm_phases(text) == {"weights": 2.171313, "torch.compile": 93.74,
+                                 "profiling/warmup": 90.34, "graph capture": 13.0,
+                                 "engine init": 228.94}
 
 
 def test_the_server_log_and_an_eager_engine_name_no_phase_they_lack() -> None:

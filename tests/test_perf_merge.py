@@ -330,6 +330,27 @@ def test_the_27b_compute_sessions_merge_and_keep_the_stored_layout(tmp_path: Pat
                for ratios in cross.values())
 
 
+SESSIONS = tuple(H200 / f"perf-27b-compiled-s{n}.json" for n in (1, 2, 3))
+
+
+def test_three_27b_compute_sessions_give_an_interval(tmp_path: Path) -> None:
+    """The three H200 sessions (one OFF-ON pair each, on fresh machines): three block pairs,
+    so every ratio has its bootstrap interval, and the pool's cross-replica speed-up holds
+    across the whole interval at every size."""
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, SESSIONS)]) == 0
+    merged = merged_analysis(out)
+    assert merged.pairing.ok
+    assert load(out)["perf"]["block_pairs"] == [0, 0, 1, 1, 2, 2]
+    assert {r.block_pairs for r in merged.ratios} == {3}
+    assert all(r.interval is not None for r in merged.ratios)
+    cross = {r.size: r.interval for r in merged.ratios
+             if r.step == "cross" and r.arms == "ON/OFF"}
+    assert set(cross) == {"8k", "32k", "128k"}
+    assert all(i is not None and i.high < 0.2 for i in cross.values())
+    assert all(s.interval is not None for s in merged.session_ratios)
+
+
 def test_a_stored_layout_that_differs_is_refused(tmp_path: Path) -> None:
     second = load(H200 / "perf-27b-compiled-s2.json")
     other = copy.deepcopy(second)
@@ -367,6 +388,20 @@ def test_compare_between_the_two_27b_compute_sessions(
     assert "RESULT: OK: no correctness difference, no significant regression" in text
     assert "FLAGS DIFFER" not in text and "ARMS DIFFER" not in text
     assert "AFTER LMCache 0.5.6 on compiled (lmcache.cuda_ops)" in text
+
+
+def test_compare_the_first_two_sessions_against_the_third(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """compare on real-compute screenings of separate runs (blocks 1-2 merged against block
+    3): OK, the cells that moved are counted, none judged on one pair a side."""
+    first_two = tmp_path / "s1-s2.json"
+    assert main([str(first_two), *map(str, SESSIONS[:2])]) == 0
+    capsys.readouterr()
+    assert compare_main([str(first_two), str(SESSIONS[2])]) == 0
+    text = capsys.readouterr().out
+    assert "RESULT: OK: no correctness difference, no significant regression" in text
+    assert "FLAGS DIFFER" not in text and "ARMS DIFFER" not in text
+    assert "BEFORE 2, AFTER 1 block pairs" in text
 
 
 def test_compare_reads_a_merged_report(tmp_path: Path, halves: tuple[Path, Path],
