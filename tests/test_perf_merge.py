@@ -402,6 +402,9 @@ def test_compare_the_first_two_sessions_against_the_third(
     assert "RESULT: OK: no correctness difference, no significant regression" in text
     assert "FLAGS DIFFER" not in text and "ARMS DIFFER" not in text
     assert "BEFORE 2, AFTER 1 block pairs" in text
+    assert ("merged from 2 separate runs (created 2026-12-01T13:49:04+00:00, "
+            "2026-12-02T01:46:03+00:00)") in text
+    assert text.count("merged from") == 1  # AFTER is one run
 
 
 def test_compare_reads_a_merged_report(tmp_path: Path, halves: tuple[Path, Path],

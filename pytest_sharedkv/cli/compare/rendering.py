@@ -3,7 +3,8 @@ correctness table and the speed tables."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import Finding, void_tiers
@@ -45,7 +46,20 @@ def _identity(report: Report) -> str:
         engine = ", ".join(f"{k} {v}" for k, v in run.engine.items())
         parts.append(f"model {run.model_digest}, corpus {run.corpus_digest}"
                      + (f", {engine}" if engine else ""))
+    merged = _merged_from(data)
+    if merged:
+        parts.append(merged)
     return "; ".join(parts)
+
+
+def _merged_from(data: Mapping[str, Any]) -> str:
+    """"merged from 2 separate runs (created A, B)" for a merge-screenings report, else ""."""
+    perf = data.get("perf")
+    runs = perf.get("runs") if isinstance(perf, dict) else None
+    if not isinstance(runs, list) or not runs:
+        return ""
+    created = ", ".join(str(r.get("created", "?")) for r in runs if isinstance(r, dict))
+    return f"merged from {len(runs)} separate runs (created {created})"
 
 
 def _directions(changes: Sequence[Change]) -> str:
