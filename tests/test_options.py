@@ -51,6 +51,12 @@ README = Path(__file__).parent.parent / "README.md"
         (["--sharedkv-perf-arms=ON,FAST"], "--sharedkv-perf-arms: FAST: not a treatment arm*"),
         (["--sharedkv-perf-arms=on,ON"], "--sharedkv-perf-arms: 'on,ON' names ON twice*"),
         (["--sharedkv-perf-arms=,"], "--sharedkv-perf-arms: needs at least one treatment arm*"),
+        (["--sharedkv-service-sizes=8k,256k"], "--sharedkv-service-sizes: 256k: not among "
+                                               "3k, 8k, 32k, 128k"),
+        (["--sharedkv-perf-sizes=8k,512k"], "--sharedkv-perf-sizes: 512k: not among 3k, 8k, "
+                                            "32k, 128k, 256k"),
+        (["--sharedkv-perf-sizes=256k,256k"], "--sharedkv-perf-sizes: '256k,256k' names "
+                                              "256k twice*"),
         (["--sharedkv-native-arm", "--sharedkv-perf-arms=NATIVE"],
          "--sharedkv-native-arm is shorthand for --sharedkv-perf-arms ON,NATIVE, but "
          "--sharedkv-perf-arms gives NATIVE; give one of them, or both alike"),
@@ -97,6 +103,25 @@ def test_the_perf_arms_and_their_shorthand(pytester: pytest.Pytester, ini: str,
     pytester.makeini(f"[pytest]\n{ini}\n")
     settings = state_of(pytester.parseconfigure(*args)).settings
     assert settings.treatment_arms == arms
+
+
+@pytest.mark.parametrize(("ini", "args", "sizes"), [
+    ("", [], ("8k", "32k")),
+    ("", ["--sharedkv-service-sizes=8k,32k,128k"], ("8k", "32k", "128k")),
+    ("", ["--sharedkv-perf-sizes=8k,256k"], ("8k", "256k")),
+    ("", ["--sharedkv-service-sizes=3k", "--sharedkv-perf-sizes=256k"], ("256k",)),
+    ("sharedkv_perf_sizes = 32k,256k", ["--sharedkv-service-sizes=3k"], ("32k", "256k")),
+    ("sharedkv_service_sizes = 128k", [], ("128k",)),
+])
+def test_the_perf_sizes_and_what_they_fall_back_to(
+        pytester: pytest.Pytester, ini: str, args: list[str], sizes: tuple[str, ...]) -> None:
+    """--sharedkv-perf-sizes (256k among them) where given, else --sharedkv-service-sizes
+    (commands that chose the perf sizes with it run the same), else 8k,32k."""
+    from pytest_sharedkv.perf.fixtures import perf_sizes
+    from pytest_sharedkv.state import state_of
+
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    assert perf_sizes(state_of(pytester.parseconfigure(*args)).settings) == sizes
 
 
 def test_perf_arms_that_contradict_the_ini_shorthand_name_both(

@@ -143,3 +143,32 @@ def test_the_pool_note_names_the_pools_of_the_arms_that_run() -> None:
         _pool_note(pool, ("OFF", "NATIVE"))
     both = _pool_note(pool, ("OFF", "ON", "NATIVE", "NATIVE", "ON", "OFF"))
     assert both.startswith("pool: 64 GB of LMCache L1 in the ON arm") and "32 GB" in both
+
+
+@pytest.mark.parametrize(("host_gib", "pool_gb", "dropped"), [(128, 8.0, ("256k",)),
+                                                              (512, 256.0, ())])
+def test_256k_runs_where_the_host_holds_it_and_is_dropped_by_name_where_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_gib: int, pool_gb: float,
+        dropped: tuple[str, ...]) -> None:
+    """--sharedkv-perf-sizes 8k,256k on the 27B geometry (chunk 1568, its 262,144-token
+    context): one 256k prompt of 261,857 tokens stores 68.6 GB, over the 64 GB cap of a
+    128 GiB host, so 256k is dropped and the pool note says so and why (the pool sized from
+    8k, what is left); half of a 512 GiB host holds all three (206 GB) together."""
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.perf import pool_size
+    from pytest_sharedkv.perf.fixtures import _payloads, _pool_note, _pool_size
+
+    monkeypatch.setattr(pool_size, "host_memory_bytes", lambda: host_gib * 2**30)
+    (tmp_path / "config.json").write_text(json.dumps(QWEN35_27B_GEOMETRY))
+    settings = Settings(service_sizes=("8k",), perf_sizes=("8k", "256k"))
+    built = _payloads(settings, True, tmp_path, 1568, 16)
+    assert [p.prompt_tokens for p in built.of_size("256k")] == [261_857] * 3
+    pool = _pool_size(tmp_path, built)
+    assert (pool.gb, pool.dropped, pool.one_by_one) == (pool_gb, dropped, ())
+    note = _pool_note(pool, ("OFF", "ON"))
+    if dropped:
+        assert "256k dropped (one request stores 68.6 GB, more than the 64 GB cap, half " \
+            "this host's memory" in note
+        assert "the largest size's requests store 6.2 GB" in note  # 8k's: the pool's size
+    else:
+        assert "dropped" not in note and "requests store 205.9 GB" in note

@@ -54,6 +54,15 @@ TTFT_PLAN = SMALL_PLAN.replace("sessions_per_placement=1, windows=(4,)",
                                "sessions_per_placement=0, windows=()")
 
 
+# TTFT_PLAN with one request of each size (of three): a 256k prompt is 262,145 words for
+# the stub to hash, about 0.3 s a request whatever it finds cached.
+ONE_REQUEST_PLAN = TTFT_PLAN.replace("    return runner", """\
+    payloads = runner.payloads
+    payloads.requests = [p for p in payloads.requests if p.id.endswith("-00")]
+    runner.run_record.corpus_digest = payloads.digest
+    return runner""")
+
+
 def small_plan(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                plan: str = SMALL_PLAN) -> list[str]:
     """BASE's arguments for the shipped suite run in-process with PLAN (SMALL_PLAN unless
@@ -373,6 +382,30 @@ def test_native_alone_is_screened_against_off(
     assert pools == [None, None, "stub-pool-A", "stub-pool-B"]  # OFF none; NATIVE its own
     pairing = pair_observations(run.observations, run.blocks, run.block_pairs)
     assert pairing.ok and {p.arms for p in pairing.pairs} == {"NATIVE/OFF"}
+
+
+def test_256k_is_screened_on_the_stub(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--sharedkv-perf-sizes 8k,256k over BASE's --sharedkv-service-sizes 3k: a 256k prompt
+    (262,145 tokens at the stub's 64-token chunk) runs every step in one block pair, pairs
+    with OFF, is a full pool hit across replicas, and sorts after 8k in the verdict (one
+    request a size, the stub's simulated prefill at 1 us a token: seconds, not a minute)."""
+    from pytest_sharedkv.perf import fixtures
+
+    monkeypatch.setattr(fixtures, "STUB_PREFILL_US", 1.0)
+    result = pytester.runpytest(*small_plan(pytester, monkeypatch, ONE_REQUEST_PLAN),
+                                "--sharedkv-provider=stub", "--sharedkv-json=r.json",
+                                "--sharedkv-blocks=1", "--sharedkv-perf-sizes=8k,256k")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*perf screening on stub: blocks OFF-ON, sizes 8k, 256k*",
+                                 "*VERDICT perf: cross-replica TTFT 8k ON/OFF *; 256k "
+                                 "ON/OFF *"])
+    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    big = [o for o in run.observations if o.size == "256k" and not o.warmup]
+    assert {(o.arm, o.step) for o in big} == {(a, s) for a in ("OFF", "ON") for s in STEPS}
+    assert {o.prompt_tokens for o in big} == {262_145}
+    assert all(o.cached_tokens == 262_144 for o in big if (o.arm, o.step) == ("ON", "cross"))
+    assert pair_observations(run.observations, run.blocks, run.block_pairs).ok
 
 
 def test_a_pool_too_small_marks_the_cross_hits_partial(

@@ -275,6 +275,10 @@ def parse_vllm_args(text: str) -> tuple[str, ...]:
 
 
 PERF_MODELS = ("geometry", "27b-compute")
+SERVICE_SIZES = ("3k", "8k", "32k", "128k")  # the sizes the corpus has references for
+# the perf tier generates its payloads, so it also takes a size the corpus has none for
+PERF_SIZES = (*SERVICE_SIZES, "256k")
+PERF_DEFAULT_SIZES = ("8k", "32k")  # neither --sharedkv-perf-sizes nor service sizes given
 CONTROL_ARM = "OFF"  # the perf tier's control: in every block pair, never named as a treatment
 TREATMENT_ARMS = ("ON", "NATIVE")  # the arms a block pair may screen against OFF, in block order
 NATIVE_SHORTHAND = TREATMENT_ARMS  # what --sharedkv-native-arm stands for
@@ -499,8 +503,8 @@ class Settings:
         parse_choice("1", "2"), metavar="N")
     service_sizes: tuple[str, ...] | None = setting(
         None,
-        "service tier: document sizes to send (default 3k,8k,32k,128k: all)",
-        parse_subset("3k", "8k", "32k", "128k"), metavar="3k,8k,...")
+        f"service tier: document sizes to send (default {','.join(SERVICE_SIZES)}: all)",
+        parse_subset(*SERVICE_SIZES), metavar="3k,8k,...")
     concurrency: int = setting(
         8,
         "service tier: requests in flight per step (default {default}; 1 to 256)",
@@ -510,6 +514,13 @@ class Settings:
         "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default "
         f"{{default}}: OFF-ON-ON-OFF; 1 to {MAX_BLOCK_PAIRS})",
         whole_number(1, MAX_BLOCK_PAIRS), metavar="N")
+    perf_sizes: tuple[str, ...] | None = setting(
+        None,
+        f"perf tier: prompt sizes to screen, from {','.join(PERF_SIZES)} (default: "
+        f"--sharedkv-service-sizes where given, else {','.join(PERF_DEFAULT_SIZES)}); on a "
+        "launched pair a size of which one request stores more than the pool's cap, half "
+        "the host's memory, is dropped and the report's notes say which and why",
+        parse_subset(*PERF_SIZES), metavar="8k,32k,...")
     perf_arms: tuple[str, ...] = setting(
         ("ON",),
         "perf tier: the treatment arms screened against OFF (the control, in every block "

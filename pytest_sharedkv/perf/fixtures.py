@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.config.options import Settings
+from pytest_sharedkv.config.options import PERF_DEFAULT_SIZES, Settings
 from pytest_sharedkv.config.provider import Provider, Resolved
 from pytest_sharedkv.config.tiers import parametrizes
 from pytest_sharedkv.report.fields import PERF_PROPERTY
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 TIER = "perf"
 PROVIDER = "sharedkv_perf_provider"
-DEFAULT_SIZES = ("8k", "32k")
+DEFAULT_SIZES = PERF_DEFAULT_SIZES
 STUB_PREFILL_US = 10.0  # the stub's simulated prefill per uncached prompt token
 STUB_CHUNK = 64  # tokens per stub block: fewer pool files per prompt
 VLLM_MAX_TOKENS = 16  # answer length on launched vLLM: decode rate from 15 intervals
@@ -53,8 +53,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def perf_sizes(settings: Settings) -> tuple[str, ...]:
-    """--sharedkv-service-sizes where given, else 8k and 32k."""
-    return settings.service_sizes or DEFAULT_SIZES
+    """--sharedkv-perf-sizes where given, else --sharedkv-service-sizes (so a command that
+    chose the perf sizes with it before still runs the same), else 8k and 32k."""
+    return settings.perf_sizes or settings.service_sizes or DEFAULT_SIZES
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _context(model: Path | None) -> int:
 
 def _payloads(settings: Settings, words: bool, model: Path | None, chunk: int,
               max_tokens: int, without: Sequence[str] = ()) -> PayloadSet:
-    """The screening's payloads at --sharedkv-service-sizes, less the sizes WITHOUT."""
+    """The screening's payloads at its sizes (perf_sizes), less the sizes WITHOUT."""
     from pytest_sharedkv.perf import payloads
     generate = payloads.word_generator(chunk) if words else payloads.text_generator(model)
     sizes = [s for s in perf_sizes(settings) if s not in without]

@@ -93,7 +93,8 @@ def pool_size_gb(config: Mapping[str, Any], tokens_per_size: Mapping[str, Sequen
     one_by_one = tuple(size for size in kept if cap is not None
                        and pool_gb(together[size]) > cap and pool_gb(single[size]) <= cap)
     need = max((single[s] if s in one_by_one else together[s] for s in kept), default=0)
-    largest = max(together, key=lambda s: together[s], default=None)
+    # what the pool is sized from: a dropped size's bytes are said with its drop
+    largest = max(kept, key=lambda s: together[s], default=None)
     why = (f"the largest size's requests store {together[largest] / 1e9:.1f} GB at "
            f"{per_token:,} bytes a token as the engine lays the KV out"
            if largest is not None else "no requests")
