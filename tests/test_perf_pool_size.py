@@ -172,3 +172,26 @@ def test_256k_runs_where_the_host_holds_it_and_is_dropped_by_name_where_not(
         assert "the largest size's requests store 6.2 GB" in note  # 8k's: the pool's size
     else:
         assert "dropped" not in note and "requests store 205.9 GB" in note
+
+
+def test_a_dropped_size_leaves_the_screening_as_if_never_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the one-GPU H200 (128 GiB host) the real-compute sessions ran 8k,32k,128k; a
+    session that asks for 256k as well drops it and sends the same payloads (the corpus
+    digest they recorded) with the same pools, so merge-screenings takes it beside them."""
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.models.compute_model import ComputeModelRecipe, make_compute_model
+    from pytest_sharedkv.perf import pool_size
+    from pytest_sharedkv.perf.fixtures import _payloads, _pool_size
+
+    monkeypatch.setattr(pool_size, "host_memory_bytes", lambda: 128 * 2**30)
+    model = tmp_path / "model"
+    make_compute_model(model, ComputeModelRecipe())
+    seen = []
+    for sizes in (("8k", "32k", "128k"), ("8k", "32k", "128k", "256k")):
+        settings = Settings(perf_sizes=sizes)
+        pool = _pool_size(model, _payloads(settings, True, model, 1568, 16))
+        sent = _payloads(settings, True, model, 1568, 16, without=pool.dropped)
+        seen.append((sent.digest, pool.gb, pool.native_gb, pool.one_by_one, pool.dropped))
+    assert seen == [("9ff4939af819ef29", 64.0, 32.0, ("128k",), ()),
+                    ("9ff4939af819ef29", 64.0, 32.0, ("128k",), ("256k",))]
