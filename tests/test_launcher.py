@@ -331,10 +331,16 @@ def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: P
     assert together(LaunchSpec(log_dir=tmp_path, devices=("0", "1")))
 
 
+@pytest.mark.parametrize(("devices", "placed"), [
+    (("3",), {"A": ("3",), "B": ("3",)}),  # both replicas on the one device
+    (("3", "5"), {"A": ("3",), "B": ("5",)}),  # one replica per device
+])
 def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: tuple[str, ...],
+        placed: dict[str, tuple[str, ...]]) -> None:
     """The LMCache server and both replicas: argv and the variables the suite set (the
-    caller's own environment is not recorded); the start is together with a KV budget."""
+    caller's own environment is not recorded); the start is together with a KV budget;
+    each replica's devices (its placement)."""
     from dataclasses import replace
 
     from pytest_sharedkv.processes.managed import ManagedProcess
@@ -369,7 +375,7 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     monkeypatch.setenv("UNRELATED_CALLER_VAR", "x")
     engine = replace(providers.PERF_ENGINE, kv_cache_bytes=1 << 30)
     pair = providers.launch_vllm_pair(providers.LaunchSpec(
-        tmp_path, model=tmp_path, devices=("3",), engine=engine))
+        tmp_path, model=tmp_path, devices=devices, engine=engine))
     names = [x["name"] for x in pair.launches]
     assert names == ["lmcache server (mixed)", "vllm replica A", "vllm replica B"]
     server, replica = pair.launches[0], pair.launches[1]
@@ -380,6 +386,7 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     assert all("UNRELATED_CALLER_VAR" not in x["env"] for x in pair.launches)
     assert pair.engine_settings["kv_cache_bytes"] == 1 << 30
     assert started == [True]
+    assert pair.devices == placed
     # the server's measured start; replicas that never started (start_all is faked) none
     assert pair.starts == {"lmcache server (mixed)": {"ready": 1.5}}
 

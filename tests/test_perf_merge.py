@@ -378,6 +378,35 @@ def test_a_session_on_the_other_kernel_path_is_refused(
     assert main([str(tmp_path / "ok.json"), str(a), str(c)]) == 0
 
 
+def test_a_session_on_another_replica_placement_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both replicas on one GPU do not merge with one replica per GPU, recorded
+    (perf.replica_placement) or set (an older report's --sharedkv-pair-gpus); a run that
+    recorded neither merges, and the merged report keeps the placement recorded."""
+    second = load(H200 / "perf-27b-compiled-s2.json")
+    one = copy.deepcopy(second)
+    one["perf"]["replica_placement"] = {"pair_gpus": 1, "replicas": {"A": "0", "B": "0"}}
+    two = copy.deepcopy(second)
+    two["perf"]["replica_placement"] = {"pair_gpus": 2, "replicas": {"A": "0", "B": "1"}}
+    set_two = copy.deepcopy(second)
+    set_two["environment"]["settings"]["pair_gpus"] = "2"
+    unknown = copy.deepcopy(second)
+    del unknown["environment"]["settings"]["pair_gpus"]
+    a = write(tmp_path, "a.json", one)
+    for name, data, field in (("b.json", two, "perf.replica_placement.pair_gpus"),
+                              ("c.json", set_two, "environment.settings.pair_gpus")):
+        other = write(tmp_path, name, data)
+        assert main([str(tmp_path / "out.json"), str(a), str(other)]) == 2
+        err = capsys.readouterr().err
+        assert f"{other}: {field} (replica placement) differs from {a}: 2 here, 1 there" \
+            in err, err
+        assert "Traceback" not in err
+        assert not (tmp_path / "out.json").exists()
+    out = tmp_path / "ok.json"
+    assert main([str(out), str(write(tmp_path, "d.json", unknown)), str(a)]) == 0
+    assert load(out)["perf"]["replica_placement"] == one["perf"]["replica_placement"]
+
+
 def test_compare_between_the_two_27b_compute_sessions(
         capsys: pytest.CaptureFixture[str]) -> None:
     """compare on two real-compute screenings: same model, corpus, flags and kernel path,

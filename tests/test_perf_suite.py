@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms, check_tokens
-from pytest_sharedkv.perf.observations import STEPS, Observation, PerfRun, from_json
+from pytest_sharedkv.perf.observations import (
+    STEPS,
+    Observation,
+    PerfRun,
+    ReplicaPlacement,
+    from_json,
+)
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.plots import MISSING
 from tests.process_tags import tagged
@@ -163,6 +169,10 @@ def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun)
         assert all(0 < p["ready"] <= block["restart_s"] for p in block["start"].values())
     assert [x["restart_s"] for x in run.launches] == run.restarts_s
     assert run.model["kind"] == "stub (test double)"
+    # the stub double runs on no GPU: its placement says so, no devices invented
+    assert run.replica_placement == ReplicaPlacement(None, {})
+    result.stdout.fnmatch_lines(["  replica placement: no GPU known (the suite launched no "
+                                 "engine: a stub double or external endpoints)"])
     result.stdout.fnmatch_lines(["*engine starts: block 0 (OFF) * s: stub replica A ready * s; "
                                  "stub replica B ready * s | block 1 (ON)*"])
 
@@ -321,6 +331,7 @@ def test_external_endpoints_give_one_block_and_say_why(
     assert run.blocks == ["ON"] and run.restarts_s == []
     assert {o.step for o in run.observations} == set(STEPS)
     assert any(n.startswith("no floor: external endpoints") for n in run.notes)
+    assert run.replica_placement == ReplicaPlacement(None, {})  # no engine of the suite's
 
 
 def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(

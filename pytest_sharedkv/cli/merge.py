@@ -9,7 +9,8 @@ block pair of every input must hold OFF, the control its treatments are paired w
 merge refuses, naming the file and the field, inputs that did not measure the same thing:
 another perf schema, model digest, corpus (its digest or any request's payload sha256),
 engine (versions, chunk, KV geometry), engine flags (the argv recorded per block, where
-both recorded it) or sizes; and an input that is not whole block pairs with OFF. Blocks
+both recorded it), replica placement (both replicas on one GPU or one per GPU, where both
+recorded it) or sizes; and an input that is not whole block pairs with OFF. Blocks
 keep their own run: block and pair numbers continue from the run before and
 ``perf.block_pairs`` says which blocks form each pair, so ``perf.pairing`` pairs only
 within one run's blocks, whatever each pair's size, and ``perf.runs`` says which blocks
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pytest_sharedkv.cli.compare.kernels import lmcache_of
+from pytest_sharedkv.cli.compare.placement import placement_of
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
 from pytest_sharedkv.perf.observations import (
     Floor,
@@ -109,6 +111,11 @@ def check_mergeable(first: Report, other: Report) -> None:
     for key in sorted(set(x.engine) | set(y.engine)):
         if x.engine.get(key) != y.engine.get(key):
             _refuse(other, f"perf.engine.{key}", y.engine.get(key), first, x.engine.get(key))
+    placed, first_placed = placement_of(other), placement_of(first)
+    if placed is not None and first_placed is not None \
+            and placed.pair_gpus != first_placed.pair_gpus:  # one GPU vs one each
+        _refuse(other, f"{placed.field} (replica placement)", placed.pair_gpus, first,
+                first_placed.pair_gpus)
     mine, theirs = _kernel_path(first), _kernel_path(other)
     if mine is not None and theirs is not None and mine != theirs:  # compiled vs fallback
         _refuse(other, "environment.lmcache.kernel_path", theirs, first, mine)
@@ -256,7 +263,11 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
     runs = [r.perf.run for r in reports if r.perf is not None]
     merged = PerfRun(schema=runs[0].schema, model_digest=runs[0].model_digest,
                      corpus_digest=runs[0].corpus_digest, engine=dict(runs[0].engine),
-                     blocks=[], floor=_floor(runs), chunk_tokens=runs[0].chunk_tokens)
+                     blocks=[], floor=_floor(runs), chunk_tokens=runs[0].chunk_tokens,
+                     # the runs' placement (check_mergeable refused two that differ); a
+                     # run that recorded it gives it to one (older) that did not
+                     replica_placement=next((r.replica_placement for r in runs
+                                             if r.replica_placement is not None), None))
     for report, run, pairs in zip(reports, runs, layouts, strict=True):
         block = len(merged.blocks)
         pair = merged.block_pairs[-1] + 1 if merged.block_pairs else 0

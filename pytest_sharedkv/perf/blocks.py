@@ -29,7 +29,10 @@ from pytest_sharedkv.perf.observations import (
     Floor,
     Observation,
     PerfRun,
+    ReplicaPlacement,
     SessionObservation,
+    describe_placement,
+    placed_on,
 )
 from pytest_sharedkv.perf.pairing import CONTROL, pair_layout
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
@@ -43,6 +46,19 @@ from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
 Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
 Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
 PLACEMENTS = {"fixed": "AAAAAA", "alternating": "ABABAB"}
+
+
+def placement_note(placement: ReplicaPlacement) -> str:
+    """The report's line on where the replicas ran, with each one's devices."""
+    words = describe_placement(placement.pair_gpus)
+    where = {name: f"CUDA device {d}" if d else "the run's devices"
+             for name, d in placement.replicas.items()}
+    if not where:
+        return f"replica placement: {words}"
+    if len(set(where.values())) == 1:
+        return f"replica placement: {words} ({next(iter(where.values()))})"
+    return f"replica placement: {words} (" + ", ".join(
+        f"{name} on {d}" for name, d in where.items()) + ")"
 
 
 def block_arms(pairs: int, treatments: Sequence[str] = ("ON",)) -> tuple[str, ...]:
@@ -197,6 +213,10 @@ class BlockRunner:
                 "start": {name: dict(phases) for name, phases in self.pair.starts.items()}})
         if self.pair.engine_settings:
             self.run_record.engine_settings = dict(self.pair.engine_settings)
+        if self.run_record.replica_placement is None:  # the same pair in every block
+            placement = placed_on(self.pair.devices)
+            self.run_record.replica_placement = placement
+            self.run_record.notes.append(placement_note(placement))
         if self.plan.restartable:
             self.run_record.restarts_s.append(seconds)
         self.accounting.busy_s += seconds

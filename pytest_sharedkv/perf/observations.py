@@ -119,6 +119,37 @@ class RunSource:
     engine_flags: str  # "recorded" or "engine flags not recorded"
 
 
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    """Where the pair's engines ran: both on one GPU contend for it, one per GPU do not, so
+    two screenings of another placement time different things (``compare`` shows their
+    speed, not judges it; ``merge-screenings`` refuses to mix them)."""
+
+    # distinct GPUs the two replicas ran on (1: both on one, 2: one each); None: the suite
+    # launched no engine (a stub double, external endpoints), so no GPU of theirs is known
+    pair_gpus: int | None
+    # each launched replica's CUDA_VISIBLE_DEVICES ("": it inherited the run's); {}: none
+    replicas: dict[str, str] = field(default_factory=dict)
+
+
+def placed_on(devices: Mapping[str, Sequence[str]]) -> ReplicaPlacement:
+    """The placement of replicas launched on DEVICES (each one's CUDA devices; () where it
+    inherited the run's, the same for both); none launched: pair_gpus None."""
+    if not devices:
+        return ReplicaPlacement(None)
+    return ReplicaPlacement(len({tuple(d) for d in devices.values()}),
+                            {name: ",".join(d) for name, d in sorted(devices.items())})
+
+
+def describe_placement(pair_gpus: int | None) -> str:
+    """The words for a placement's GPU count (the compare's PLACEMENT DIFFERS, the notes)."""
+    if pair_gpus is None:
+        return "no GPU known (the suite launched no engine: a stub double or external " \
+            "endpoints)"
+    return {1: "both replicas on one GPU", 2: "one replica per GPU"}.get(
+        pair_gpus, f"the replicas on {pair_gpus} GPUs")
+
+
 @dataclass
 class PerfRun:
     """What the perf tier writes under the report's top-level key ``"perf"``."""
@@ -148,6 +179,8 @@ class PerfRun:
     # recorded (reports written before it), read as consecutive pairs of one size each
     # (``pairing.pair_layout``)
     block_pairs: list[int] = field(default_factory=list)
+    # where the replicas ran (one GPU or one each); None: not recorded (reports before it)
+    replica_placement: ReplicaPlacement | None = None
 
 
 def size_tokens(size: str) -> int | None:
@@ -170,11 +203,11 @@ def size_order(size: str) -> tuple[float, str]:
 
 
 def to_json(run: PerfRun) -> dict[str, Any]:
-    """The run as JSON; ``runs`` only where it is a merge, ``block_pairs`` and the floor's
-    stored bytes only where known (a record without them stays what it was before they
-    existed)."""
+    """The run as JSON; ``runs`` only where it is a merge, ``block_pairs``, the replica
+    placement and the floor's stored bytes only where known (a record without them stays
+    what it was before they existed)."""
     data = asdict(run)
-    for name in ("runs", "block_pairs"):
+    for name in ("runs", "block_pairs", "replica_placement"):
         if not getattr(run, name):
             del data[name]
     if data.get("floor") is not None and data["floor"].get("stored_bytes_per_token") is None:
@@ -316,7 +349,26 @@ def from_json(data: object) -> PerfRun:
               for i, r in enumerate(_list(data, "runs"))],
         model=_mapping(data, "model", str_values=True),
         engine_settings=_mapping(data, "engine_settings"),
-        launches=[dict(x) for x in _list(data, "launches") if isinstance(x, dict)])
+        launches=[dict(x) for x in _list(data, "launches") if isinstance(x, dict)],
+        replica_placement=_replica_placement(data.get("replica_placement")))
+
+
+def _replica_placement(data: object) -> ReplicaPlacement | None:
+    """``perf.replica_placement`` where recorded (older reports: None)."""
+    if data is None:
+        return None
+    where = "perf.replica_placement"
+    values = _fields(data, {"pair_gpus": "int?"}, where)
+    gpus = values["pair_gpus"]
+    if gpus is not None and gpus < 1:
+        raise PerfReportError(f"{where}.pair_gpus: expected a positive integer or null, "
+                              f"found {gpus!r}")
+    replicas = data.get("replicas", {}) if isinstance(data, dict) else {}
+    if not isinstance(replicas, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in replicas.items()):
+        raise PerfReportError(f"{where}.replicas: expected an object of strings, found "
+                              f"{replicas!r}")
+    return ReplicaPlacement(gpus, dict(replicas))
 
 
 def _block_pairs(values: list[Any], blocks: list[str]) -> list[int]:

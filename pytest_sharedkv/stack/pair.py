@@ -266,6 +266,9 @@ class ReplicaPair:
         # each launched process's start in seconds: "ready" (the suite's measure) and the
         # phases its own log names (engine_start); empty where nothing was launched
         self.starts: dict[str, dict[str, float]] = {}
+        # the CUDA devices each launched engine got (its CUDA_VISIBLE_DEVICES; () where it
+        # inherited the run's): its placement; empty where the suite launched no engine
+        self.devices: dict[str, tuple[str, ...]] = {}
         self._launches_recorded = False
         self._lock = threading.Lock()
 

@@ -281,8 +281,10 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         server.start()
         launches.append(launched(server.process.name, server.process.argv, server.process.env))
     replicas = {}
+    placed: dict[str, tuple[str, ...]] = {}
     for index, name in enumerate(("A", "B")):
         devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
+        placed[name] = devices
         port = free_port()
         env = process_env(spec, devices, role=f"replica {name}")
         for key, value in spec.engine.env:
@@ -317,6 +319,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
         pair.sync_log = sync_log(spec.log_dir)
     pair.launches = [x.record() for x in launches]
     pair.engine_settings = spec.engine.record()
+    pair.devices = placed
     pair.relaunch = lambda **changes: launch_vllm_pair(replace(spec, **changes))
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))

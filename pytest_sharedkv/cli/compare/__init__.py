@@ -3,7 +3,8 @@
 One concern a module: ``reading`` (loading and validating reports), ``correctness`` (every
 tier's correctness differences; ``legacy`` reads records of older reports), ``speed`` (perf
 verdicts, significance), ``flags`` (the engine settings two screenings ran with),
-``rendering`` (the Markdown lines), ``main`` (the command line).
+``placement`` (where the replicas ran: one GPU or one each), ``rendering`` (the Markdown
+lines), ``main`` (the command line).
 
 Correctness first: any failed or unfinished test, any VOID or CONFOUNDED result,
 namespace leak, divergence, failed hit accounting, KV audit mismatch or PARTIAL pool hit in
@@ -23,7 +24,9 @@ Only the arms both screenings ran are compared: an arm one side alone screened (
 merged into BEFORE's OFF-ON pairs) is named on an ARMS DIFFER line, not counted as
 missing. Where the two screenings' engine settings differ (CUDA graphs or eager, KV cache, fp8, the
 user's ``--sharedkv-vllm-args``), a FLAGS DIFFER line names them and speed cells are shown
-but not judged as regressions, unless ``--allow-flag-change``.
+but not judged as regressions, unless ``--allow-flag-change``; so where one screening ran
+both replicas on one GPU and the other one per GPU (PLACEMENT DIFFERS), unless
+``--allow-placement-change``.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing or

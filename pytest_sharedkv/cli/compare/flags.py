@@ -9,6 +9,8 @@ from typing import Any
 
 from pytest_sharedkv.cli.compare.reading import Report
 
+FLAGS_DIFFER = "FLAGS DIFFER"
+
 
 def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)

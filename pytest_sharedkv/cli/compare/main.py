@@ -12,8 +12,9 @@ from typing import NoReturn
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.allocators import as_twin, switch, switch_line
 from pytest_sharedkv.cli.compare.correctness import differences
-from pytest_sharedkv.cli.compare.flags import flag_differences
+from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER, flag_differences
 from pytest_sharedkv.cli.compare.kernels import lost_kernels
+from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS, placement_difference
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, comparable, read_report
 from pytest_sharedkv.cli.compare.rendering import report_lines
 
@@ -43,10 +44,11 @@ def max_regression(text: str) -> float:
     return value
 
 
-def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False
-            ) -> tuple[int, list[str]]:
+def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False,
+            allow_placement_change: bool = False) -> tuple[int, list[str]]:
     """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
-    differ, speed cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE.
+    differ, or the replicas' placement (one GPU, one each), speed cells are shown but not
+    judged (no regression) unless ALLOW_FLAG_CHANGE, ALLOW_PLACEMENT_CHANGE respectively.
     Where each ran one allocator and they differ, BEFORE is read as its AFTER-allocator twin."""
     found = switch(before, after)
     if found is not None:
@@ -56,12 +58,16 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     changes, sessions = speed.changes(before.perf, after.perf)
     every = changes + sessions
     flags = flag_differences(before, after)
-    judged = allow_flag_change or not flags
-    regressed = judged and bool(speed.regressions(every, limit))
+    moved = placement_difference(before, after)
+    # the differences that keep speed from being judged, each unless its option allows it
+    blocked = [label for label, differs, allowed in (
+        (FLAGS_DIFFER, bool(flags), allow_flag_change),
+        (PLACEMENT_DIFFERS, moved is not None, allow_placement_change)) if differs and not allowed]
+    regressed = not blocked and bool(speed.regressions(every, limit))
     status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
-                                judged=judged,
+                                placement=moved, blocked=blocked,
                                 switched=switch_line(found) if found is not None else "",
                                 arms=speed.arms_line(before.perf, after.perf))
 
@@ -80,13 +86,18 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--allow-flag-change", action="store_true",
                         help="judge speed cells even where the two screenings' engine flags "
                              "differ (FLAGS DIFFER): the flag change is then what is measured")
+    parser.add_argument("--allow-placement-change", action="store_true",
+                        help="judge speed cells even where the two screenings placed their "
+                             "replicas differently (PLACEMENT DIFFERS: both on one GPU, one "
+                             "per GPU): the placement is then what is measured")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
                         help="also write the report to this file")
     try:
         args = parser.parse_args(list(argv))
         before, after = read_report(args.before), read_report(args.after)
         comparable(before, after)
-        status, lines = compare(before, after, args.max_regression, args.allow_flag_change)
+        status, lines = compare(before, after, args.max_regression, args.allow_flag_change,
+                                args.allow_placement_change)
         text = "\n".join(lines) + "\n"
         if args.markdown is not None:
             try:

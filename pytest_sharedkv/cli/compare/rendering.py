@@ -8,7 +8,9 @@ from typing import Any
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import Finding, void_tiers
+from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER
 from pytest_sharedkv.cli.compare.kernels import kernel_line
+from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS
 from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
 from pytest_sharedkv.perf.significance import MIN_PAIRS
@@ -20,20 +22,32 @@ def _percent(change: Change) -> str:
     return "-" if relative is None else f"{relative:+.1%}"
 
 
-def _verdict(change: Change, limit: float, judged: bool) -> str:
-    """The cell's verdict; where the engine flags differ (and no --allow-flag-change), a
-    change the block pairs tell from noise is shown, not judged."""
+def _verdict(change: Change, limit: float, blocked: Sequence[str]) -> str:
+    """The cell's verdict; where BLOCKED names differences that keep speed from being
+    judged (FLAGS DIFFER, PLACEMENT DIFFERS), a change the block pairs tell from noise is
+    shown, not judged."""
     verdict = change.verdict(limit)
-    if judged or verdict not in ("REGRESSION", "faster"):
+    if not blocked or verdict not in ("REGRESSION", "faster"):
         return verdict
     return f"{'slower' if verdict == 'REGRESSION' else 'faster'} {_percent(change)}, not " \
-        "judged: FLAGS DIFFER"
+        f"judged: {', '.join(blocked)}"
 
 
-def _rows(changes: Sequence[Change], limit: float, judged: bool = True) -> list[list[str]]:
+def _rows(changes: Sequence[Change], limit: float, blocked: Sequence[str] = ()
+          ) -> list[list[str]]:
     return [[*c.what, str(c.before) if c.before else "-", str(c.after) if c.after else "-",
-             _percent(c), _verdict(c, limit, judged)] for c in changes]
+             _percent(c), _verdict(c, limit, blocked)] for c in changes]
 
+
+def _judging(label: str, option: str, blocked: Sequence[str], why: str) -> str:
+    """What a difference (LABEL, lifted by OPTION) does to the speed verdicts, given the
+    differences BLOCKED that keep them from being judged."""
+    if label in blocked:
+        return f"speed cells are shown but not judged as regressions ({why}); {option} " \
+            "judges them"
+    if not blocked:
+        return f"speed cells judged anyway ({option})"
+    return f"{option} given, but speed cells are still not judged: {', '.join(blocked)}"
 
 
 def _identity(report: Report) -> str:
@@ -94,14 +108,17 @@ def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
 def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
                  sessions: Sequence[Change], flags: Sequence[str] = (),
-                 judged: bool = True, switched: str = "", arms: str = "") -> list[str]:
+                 placement: tuple[str, str] | None = None, blocked: Sequence[str] = (),
+                 switched: str = "", arms: str = "") -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
-    settings that differ (speed then not JUDGED unless --allow-flag-change); SWITCHED: the
-    allocator switch BEFORE was read across, if any; ARMS: the perf arms only one side
-    screened, if any (CHANGES and SESSIONS hold the shared arms only)."""
+    settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
+    differ; BLOCKED: the differences that keep speed from being judged (FLAGS DIFFER
+    unless --allow-flag-change, PLACEMENT DIFFERS unless --allow-placement-change);
+    SWITCHED: the allocator switch BEFORE was read across, if any; ARMS: the perf arms
+    only one side screened, if any (CHANGES and SESSIONS hold the shared arms only)."""
     every = [*changes, *sessions]
-    regressions = speed.regressions(every, limit) if judged else []
+    regressions = [] if blocked else speed.regressions(every, limit)
     missing = speed.missing(every)
     summary = []
     if new:
@@ -134,12 +151,15 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
         lines += [f"BEFORE VOID in {', '.join(void)}: BEFORE proved nothing there, so its "
                   "failures are no baseline: AFTER's are counted as new", ""]
     if flags:
-        lines += [f"FLAGS DIFFER: {'; '.join(flags)}: " + (
+        lines += [f"{FLAGS_DIFFER}: {'; '.join(flags)}: " + (
             "the engines ran differently (no perf screening: correctness as usual)"
-            if before.perf is None else
-            "speed cells judged anyway (--allow-flag-change)" if judged else
-            "speed cells are shown but not judged as regressions (the engines ran "
-            "differently); --allow-flag-change judges them"), ""]
+            if before.perf is None else _judging(
+                FLAGS_DIFFER, "--allow-flag-change", blocked, "the engines ran differently")),
+                  ""]
+    if placement is not None:
+        lines += [f"{PLACEMENT_DIFFERS}: BEFORE {placement[0]}, AFTER {placement[1]}: "
+                  + _judging(PLACEMENT_DIFFERS, "--allow-placement-change", blocked,
+                             "the replicas shared a GPU on one side only"), ""]
     lines += ["## Correctness (AFTER)", ""]
     if new or old:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
@@ -156,11 +176,11 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     if changes:
         lines += ["TTFT median s (n observations, block pairs behind each number):",
                   *markdown_table(["size", "arm", "step", "BEFORE", "AFTER", "change",
-                                   "verdict"], _rows(changes, limit, judged))]
+                                   "verdict"], _rows(changes, limit, blocked))]
     if sessions:
         lines += ["", "session wall time median s:",
                   *markdown_table(["arm", "placement", "BEFORE", "AFTER", "change",
-                                   "verdict"], _rows(sessions, limit, judged))]
+                                   "verdict"], _rows(sessions, limit, blocked))]
     if not changes and not sessions:
         lines.append("The screenings recorded no measured observations.")
     return lines
