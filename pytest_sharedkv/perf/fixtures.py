@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 TIER = "perf"
 PROVIDER = "sharedkv_perf_provider"
-DEFAULT_SIZES = PERF_DEFAULT_SIZES
 STUB_PREFILL_US = 10.0  # the stub's simulated prefill per uncached prompt token
 STUB_CHUNK = 64  # tokens per stub block: fewer pool files per prompt
 VLLM_MAX_TOKENS = 16  # answer length on launched vLLM: decode rate from 15 intervals
@@ -55,7 +54,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def perf_sizes(settings: Settings) -> tuple[str, ...]:
     """--sharedkv-perf-sizes where given, else --sharedkv-service-sizes (so a command that
     chose the perf sizes with it before still runs the same), else 8k and 32k."""
-    return settings.perf_sizes or settings.service_sizes or DEFAULT_SIZES
+    return settings.perf_sizes or settings.service_sizes or PERF_DEFAULT_SIZES
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import copy
 import re
 from typing import Any
 
-from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.cli.compare.reading import Report, setting_of
 
 # The tiers whose tests --sharedkv-allocators parametrizes (one launched server each).
 ALLOCATOR_TIERS = frozenset({"replica_pair", "service_regression"})
@@ -17,8 +17,7 @@ _PARAMS = re.compile(r"\[(?P<params>[^\]]*)\]$")
 
 
 def allocators_of(report: Report) -> list[str] | None:
-    settings = (report.data.get("environment") or {}).get("settings") or {}
-    found = settings.get("allocators") if isinstance(settings, dict) else None
+    found = setting_of(report, "allocators")
     return [str(a) for a in found] if isinstance(found, list) else None
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_sharedkv.cli.compare.correctness import Finding
-from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.cli.compare.reading import Report, environment_of
 
 COMPILED = "compiled"
 
 
 def lmcache_of(report: Report) -> dict[str, Any] | None:
-    environment = report.data.get("environment")
-    lmcache = environment.get("lmcache") if isinstance(environment, dict) else None
+    lmcache = environment_of(report, "lmcache")
     return lmcache if isinstance(lmcache, dict) else None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_sharedkv.cli.compare.reading import Report
+from pytest_sharedkv.cli.compare.reading import Report, setting_of
 from pytest_sharedkv.perf.observations import describe_placement
 
 PLACEMENT_DIFFERS = "PLACEMENT DIFFERS"
@@ -25,9 +25,7 @@ class Placement:
 
 
 def _setting(report: Report) -> int | None:
-    environment = report.data.get("environment")
-    settings = environment.get("settings") if isinstance(environment, dict) else None
-    value = settings.get("pair_gpus") if isinstance(settings, dict) else None
+    value = setting_of(report, "pair_gpus")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
     text = str(value).strip()

@@ -62,6 +62,19 @@ def read_report(path: Path) -> Report:
     return Report(path, data, perf)
 
 
+def environment_of(report: Report, name: str) -> Any:
+    """``environment.NAME`` of REPORT; None where the report has no environment or no NAME."""
+    environment = report.data.get("environment")
+    return environment.get(name) if isinstance(environment, dict) else None
+
+
+def setting_of(report: Report, name: str) -> Any:
+    """The run's ``--sharedkv-*`` setting NAME (``environment.settings``); None where the
+    report did not record it."""
+    settings = environment_of(report, "settings")
+    return settings.get(name) if isinstance(settings, dict) else None
+
+
 def tiers(report: Report) -> set[str]:
     """The tiers whose tests the report holds (none known for a report without the field)."""
     found = report.data.get("tiers")

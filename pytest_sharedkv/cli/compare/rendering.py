@@ -3,8 +3,7 @@ correctness table and the speed tables."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import Finding, void_tiers
@@ -60,20 +59,10 @@ def _identity(report: Report) -> str:
         engine = ", ".join(f"{k} {v}" for k, v in run.engine.items())
         parts.append(f"model {run.model_digest}, corpus {run.corpus_digest}"
                      + (f", {engine}" if engine else ""))
-    merged = _merged_from(data)
-    if merged:
-        parts.append(merged)
+        if run.runs:  # a merge-screenings report: say what it stands on
+            parts.append(f"merged from {len(run.runs)} separate runs (created "
+                         f"{', '.join(r.created for r in run.runs)})")
     return "; ".join(parts)
-
-
-def _merged_from(data: Mapping[str, Any]) -> str:
-    """"merged from 2 separate runs (created A, B)" for a merge-screenings report, else ""."""
-    perf = data.get("perf")
-    runs = perf.get("runs") if isinstance(perf, dict) else None
-    if not isinstance(runs, list) or not runs:
-        return ""
-    created = ", ".join(str(r.get("created", "?")) for r in runs if isinstance(r, dict))
-    return f"merged from {len(runs)} separate runs (created {created})"
 
 
 def _directions(changes: Sequence[Change]) -> str:
