@@ -57,6 +57,7 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
     screening's wall time is mostly the requests and restarts it measures."""
     from pytest_sharedkv.perf.fixtures import attach_run
     from pytest_sharedkv.stack.engine_start import starts_note
+    from pytest_sharedkv.stack.offload_traffic import traffic_note
 
     runner = sharedkv_perf_screening
     try:
@@ -72,8 +73,9 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
                 f"restarts {accounting.busy_s:.1f} s) = {ratio:.2f} (limit {OVERHEAD_LIMIT} "
                 f"{'on a GPU' if on_gpu else 'on a GPU; reported only here'}; settles "
                 f"{accounting.settle_s:.1f} s)")
-    starts = starts_note(run.launches)
-    for line in [*run.notes, *([starts] if starts else []), overhead,
+    launched = [note for note in (starts_note(run.launches), traffic_note(run.launches))
+                if note]
+    for line in [*run.notes, *launched, overhead,
                  _plots(run, sharedkv_settings)]:
         sharedkv_results.note(TIER, line)
     refusals = _refusals(run, runner)

@@ -393,6 +393,14 @@ def test_native_alone_is_screened_against_off(
     assert pools == [None, None, "stub-pool-A", "stub-pool-B"]  # OFF none; NATIVE its own
     pairing = pair_observations(run.observations, run.blocks, run.block_pairs)
     assert pairing.ok and {p.arms for p in pairing.pairs} == {"NATIVE/OFF"}
+    # what each NATIVE replica stored to its own tier, from its log; nothing read back
+    assert "offload" not in run.launches[0]  # OFF offloads nothing: unknown, not 0
+    traffic = run.launches[1]["offload"]
+    assert set(traffic) == {"stub replica A", "stub replica B"}
+    assert all(t["stored_bytes"] > 0 and t["loaded_bytes"] == 0 for t in traffic.values())
+    result.stdout.fnmatch_lines(["*offload tier (vLLM's KV Transfer metrics*: block 1 (NATIVE): "
+                                 "stub replica A stored *, loaded 0 B (* intervals logged)*"
+                                 "nothing was loaded back*"])
 
 
 def test_256k_is_screened_on_the_stub(

@@ -40,6 +40,7 @@ from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.stack.completions import request_body
 from pytest_sharedkv.stack.engine_start import describe
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+from pytest_sharedkv.stack.offload_traffic import logged_traffic
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
 
@@ -227,9 +228,20 @@ class BlockRunner:
         if self.pair is not None:
             pair, self.pair = self.pair, None
             leftovers = pair.close()
+            self._record_offload(pair)
             if leftovers:
                 raise ReplicaError(f"{pair.description}: processes {leftovers} survived the "
                                    "stop between blocks")
+
+    def _record_offload(self, pair: ReplicaPair) -> None:
+        """What the stopped pair's engines offloaded, from their logs (complete once they
+        stopped), beside that block's launch record."""
+        if not pair.launches or not self.run_record.launches:
+            return
+        traffic = logged_traffic({r.process.name: r.process.log_text()
+                                  for r in pair.replicas.values() if r.process is not None})
+        if traffic:
+            self.run_record.launches[-1]["offload"] = traffic
 
     def _settle(self, tokens: int) -> None:
         seconds = self.plan.settle_s + self.plan.store_s_per_token * tokens

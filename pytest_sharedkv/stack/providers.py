@@ -377,7 +377,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         if spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
         elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
-            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}"))]
+            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}")), "--offload-log"]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         if name == "B" and (fault == "corrupt-external" or (

@@ -26,6 +26,10 @@ gets a line per zeroed chunk), and ``--fail-metrics 3,7`` answers the 3rd and 7t
 /metrics with HTTP 503 (a failed Prometheus scrape). Every response
 carries ``X-Sharedkv-Test-Double: 1``.
 
+``--offload-log`` (the NATIVE arm: a pool of its own) prints a vLLM-shaped "KV Transfer
+metrics" line for each request that stored blocks to its pool or loaded them back (at
+``STUB_TOKEN_BYTES`` a token), as vLLM's OffloadingConnector logs its stats.
+
 ``--kv-audit DIR`` writes the in-engine KV audit's records (``kv_audit_hook``'s format,
 read by ``service.kv_audit``) so the suite's audit test runs on CPU: a ``store`` digest
 per block the stub puts in the pool and a ``load`` digest per block it takes from it, keyed
@@ -54,6 +58,7 @@ from typing import Any, ClassVar
 from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 
 BLOCK = 16
+STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
 
 
@@ -238,6 +243,11 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
         state.external_hits += external
         state.completions += 1
         done = state.completions
+    if state.args.offload_log and (stored or external):
+        moved = [f"vllm:kv_offload_store_bytes={len(stored) * block * STUB_TOKEN_BYTES}"]
+        if external:
+            moved.append(f"vllm:kv_offload_load_bytes={external * STUB_TOKEN_BYTES}")
+        print(f"[{state.name}] KV Transfer metrics: {', '.join(moved)}", flush=True)
     return _Prefill(words, tokens, copy, block, local, external, stored, done)
 
 
@@ -443,6 +453,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-metrics", type=lambda t: {int(n) for n in t.split(",") if n},
                         default=set(), metavar="N,M",
                         help="answer these GET /metrics (1-based) with HTTP 503")
+    parser.add_argument("--offload-log", action="store_true",
+                        help="log pool traffic as vLLM's offloading connector does")
     parser.add_argument("--kv-audit", type=Path, default=None,
                         help="write kv_audit_hook's digest records into this directory")
     return parser.parse_args(argv)
