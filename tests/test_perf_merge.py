@@ -351,6 +351,32 @@ def test_three_27b_compute_sessions_give_an_interval(tmp_path: Path) -> None:
     assert all(s.interval is not None for s in merged.session_ratios)
 
 
+NATIVE_SESSION = H200 / "perf-27b-compiled-native1.json"
+
+
+def test_the_native_session_merges_beside_the_three_on_sessions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The H200's OFF-NATIVE session (asked for 256k too; the host dropped it with its
+    reason) merges with the three OFF-ON ones: four OFF blocks, ON with its interval over
+    three pairs, NATIVE on one pair beside it (not judged), and NATIVE's cross-replica
+    requests no faster than OFF (vLLM's own offloading is not shared between replicas)."""
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, SESSIONS), str(NATIVE_SESSION)]) == 0
+    assert "merged from 4 separate runs" in capsys.readouterr().out
+    data = load(out)["perf"]
+    assert data["blocks"] == ["OFF", "ON"] * 3 + ["OFF", "NATIVE"]
+    assert data["block_pairs"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    merged = merged_analysis(out)
+    assert merged.pairing.ok
+    cross = {(r.size, r.arms): r for r in merged.ratios if r.step == "cross"}
+    assert {r.block_pairs for (_, arms), r in cross.items() if arms == "ON/OFF"} == {3}
+    assert all(cross[size, "ON/OFF"].interval is not None for size in ("8k", "32k", "128k"))
+    native = [cross[size, "NATIVE/OFF"] for size in ("8k", "32k", "128k")]
+    assert all(r.block_pairs == 1 and r.interval is None for r in native)
+    assert all(0.95 < r.median < 1.05 for r in native)
+    assert "256k" not in {o.size for o in merged.run.observations}
+
+
 def test_a_stored_layout_that_differs_is_refused(tmp_path: Path) -> None:
     second = load(H200 / "perf-27b-compiled-s2.json")
     other = copy.deepcopy(second)
