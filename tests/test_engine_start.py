@@ -3,24 +3,14 @@ logged on the H200 (the 27b-compute screening's second session), and the report'
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pytest_sharedkv.stack.engine_start import READY, describe, starts_note, vllm_phases
+from tests.h200_logs import H200, sections
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
-LOG = FIXTURES / "perf-27b-compiled-s2-engine-start.log"
+LOG = H200 / "perf-27b-compiled-s2-engine-start.log"
 
 
 def _sections() -> dict[str, str]:
-    sections: dict[str, list[str]] = {}
-    name = ""
-    for line in LOG.read_text().splitlines():
-        if line.startswith("== "):
-            name = line[3:]
-            sections[name] = []
-        else:
-            sections[name].append(line)
-    return {k: "\n".join(v) for k, v in sections.items()}
+    return sections(LOG)
 
 
 def test_the_phases_of_a_real_compute_engine_start() -> None:
@@ -32,7 +22,7 @@ def test_the_phases_of_a_real_compute_engine_start() -> None:
 def test_the_phases_of_an_engine_with_vllms_own_offloading() -> None:
     """The NATIVE arm's engine (vLLM's OffloadingConnector, 32 GB) on the hybrid
     27b-compute model, from its H200 start: it serves the model, and its phases read alike."""
-    text = (FIXTURES / "native-probe-27b-compute.log").read_text()
+    text = (H200 / "native-probe-27b-compute.log").read_text()
     assert "Creating offloading spec with name: CPUOffloadingSpec" in text
     assert vllm_phases(text) == {"weights": 2.171313, "torch.compile": 93.74,
                                  "profiling/warmup": 90.34, "graph capture": 13.0,

@@ -4,24 +4,14 @@ line."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pytest_sharedkv.stack.offload_traffic import logged_traffic, offload_traffic, traffic_note
+from tests.h200_logs import H200, sections
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
-LOG = FIXTURES / "perf-27b-compiled-native1-engines.log"
+LOG = H200 / "perf-27b-compiled-native1-engines.log"
 
 
 def _sections() -> dict[str, str]:
-    sections: dict[str, list[str]] = {}
-    name = ""
-    for line in LOG.read_text().splitlines():
-        if line.startswith("== "):
-            name = line[3:]
-            sections[name] = []
-        else:
-            sections[name].append(line)
-    return {k: "\n".join(v) for k, v in sections.items()}
+    return sections(LOG)
 
 
 def test_a_native_engine_stored_to_its_cpu_tier_and_never_loaded() -> None:
@@ -35,7 +25,7 @@ def test_a_native_engine_stored_to_its_cpu_tier_and_never_loaded() -> None:
 
 
 def test_no_offloading_line_is_unknown_not_zero() -> None:
-    start = (FIXTURES / "perf-27b-compiled-s2-engine-start.log").read_text()
+    start = (H200 / "perf-27b-compiled-s2-engine-start.log").read_text()
     assert offload_traffic(start) is None  # an engine without the offloading connector
     other = "INFO [metrics.py:103] KV Transfer metrics: lmcache:num_hit_tokens=12"
     assert offload_traffic(other) is None  # another connector's metrics
