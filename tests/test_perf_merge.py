@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.cli.compare.main import main as compare_main
-from pytest_sharedkv.cli.merge import NOT_RECORDED, main
+from pytest_sharedkv.cli.compare.reading import read_report
+from pytest_sharedkv.cli.merge import NOT_RECORDED, main, merge_runs
 from pytest_sharedkv.perf.observations import from_json
 from pytest_sharedkv.perf.statistics import Analysis, analyse
 
@@ -375,6 +376,23 @@ def test_the_native_session_merges_beside_the_three_on_sessions(
     assert all(r.block_pairs == 1 and r.interval is None for r in native)
     assert all(0.95 < r.median < 1.05 for r in native)
     assert "256k" not in {o.size for o in merged.run.observations}
+
+
+def test_the_merged_screening_keeps_model_settings_and_launches(tmp_path: Path) -> None:
+    """merge_runs' own PerfRun (what plots and compare read) holds the served model, the
+    engine settings and every block's launch, in block order; where one run lacks its
+    launches (an older report) the merge carries none rather than misnumber them."""
+    runs = [read_report(p) for p in (*SESSIONS, NATIVE_SESSION)]
+    merged = merge_runs(runs)
+    first = runs[0].perf
+    assert first is not None
+    assert merged.model == first.run.model and merged.model["kind"] == "27b-compute"
+    assert merged.engine_settings == first.run.engine_settings
+    assert [x["arm"] for x in merged.launches] == merged.blocks
+    older = load(SESSIONS[1])
+    del older["perf"]["launches"]
+    mixed = merge_runs([runs[0], read_report(write(tmp_path, "older.json", older))])
+    assert mixed.launches == [] and mixed.model == merged.model
 
 
 def test_a_stored_layout_that_differs_is_refused(tmp_path: Path) -> None:

@@ -53,11 +53,10 @@ from pytest_sharedkv.perf.pairing import (
 
 PROG = "python -m pytest_sharedkv merge-screenings"
 # The engine settings the perf tier records (``perf.engine_settings``, one per run: the
-# flags every launched vLLM got; older reports lack them), and every block's launched
-# processes (``perf.launches``, one entry a block: argv and environment, with ports and
-# paths that change from run to run, so only carried, never compared).
+# flags every launched vLLM got; older reports lack them); every block's launched processes
+# (``perf.launches``: argv and environment, with ports and paths that change from run to
+# run) are only carried, never compared.
 SETTINGS_FIELD = "engine_settings"
-ARGV_FIELD = "launches"
 NOT_RECORDED = "engine flags not recorded"
 RECORDED = "recorded"
 # argv values that change from run to run without changing what is measured
@@ -267,7 +266,14 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
                      # the runs' placement (check_mergeable refused two that differ); a
                      # run that recorded it gives it to one (older) that did not
                      replica_placement=next((r.replica_placement for r in runs
-                                             if r.replica_placement is not None), None))
+                                             if r.replica_placement is not None), None),
+                     # the same in every run (the settings: check_mergeable compared them)
+                     model=dict(runs[0].model),
+                     engine_settings=dict(runs[0].engine_settings),
+                     # each block's launch, where every run kept one entry a block (older
+                     # reports did not: then none, never a list that names the wrong block)
+                     launches=[dict(x) for r in runs for x in r.launches]
+                     if all(len(r.launches) == len(r.blocks) for r in runs) else [])
     for report, run, pairs in zip(reports, runs, layouts, strict=True):
         block = len(merged.blocks)
         pair = merged.block_pairs[-1] + 1 if merged.block_pairs else 0
@@ -316,13 +322,6 @@ def merge_reports(reports: Sequence[Report]) -> dict[str, Any]:
     statuses = [r.data.get("exitstatus", 0) for r in reports]
     out["exitstatus"] = max((s for s in statuses if isinstance(s, int)), default=0)
     out["perf"] = to_json(perf)
-    recorded = [r.data["perf"].get(ARGV_FIELD) for r in reports]
-    if all(isinstance(a, list) and len(a) == len(r.data["perf"].get("blocks", []))
-           for a, r in zip(recorded, reports, strict=True)):  # still one entry a block
-        out["perf"][ARGV_FIELD] = [entry for a in recorded if isinstance(a, list)
-                                   for entry in a]
-    for name in (SETTINGS_FIELD, "model"):  # the same in every run (settings: checked)
-        out["perf"][name] = reports[0].data["perf"].get(name) or {}
     return out
 
 
