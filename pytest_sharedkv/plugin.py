@@ -35,8 +35,11 @@ if TYPE_CHECKING:
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import Bundle, ResultSink
-# The tiers' pytest modules (fixtures, matrix generation), loaded with this plugin.
-pytest_plugins = [
+# The tiers' pytest modules (fixtures, matrix generation), registered with this plugin by
+# module name (pytest_addhooks). Not ``pytest_plugins``: pytest looks each of its names up
+# among every installed distribution's entry points first, a scan per name that cost a
+# project without sharedkv tests about 40 ms of its start-up (benchmarks/startup.py).
+TIER_PLUGINS = (
     "pytest_sharedkv.ordering.fixtures",
     "pytest_sharedkv.packed_page.fixtures",
     "pytest_sharedkv.pinned_pool.fixtures",
@@ -44,7 +47,7 @@ pytest_plugins = [
     "pytest_sharedkv.replica_pair.fixtures",
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
-]
+)
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
 ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
@@ -62,6 +65,8 @@ REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may no
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from pytest_sharedkv import hookspecs
     pluginmanager.add_hookspecs(hookspecs)
+    for name in TIER_PLUGINS:  # -p no:NAME still blocks one, as with pytest_plugins
+        pluginmanager.import_plugin(name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
