@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # The tiers' pytest modules (fixtures, matrix generation), registered with this plugin by
 # module name (pytest_addhooks). Not ``pytest_plugins``: pytest looks each of its names up
 # among every installed distribution's entry points first, a scan per name that cost a
-# project without sharedkv tests about 40 ms of its start-up (benchmarks/startup.py).
+# project without sharedkv tests about 30 ms of CPU a start (benchmarks/startup.py).
 TIER_PLUGINS = (
     "pytest_sharedkv.ordering.fixtures",
     "pytest_sharedkv.packed_page.fixtures",

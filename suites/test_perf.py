@@ -75,8 +75,7 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
                 f"{accounting.settle_s:.1f} s)")
     launched = [note for note in (starts_note(run.launches), traffic_note(run.launches))
                 if note]
-    for line in [*run.notes, *launched, overhead,
-                 _plots(run, sharedkv_settings)]:
+    for line in [*run.notes, *launched, overhead, _plots(run, sharedkv_settings)]:
         sharedkv_results.note(TIER, line)
     refusals = _refusals(run, runner)
     if refusals:

@@ -18,15 +18,14 @@ PERF_SCHEMA = "pytest-sharedkv-perf/1"
 # allocator); NATIVE: vLLM's native CPU offloading.
 ARMS = (CONTROL_ARM, *TREATMENT_ARMS)
 STEPS = STEP_NAMES
+# window-N: N alternating sessions at once (throughput screening), kept apart from the
+# plain placements so their wall times never mix
+PLACEMENTS = ("fixed", "alternating", "window-4", "window-8")
 
 
 def arm_order(arm: str) -> int:
     """ARMS' order (OFF, ON, NATIVE), an arm it does not know last."""
     return ARMS.index(arm) if arm in ARMS else len(ARMS)
-
-# window-N: N alternating sessions at once (throughput screening), kept apart from the
-# plain placements so their wall times never mix
-PLACEMENTS = ("fixed", "alternating", "window-4", "window-8")
 
 
 class PerfReportError(ValueError):
