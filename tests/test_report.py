@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_sharedkv.report.json_report import write_or_fallback
-from pytest_sharedkv.report.records import Bundle, Check
+from pytest_sharedkv.report.records import (
+    KINDS,
+    ROLES,
+    STATUSES,
+    Bundle,
+    Check,
+    Kind,
+    Note,
+    Role,
+    Status,
+)
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.report.run_log import TestResult as Result
 from pytest_sharedkv.report.terminal import TableSpec, check_table
@@ -217,3 +229,43 @@ def test_one_verdict_line_ends_the_summary() -> None:
     assert summary_lines(stopped)[-1] == (
         "sharedkv: INCOMPLETE \N{EM DASH} 1 passed; 1 test without an outcome "
         "(KeyboardInterrupt: SIGTERM)")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _committed_records() -> list[tuple[str, dict[str, Any]]]:
+    """(list name, record) of every record with a kind in the committed reports."""
+    out = []
+    for path in sorted(FIXTURES.rglob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("schema") == "pytest-sharedkv/1":
+            out += [(name, r) for name in ("checks", "notes") for r in data[name] if "kind" in r]
+    return out
+
+
+def test_records_read_and_written_keep_the_committed_json_byte_for_byte() -> None:
+    """Kinds, statuses and roles are words (enums) inside; what the reports hold, and what
+    crosses xdist, is their text, unchanged."""
+    records = _committed_records()
+    assert len(records) > 500
+    for name, record in records:
+        made = (Check(**record) if name == "checks" else Note(**record)).to_data()
+        assert json.dumps(made) == json.dumps(record)
+        assert all(type(v) is str for k, v in made.items() if k in ("kind", "status", "role"))
+    check = Check("t", {}, 1, 2, kind="leak")
+    assert (check.kind, check.status, check.role) == (Kind.LEAK, Status.FAIL, Role.CHECK)
+    assert check.kind == "leak" and f"{check.status}" == "fail" and str(check.role) == "check"
+    data = Bundle(checks=[check], notes=[Note("t", "x", status=Status.VOID)]).to_data()
+    assert [type(data[n][0][k]) for n in ("checks", "notes") for k in ("kind", "status")] == \
+        [str] * 4
+
+
+@pytest.mark.parametrize(("field", "value"), [("kind", "lek"), ("status", "VOID"),
+                                              ("role", "control-ish")])
+def test_a_word_a_record_does_not_know_is_refused_naming_the_words(field: str,
+                                                                   value: str) -> None:
+    words = {"kind": KINDS, "status": STATUSES, "role": ROLES}[field]
+    given: dict[str, Any] = {field: value}
+    with pytest.raises(ValueError, match=rf"^{field} must be one of {re.escape(str(words))}"):
+        Check("t", {}, 1, 1, **given)

@@ -67,8 +67,8 @@ def build(log: RunLog, environment: dict[str, Any], exitstatus: int | None,
         "tests": [{k: v for k, v in asdict(r).items() if k != "categories"}
                   for r in log.tests.values()],
         "collection": [{"nodeid": n, "outcome": c, "message": m} for n, c, m in log.collection],
-        "checks": [asdict(c) for c in log.bundle.checks],
-        "notes": [asdict(n) for n in log.bundle.notes],
+        "checks": [c.to_data() for c in log.bundle.checks],
+        "notes": [n.to_data() for n in log.bundle.notes],
         "facts": [asdict(f) for f in log.bundle.facts],
         **perf,  # the perf tier's screening (pytest_sharedkv.perf.observations.PerfRun)
     }

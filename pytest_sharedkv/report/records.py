@@ -9,42 +9,81 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
-ROLES = ("control", "negative-control", "under-test", "check")
-# A record's kind: what it found wrong or, when it found nothing wrong, what it checks.
-# ``compare`` reads kind and status, never the message, so rewording a message cannot
-# change a verdict.
-KINDS = (
-    "check",  # a cell whose passed/trials is the whole verdict (the default)
-    "gate",  # the service tier's sensitivity gate (the negative control of a launched run)
-    "divergence",  # an answer that is not the right one
-    "leak",  # a cold request that hit a cache: namespaces are not separate
-    "hits",  # hits that are not the kind or number a step may have
-    "hits-unknown",  # the engine reports no hit counter, so hits cannot be accounted
-    "audit-mismatch",  # KV bytes B loaded differ from what A stored (the in-engine audit)
-    "protocol",  # an OpenAI-protocol property clients depend on
-    "session",  # a multi-turn session (exact answers, hits)
-    "error",  # a request or process failed, so nothing was judged
-    "model-sensitivity",  # the copy model's corruption matrix
-    "ordering",  # a stream-ordering probe cell
-    "bytes",  # a byte-exact KV round trip (packed_page, the transfer pair)
-    "pinned",  # a pinned-pool allocation route
-    "triage",  # a triage cell (pass: its control removed the fault; fail: it showed again)
-    "triage-verdict",  # the class of fault the triage's cells name
-    "note",  # a note's default: it judges nothing
-)
-# pass/fail: whether the record's checks held (for an ordering negative control under
-# delay a fail is what shows the probe is sensitive: read ``role``); void: the record
-# proves nothing (the gate or delay never acted); confounded: the gate's corruption may
-# have been undone by the fault under test; unproven: nothing could be injected; xfail: a
-# combination refused by design; unknown: a counter the verdict needs could not be read;
-# info: recorded, judges nothing (warm-ups, notes). A record's ``status`` is the one place
-# a reader learns this: ``detail`` may carry a tier's own finer word (the gate's
-# "proven"/"VOID"/"CONFOUNDED"), but no verdict is read from it.
-STATUSES = ("pass", "fail", "void", "confounded", "unproven", "unknown", "xfail", "info")
+
+class Word(str, Enum):
+    """A record's word: a ``str`` that compares, hashes and serialises as its text, so the
+    JSON and every reader that compares with a string see what they saw before."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Role(Word):
+    """Whether the thing a record checked is a control, the negative control or the thing
+    under test."""
+
+    CONTROL = "control"
+    NEGATIVE_CONTROL = "negative-control"
+    UNDER_TEST = "under-test"
+    CHECK = "check"
+
+
+class Kind(Word):
+    """What a record found wrong or, when it found nothing wrong, what it checks.
+    ``compare`` reads kind and status, never the message, so rewording a message cannot
+    change a verdict."""
+
+    CHECK = "check"  # a cell whose passed/trials is the whole verdict (the default)
+    GATE = "gate"  # the service tier's sensitivity gate (the negative control of a launched run)
+    DIVERGENCE = "divergence"  # an answer that is not the right one
+    LEAK = "leak"  # a cold request that hit a cache: namespaces are not separate
+    HITS = "hits"  # hits that are not the kind or number a step may have
+    HITS_UNKNOWN = "hits-unknown"  # the engine reports no hit counter: hits cannot be counted
+    AUDIT_MISMATCH = "audit-mismatch"  # KV bytes B loaded differ from what A stored
+    PROTOCOL = "protocol"  # an OpenAI-protocol property clients depend on
+    SESSION = "session"  # a multi-turn session (exact answers, hits)
+    ERROR = "error"  # a request or process failed, so nothing was judged
+    MODEL_SENSITIVITY = "model-sensitivity"  # the copy model's corruption matrix
+    ORDERING = "ordering"  # a stream-ordering probe cell
+    BYTES = "bytes"  # a byte-exact KV round trip (packed_page, the transfer pair)
+    PINNED = "pinned"  # a pinned-pool allocation route
+    TRIAGE = "triage"  # a triage cell (pass: its control removed the fault; fail: it showed)
+    TRIAGE_VERDICT = "triage-verdict"  # the class of fault the triage's cells name
+    NOTE = "note"  # a note's default: it judges nothing
+
+
+class Status(Word):
+    """pass/fail: whether the record's checks held (for an ordering negative control under
+    delay a fail is what shows the probe is sensitive: read ``role``); void: the record
+    proves nothing (the gate or delay never acted); confounded: the gate's corruption may
+    have been undone by the fault under test; unproven: nothing could be injected; xfail: a
+    combination refused by design; unknown: a counter the verdict needs could not be read;
+    info: recorded, judges nothing (warm-ups, notes). A record's ``status`` is the one place
+    a reader learns this: ``detail`` may carry a tier's own finer word (the gate's
+    "proven"/"VOID"/"CONFOUNDED"), but no verdict is read from it."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    VOID = "void"
+    CONFOUNDED = "confounded"
+    UNPROVEN = "unproven"
+    UNKNOWN = "unknown"
+    XFAIL = "xfail"
+    INFO = "info"
+
+
+ROLES = tuple(r.value for r in Role)
+KINDS = tuple(k.value for k in Kind)
+STATUSES = tuple(s.value for s in Status)
 # When one record found several things, the kind it carries (the first here wins).
 PRECEDENCE = ("leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
+W = TypeVar("W", bound=Word)
 
 
 def worst_kind(kinds: Iterable[str], default: str) -> str:
@@ -53,11 +92,18 @@ def worst_kind(kinds: Iterable[str], default: str) -> str:
     return next((k for k in PRECEDENCE if k in found), default)
 
 
-def _valid(kind: str, status: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    if status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+def _word(cls: type[W], value: W | str, what: str) -> W:
+    """VALUE as a member of CLS; ValueError naming WHAT and the words it may be."""
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{what} must be one of {tuple(w.value for w in cls)}, not "
+                         f"{value!r}") from None
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    """RECORD's fields as plain data (a word as its text): what xdist and JSON carry."""
+    return {k: v.value if isinstance(v, Word) else v for k, v in asdict(record).items()}
 
 
 class Problem(str):
@@ -76,36 +122,40 @@ def kinds_of(problems: Iterable[str]) -> list[str]:
     return [p.kind for p in problems if isinstance(p, Problem)]
 
 
-@dataclass
+@dataclass(init=False)
 class Check:
     """One cell of a tier's matrix: ``passed`` of ``trials`` checks held.
 
     ``key`` names the cell (e.g. target, direction, size, delay); ``role`` says whether
     the thing checked is a control, the negative control or the thing under test;
     ``detail`` carries the evidence (first mismatching offset, bytes, timings); ``kind``
-    and ``status`` (see KINDS, STATUSES) are what a reader judges by. An empty status is
-    pass when every trial held, else fail.
+    and ``status`` are what a reader judges by. They are given as words or their text
+    and always held as words; an empty status is pass when every trial held, else fail.
     """
 
     tier: str
     key: dict[str, str]
     passed: int
     trials: int
-    role: str = "check"
+    role: Role = Role.CHECK
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
     nodeid: str = ""
-    kind: str = "check"
-    status: str = ""
+    kind: Kind = Kind.CHECK
+    status: Status = Status.PASS
 
-    def __post_init__(self) -> None:
-        if not self.status:
-            self.status = "pass" if self.ok else "fail"
-        _valid(self.kind, self.status)
-        if self.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
-        if not 0 <= self.passed <= self.trials:
-            raise ValueError(f"passed={self.passed} must lie in 0..trials={self.trials}")
+    def __init__(self, tier: str, key: dict[str, str], passed: int, trials: int,
+                 role: Role | str = Role.CHECK, message: str = "",
+                 detail: dict[str, Any] | None = None, nodeid: str = "",
+                 kind: Kind | str = Kind.CHECK, status: Status | str = "") -> None:
+        self.tier, self.key, self.passed, self.trials = tier, key, passed, trials
+        self.message, self.detail, self.nodeid = message, {} if detail is None else detail, nodeid
+        self.kind = _word(Kind, kind, "kind")
+        self.status = _word(Status, status or (Status.PASS if self.ok else Status.FAIL),
+                            "status")
+        self.role = _word(Role, role, "role")
+        if not 0 <= passed <= trials:
+            raise ValueError(f"passed={passed} must lie in 0..trials={trials}")
 
     @property
     def ok(self) -> bool:
@@ -114,10 +164,13 @@ class Check:
     @property
     def void(self) -> bool:
         """The record proves nothing (its probe, gate or audit could not have seen a fault)."""
-        return self.status == "void"
+        return self.status is Status.VOID
+
+    def to_data(self) -> dict[str, Any]:
+        return _plain(self)
 
 
-@dataclass
+@dataclass(init=False)
 class Note:
     """A line a tier wants under its table (a verdict, a sensitivity warning, a rate)."""
 
@@ -125,11 +178,17 @@ class Note:
     text: str
     level: str = "info"  # info | warning | verdict
     nodeid: str = ""
-    kind: str = "note"
-    status: str = "info"  # void: the note says a result proves nothing
+    kind: Kind = Kind.NOTE
+    status: Status = Status.INFO  # void: the note says a result proves nothing
 
-    def __post_init__(self) -> None:
-        _valid(self.kind, self.status)
+    def __init__(self, tier: str, text: str, level: str = "info", nodeid: str = "",
+                 kind: Kind | str = Kind.NOTE, status: Status | str = Status.INFO) -> None:
+        self.tier, self.text, self.level, self.nodeid = tier, text, level, nodeid
+        self.kind = _word(Kind, kind, "kind")
+        self.status = _word(Status, status, "status")
+
+    def to_data(self) -> dict[str, Any]:
+        return _plain(self)
 
 
 @dataclass
@@ -152,8 +211,8 @@ class Bundle:
 
     def to_data(self) -> dict[str, list[dict[str, Any]]]:
         return {
-            "checks": [asdict(c) for c in self.checks],
-            "notes": [asdict(n) for n in self.notes],
+            "checks": [c.to_data() for c in self.checks],
+            "notes": [n.to_data() for n in self.notes],
             "facts": [asdict(f) for f in self.facts],
         }
 
@@ -185,11 +244,11 @@ class ResultSink:
         passed: int,
         trials: int,
         *,
-        role: str = "check",
+        role: Role | str = Role.CHECK,
         message: str = "",
         detail: dict[str, Any] | None = None,
-        kind: str = "check",
-        status: str = "",
+        kind: Kind | str = Kind.CHECK,
+        status: Status | str = "",
     ) -> Check:
         record = Check(
             tier=tier, key=dict(key), passed=passed, trials=trials, role=role,
@@ -199,8 +258,8 @@ class ResultSink:
         self.bundle.checks.append(record)
         return record
 
-    def note(self, tier: str, text: str, level: str = "info", *, kind: str = "note",
-             status: str = "info") -> Note:
+    def note(self, tier: str, text: str, level: str = "info", *, kind: Kind | str = Kind.NOTE,
+             status: Status | str = Status.INFO) -> Note:
         record = Note(tier=tier, text=text, level=level, nodeid=self.nodeid, kind=kind,
                       status=status)
         self.bundle.notes.append(record)
