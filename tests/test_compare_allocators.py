@@ -37,8 +37,8 @@ def _report(allocator: str, failing: str = "", ordering: bool = True) -> dict[st
                                "size": "3k", "step": "chain", "case": failing},
                        "passed": 0, "trials": 1})
     tiers: dict[str, Any] = {"service_regression": {}, **({"ordering": {}} if ordering else {})}
-    return {"schema": "pytest-sharedkv/1", "tests": tests, "checks": checks, "tiers": tiers,
-            "environment": {"settings": {"allocators": [allocator]}}}
+    return {"schema": "pytest-sharedkv/1", "tests": tests, "checks": checks, "notes": [],
+            "tiers": tiers, "environment": {"settings": {"allocators": [allocator]}}}
 
 
 def _compare(tmp_path: Path, capsys: pytest.CaptureFixture[str], before: dict[str, Any],

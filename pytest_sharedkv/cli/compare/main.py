@@ -15,7 +15,13 @@ from pytest_sharedkv.cli.compare.correctness import differences
 from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER, flag_differences
 from pytest_sharedkv.cli.compare.kernels import lost_kernels
 from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS, placement_difference
-from pytest_sharedkv.cli.compare.reading import CompareError, Report, comparable, read_report
+from pytest_sharedkv.cli.compare.reading import (
+    CompareError,
+    Report,
+    comparable,
+    read_report,
+    same_line,
+)
 from pytest_sharedkv.cli.compare.rendering import report_lines
 
 DEFAULT_MAX_REGRESSION = "10%"
@@ -69,7 +75,8 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
                                 changes=changes, sessions=sessions, flags=flags,
                                 placement=moved, blocked=blocked,
                                 switched=switch_line(found) if found is not None else "",
-                                arms=speed.arms_line(before.perf, after.perf))
+                                arms=speed.arms_line(before.perf, after.perf),
+                                same=same_line(before, after))
 
 
 def main(argv: Sequence[str]) -> int:

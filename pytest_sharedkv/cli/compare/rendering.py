@@ -98,14 +98,15 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
                  sessions: Sequence[Change], flags: Sequence[str] = (),
                  placement: tuple[str, str] | None = None, blocked: Sequence[str] = (),
-                 switched: str = "", arms: str = "") -> list[str]:
+                 switched: str = "", arms: str = "", same: str = "") -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
     differ; BLOCKED: the differences that keep speed from being judged (FLAGS DIFFER
     unless --allow-flag-change, PLACEMENT DIFFERS unless --allow-placement-change);
     SWITCHED: the allocator switch BEFORE was read across, if any; ARMS: the perf arms
-    only one side screened, if any (CHANGES and SESSIONS hold the shared arms only)."""
+    only one side screened, if any (CHANGES and SESSIONS hold the shared arms only); SAME:
+    the line that says BEFORE and AFTER are one report, if they are."""
     every = [*changes, *sessions]
     regressions = [] if blocked else speed.regressions(every, limit)
     missing = speed.missing(every)
@@ -124,6 +125,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
              f"- BEFORE: {_identity(before)}", f"- AFTER: {_identity(after)}",
              kernel_line(before, after), "",
              "; ".join([result, *_noise_notes(every, limit)]), ""]
+    if same:
+        lines += [same, ""]
     b_tiers, a_tiers = tiers(before), tiers(after)
     if b_tiers and a_tiers and b_tiers != a_tiers:
         only = [f"only {side} ran {', '.join(sorted(mine - theirs))}" for side, mine, theirs
