@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.cli.compare.main import main, max_regression
-from pytest_sharedkv.cli.compare.speed import Change, Stat
+from pytest_sharedkv.cli.compare.speed import Change, Stat, Verdict, regressions
 from pytest_sharedkv.perf.observations import PerfRun, from_json, to_json
 from tests.perf_arms import with_native_pair
 
@@ -295,6 +295,22 @@ def test_two_h200_runs_of_the_same_software_are_not_a_regression() -> None:
     assert "| +34.6% | slower +34.6%, not judged: BEFORE 2, AFTER 1 block pairs (the t-test " \
         "needs >= 2 on each side) |" in row
     assert out.stdout.count("slower +") == 4 and out.stdout.count("faster -") == 9
+
+
+def test_the_verdict_is_a_word_the_text_is_rendered_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What fails a compare is the verdict (``judge``), not its text: rewording the text
+    of every verdict changes no exit status and no regression count."""
+    steady = Change(("8k", "ON", "cross"), _stat(1.0, 0.99, 1.01, 1.0), _stat(1.2, 1.19, 1.21))
+    noisy = Change(("8k", "ON", "cross"), _stat(1.0, 0.9, 1.1, 1.0), _stat(1.2, 0.8, 1.6, 1.2))
+    lone = Change(("x",), _stat(1.0, 1.0, 1.01), _stat(1.5, 1.5))
+    gone = Change(("x",), _stat(1.0, 1.0, 1.01), None)
+    judged = [c.judge(0.10) for c in (steady, noisy, lone, gone)]
+    assert judged == [Verdict.REGRESSION, Verdict.WITHIN_NOISE, Verdict.NOT_JUDGED,
+                      Verdict.MISSING]
+    monkeypatch.setattr(Change, "verdict", lambda self, limit: "reworded")
+    assert [c.failed(0.10) for c in (steady, noisy, lone, gone)] == [True, False, False, True]
+    assert regressions([steady, noisy, lone, gone], 0.10) == [steady]
 
 
 def _stat(median: float, *per_pair: float) -> Stat:

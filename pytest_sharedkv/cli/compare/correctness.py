@@ -4,30 +4,17 @@ screening's refused pairings, results below the floor and partial pool hits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from pytest_sharedkv.cli.compare.finding import Finding, Found
 from pytest_sharedkv.cli.compare.legacy import legacy_check_kind, legacy_note_kind
 from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.perf.floor import invalid
 from pytest_sharedkv.perf.hits import full_hit_tokens, partial_hits
 from pytest_sharedkv.perf.tables import seconds
+from pytest_sharedkv.report.records import Kind, Status
 
-FAILED = ("failed", "error")
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str  # failed | error | unfinished | lost | VOID | CONFOUNDED | divergence | ...
-    subject: str  # the test id, or the record's tier and key
-    message: str
-    # the tier of the test or record it is about (None: the run, a collection error, a
-    # note or the perf screening), which says whether BEFORE's tier can be its baseline
-    tier: str | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.kind, self.subject
+FAILED = {"failed": Found.FAILED, "error": Found.ERROR}  # a test's outcome that fails it
 
 
 def _short(text: object, limit: int = 240) -> str:
@@ -37,28 +24,29 @@ def _short(text: object, limit: int = 240) -> str:
 
 # What a failed record of each kind is called in the compare (the other kinds' failures,
 # protocol, bytes, ordering ..., fail their test, which the compare lists by test id).
-FAILED_KINDS = {"leak": "namespace leak", "divergence": "divergence",
-                "hits": "hit accounting", "hits-unknown": "hit accounting",
-                "audit-mismatch": "KV audit mismatch"}
-STATUS_FINDINGS = {"void": "VOID", "confounded": "CONFOUNDED"}
+FAILED_KINDS = {Kind.LEAK: Found.LEAK, Kind.DIVERGENCE: Found.DIVERGENCE,
+                Kind.HITS: Found.HITS, Kind.HITS_UNKNOWN: Found.HITS,
+                Kind.AUDIT_MISMATCH: Found.AUDIT_MISMATCH}
+STATUS_FINDINGS = {Status.VOID: Found.VOID, Status.CONFOUNDED: Found.CONFOUNDED}
 
 
-def _check_kind(check: dict[str, Any]) -> str | None:
-    """The finding a check record makes, from its kind and status only."""
+def _check_kind(check: dict[str, Any]) -> Found | None:
+    """The finding a check record makes, from its kind and status only (schema.validate
+    made sure a record with a kind has a status, both words this plugin knows)."""
     if "kind" not in check:
         return legacy_check_kind(check)
-    status = check.get("status")
+    status = Status(check["status"])
     if status in STATUS_FINDINGS:
-        return STATUS_FINDINGS[str(status)]
-    if status == "fail":
-        return FAILED_KINDS.get(str(check.get("kind")))
+        return STATUS_FINDINGS[status]
+    if status is Status.FAIL:
+        return FAILED_KINDS.get(Kind(check["kind"]))
     return None
 
 
-def _note_kind(note: dict[str, Any]) -> str | None:
+def _note_kind(note: dict[str, Any]) -> Found | None:
     if "status" not in note:
         return legacy_note_kind(note)
-    return STATUS_FINDINGS.get(str(note.get("status")))
+    return STATUS_FINDINGS.get(Status(note["status"]))
 
 
 def _record(check: dict[str, Any]) -> str:
@@ -76,7 +64,7 @@ def findings(report: Report) -> list[Finding]:
     data = report.data
     found: list[Finding] = []
     if data.get("interrupted"):
-        found.append(Finding("interrupted", "the run", _short(data["interrupted"])))
+        found.append(Finding(Found.INTERRUPTED, "the run", _short(data["interrupted"])))
     outcomes = {}
     for test in data.get("tests", []):
         if not isinstance(test, dict):
@@ -84,14 +72,14 @@ def findings(report: Report) -> list[Finding]:
         nodeid, outcome = str(test.get("nodeid", "?")), test.get("outcome")
         outcomes[nodeid] = outcome
         if outcome in FAILED:
-            found.append(Finding(str(outcome), nodeid, _short(test.get("message", "")),
+            found.append(Finding(FAILED[outcome], nodeid, _short(test.get("message", "")),
                                  str(test.get("tier"))))
         elif outcome is None:
-            found.append(Finding("unfinished", nodeid, "the test never reported an outcome",
+            found.append(Finding(Found.UNFINISHED, nodeid, "the test never reported an outcome",
                                  str(test.get("tier"))))
     for entry in data.get("collection", []):
         if isinstance(entry, dict) and entry.get("outcome") in (*FAILED, "errors"):
-            found.append(Finding("collection error", str(entry.get("nodeid", "?")),
+            found.append(Finding(Found.COLLECTION_ERROR, str(entry.get("nodeid", "?")),
                                  _short(entry.get("message", ""))))
     for check in data.get("checks", []):
         if not isinstance(check, dict) or outcomes.get(str(check.get("nodeid"))) == "xfailed":
@@ -107,12 +95,12 @@ def findings(report: Report) -> list[Finding]:
                                  _short(note.get("text", ""))))
     if report.perf is not None:
         for refusal in report.perf.pairing.refusals:
-            found.append(Finding("perf pairing refused", f"request {refusal.request} block "
+            found.append(Finding(Found.PAIRING_REFUSED, f"request {refusal.request} block "
                                  f"{refusal.block} arm {refusal.arm}", refusal.reason))
         if report.perf.run.floor is not None:
             for o in invalid(report.perf.run.observations, report.perf.run.floor):
                 found.append(Finding(
-                    "INVALID (below floor)", f"request {o.request} block {o.block} arm {o.arm}",
+                    Found.BELOW_FLOOR, f"request {o.request} block {o.block} arm {o.arm}",
                     f"cross-replica TTFT {seconds(o.ttft_s)} s < floor "
                     f"{seconds(report.perf.run.floor.seconds(o.prompt_tokens))} s: the "
                     "receiver's own prefix cache answered"))
@@ -120,7 +108,7 @@ def findings(report: Report) -> list[Finding]:
         for o in partial_hits(run.observations, run.chunk_tokens):
             chunk = run.chunk_tokens or 0
             found.append(Finding(
-                "PARTIAL pool hit", f"request {o.request} block {o.block} arm {o.arm}",
+                Found.PARTIAL_HIT, f"request {o.request} block {o.block} arm {o.arm}",
                 f"cross-replica request found {o.cached_tokens:,} of {o.prompt_tokens:,} "
                 f"prompt tokens in a cache, a full hit is "
                 f"{full_hit_tokens(o.prompt_tokens, chunk):,}: its TTFT includes a "
@@ -128,16 +116,19 @@ def findings(report: Report) -> list[Finding]:
     return list({f.key: f for f in found}.values())
 
 
-DIAGNOSTIC_KINDS = frozenset({"triage"})  # records that explain a fault, not claim correctness
+# records that explain a fault, not claim correctness
+DIAGNOSTIC_KINDS: frozenset[Kind | None] = frozenset({Kind.TRIAGE})
 
 
 def _diagnostic_tests(report: Report) -> set[str]:
     """Tests whose every record is a diagnostic (the triage of a diverging pair): their pass
-    says a diagnosis ran, so one that does not run later (nothing diverged) is not lost."""
-    kinds: dict[str, set[str]] = {}
+    says a diagnosis ran, so one that does not run later (nothing diverged) is not lost. A
+    record without a kind (an older report) is no diagnostic."""
+    kinds: dict[str, set[Kind | None]] = {}
     for check in report.data.get("checks", []):
         if isinstance(check, dict) and check.get("nodeid"):
-            kinds.setdefault(str(check["nodeid"]), set()).add(str(check.get("kind")))
+            kind = Kind(check["kind"]) if "kind" in check else None
+            kinds.setdefault(str(check["nodeid"]), set()).add(kind)
     return {nodeid for nodeid, found in kinds.items() if found <= DIAGNOSTIC_KINDS}
 
 
@@ -158,7 +149,7 @@ def lost_tests(before: Report, after: Report) -> list[Finding]:
         if mine is None or outcome in ("skipped", "xfailed", "deselected"):
             why = "not in AFTER" if mine is None else \
                 f"{outcome} in AFTER: {_short(mine.get('message', ''))}"
-            lost.append(Finding("lost", nodeid, f"passed in BEFORE, {why}"))
+            lost.append(Finding(Found.LOST, nodeid, f"passed in BEFORE, {why}"))
     return lost
 
 
@@ -166,7 +157,7 @@ def void_tiers(report: Report) -> set[str]:
     """Tiers in which REPORT proved nothing: a record of status void (a sensitivity gate
     whose hook never reached the server, an insensitive probe)."""
     return {str(c.get("tier")) for c in report.data.get("checks", [])
-            if isinstance(c, dict) and c.get("status") == "void"}
+            if isinstance(c, dict) and c.get("status") == Status.VOID}
 
 
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:

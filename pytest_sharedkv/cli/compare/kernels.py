@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_sharedkv.cli.compare.correctness import Finding
+from pytest_sharedkv.cli.compare.finding import Finding, Found
 from pytest_sharedkv.cli.compare.reading import Report, environment_of
 
 COMPILED = "compiled"
@@ -44,6 +44,6 @@ def lost_kernels(before: Report, after: Report) -> list[Finding]:
     if b is None or a is None or b.get("kernel_path") != COMPILED \
             or a.get("kernel_path") == COMPILED:
         return []
-    return [Finding("kernel path lost", f"LMCache {b.get('version')} -> {a.get('version')}",
+    return [Finding(Found.KERNEL_PATH_LOST, f"LMCache {b.get('version')} -> {a.get('version')}",
                     f"BEFORE ran LMCache's compiled kernels ({b.get('kernel_module')}); "
                     f"AFTER runs {kernel_words(a)}")]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_sharedkv.cli.compare.finding import Found
+
 SERVICE = "service_regression"
 NOT_STEP_TOTALS = ("gate", "session", "protocol", "model", "warm-up")
 
 
-def legacy_check_kind(check: dict[str, Any]) -> str | None:
+def legacy_check_kind(check: dict[str, Any]) -> Found | None:
     """A check record without a kind (an older report), read by the text rule the compare
     used before records had one. Only for such records; never for a current report."""
     key = check.get("key") or {}
@@ -21,18 +23,18 @@ def legacy_check_kind(check: dict[str, Any]) -> str | None:
         return None
     lower = message.lower()
     if status == "VOID" or message.startswith("VOID") or "VOID:" in message:
-        return "VOID"
+        return Found.VOID
     if "leak" in lower:
-        return "namespace leak"
+        return Found.LEAK
     if "divergen" in lower or (key.get("step") == "chain" and
                                check.get("passed") != check.get("trials")):
-        return "divergence"
+        return Found.DIVERGENCE
     if (check.get("tier") == SERVICE and message and key.get("size") not in NOT_STEP_TOTALS
             and key.get("step") != "chain"):
-        return "hit accounting"
+        return Found.HITS
     return None
 
 
-def legacy_note_kind(note: dict[str, Any]) -> str | None:
+def legacy_note_kind(note: dict[str, Any]) -> Found | None:
     """A note without a status (an older report): VOID when its text says so."""
-    return "VOID" if "VOID" in str(note.get("text", "")) else None
+    return Found.VOID if "VOID" in str(note.get("text", "")) else None

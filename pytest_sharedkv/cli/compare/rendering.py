@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from pytest_sharedkv.cli.compare import speed
-from pytest_sharedkv.cli.compare.correctness import Finding, void_tiers
+from pytest_sharedkv.cli.compare.correctness import void_tiers
+from pytest_sharedkv.cli.compare.finding import Finding
 from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER
 from pytest_sharedkv.cli.compare.kernels import kernel_line
 from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS
@@ -25,11 +26,9 @@ def _verdict(change: Change, limit: float, blocked: Sequence[str]) -> str:
     """The cell's verdict; where BLOCKED names differences that keep speed from being
     judged (FLAGS DIFFER, PLACEMENT DIFFERS), a change the block pairs tell from noise is
     shown, not judged."""
-    verdict = change.verdict(limit)
-    if not blocked or verdict not in ("REGRESSION", "faster"):
-        return verdict
-    return f"{'slower' if verdict == 'REGRESSION' else 'faster'} {_percent(change)}, not " \
-        f"judged: {', '.join(blocked)}"
+    if not blocked or change.judge(limit) not in speed.JUDGED:
+        return change.verdict(limit)
+    return f"{change.direction()}, not judged: {', '.join(blocked)}"
 
 
 def _rows(changes: Sequence[Change], limit: float, blocked: Sequence[str] = ()

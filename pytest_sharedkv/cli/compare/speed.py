@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from pytest_sharedkv.perf.observations import arm_order
 from pytest_sharedkv.perf.significance import MIN_PAIRS, Welch, welch
@@ -21,6 +22,23 @@ class Stat:
 
     def __str__(self) -> str:
         return f"{seconds(self.median)} ({behind(self.n, self.pairs)})"
+
+
+class Verdict(Enum):
+    """A cell's verdict: what the RESULT line, the exit status and the table act on; its
+    words are rendered from it (``Change.verdict``)."""
+
+    OK = "ok"  # within the limit
+    MISSING = "MISSING in AFTER"
+    NEW = "new in AFTER"
+    REGRESSION = "REGRESSION"  # slower beyond the limit and beyond the noise
+    FASTER = "faster"  # faster beyond the limit and beyond the noise
+    WITHIN_NOISE = "within noise"  # beyond the limit; the block pairs cannot tell it
+    NOT_JUDGED = "not judged"  # beyond the limit; too few block pairs for the t-test
+
+
+JUDGED = (Verdict.REGRESSION, Verdict.FASTER)  # beyond the limit and the noise
+FAILING = (Verdict.REGRESSION, Verdict.MISSING)
 
 
 @dataclass(frozen=True)
@@ -57,39 +75,54 @@ class Change:
         change = self.relative
         return change is not None and abs(change) > limit
 
-    def verdict(self, limit: float) -> str:
-        """ok; REGRESSION or faster (beyond LIMIT and beyond the noise); slower/faster
-        within noise or not judged (beyond LIMIT, too few block pairs to tell)."""
+    def judge(self, limit: float) -> Verdict:
+        """OK; REGRESSION or FASTER (beyond LIMIT and beyond the noise); WITHIN_NOISE or
+        NOT_JUDGED (beyond LIMIT, the block pairs cannot tell it or are too few)."""
         if self.after is None:
-            return "MISSING in AFTER"
+            return Verdict.MISSING
         if self.before is None:
-            return "new in AFTER"
+            return Verdict.NEW
         change = self.relative
         if change is None or not self.beyond(limit):
-            return "ok"
-        direction = f"{'slower' if change > 0 else 'faster'} {change:+.1%}"
+            return Verdict.OK
         test = self.test()
         if test is None:
-            return (f"{direction}, not judged: BEFORE {self.before.pairs}, AFTER "
+            return Verdict.NOT_JUDGED
+        if not self.significant(test):
+            return Verdict.WITHIN_NOISE
+        return Verdict.REGRESSION if change > 0 else Verdict.FASTER
+
+    def direction(self) -> str:
+        """"slower +12.0%" or "faster -12.0%" ("" where there is no change to tell)."""
+        change = self.relative
+        return "" if change is None else f"{'slower' if change > 0 else 'faster'} {change:+.1%}"
+
+    def verdict(self, limit: float) -> str:
+        """The verdict in words: ``judge``'s, with the change and the evidence where the
+        block pairs could not judge it."""
+        verdict = self.judge(limit)
+        if verdict is Verdict.NOT_JUDGED:
+            assert self.before is not None and self.after is not None
+            return (f"{self.direction()}, not judged: BEFORE {self.before.pairs}, AFTER "
                     f"{self.after.pairs} block pairs (the t-test needs >= {MIN_PAIRS} on "
                     "each side)")
-        if not self.significant(test):
-            return f"{direction}, within noise ({test.describe(slower=change > 0)})"
-        return "REGRESSION" if change > 0 else "faster"
+        if verdict is Verdict.WITHIN_NOISE:
+            test = self.test()
+            assert test is not None and self.relative is not None
+            return f"{self.direction()}, within noise " \
+                f"({test.describe(slower=self.relative > 0)})"
+        return str(verdict.value)
 
     def failed(self, limit: float) -> bool:
-        return self.verdict(limit) in ("REGRESSION", "MISSING in AFTER")
+        return self.judge(limit) in FAILING
 
     def not_judged(self, limit: float) -> bool:
         """Beyond LIMIT, and the t-test cannot run (too few block pairs on a side)."""
-        return self.before is not None and self.after is not None and \
-            self.beyond(limit) and self.test() is None
+        return self.judge(limit) is Verdict.NOT_JUDGED
 
     def within_noise(self, limit: float) -> bool:
         """Beyond LIMIT, and the t-test ran and cannot tell the change from noise."""
-        test = self.test()
-        return self.before is not None and self.after is not None and \
-            self.beyond(limit) and test is not None and not self.significant(test)
+        return self.judge(limit) is Verdict.WITHIN_NOISE
 
 
 def _changes(before: dict[tuple[str, ...], Stat], after: dict[tuple[str, ...], Stat]
@@ -159,7 +192,7 @@ def changes(before: Analysis | None, after: Analysis | None
 
 def regressions(changes: Sequence[Change], limit: float) -> list[Change]:
     """The cells slower than LIMIT beyond the noise of their block pairs."""
-    return [c for c in changes if c.verdict(limit) == "REGRESSION"]
+    return [c for c in changes if c.judge(limit) is Verdict.REGRESSION]
 
 
 def missing(changes: Sequence[Change]) -> list[Change]:
