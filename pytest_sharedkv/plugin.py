@@ -27,7 +27,7 @@ from pytest_sharedkv.config.markers import register as register_markers
 from pytest_sharedkv.config.tiers import is_sharedkv_item, tier_of
 from pytest_sharedkv.host.runtime_dir import chosen_problem
 from pytest_sharedkv.processes import interrupts
-from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
+from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY, add_params
 from pytest_sharedkv.state import STATE, RunState, state_of
 
 if TYPE_CHECKING:
@@ -302,6 +302,7 @@ def pytest_runtest_makereport(
     tier = item.stash[ITEM_TIER]
     if tier is not None:
         setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
+        add_params(report, item)  # what it ran, by name: compare matches tests by it
     bundle = item.stash.get(ITEM_BUNDLE, None)
     if bundle:
         from pytest_sharedkv.report.records import Bundle

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.cli.compare.allocators import _renamed_id
+from pytest_sharedkv.cli.compare.legacy import legacy_renamed_id as _renamed_id
 from pytest_sharedkv.cli.compare.main import main
 
 SERVICE = "suites/test_service_regression.py"
@@ -87,3 +87,45 @@ def test_only_a_whole_parameter_token_is_renamed() -> None:
     assert _renamed_id("t.py::f[cuda-lazy-1e8]", "lazy", "mixed") == "t.py::f[cuda-mixed-1e8]"
     assert _renamed_id("t.py::f[lazyish-0]", "lazy", "mixed") == "t.py::f[lazyish-0]"
     assert _renamed_id("t.py::f", "lazy", "mixed") == "t.py::f"
+
+
+def _with_params(allocator: str, ids: dict[str, str], failing: str = "") -> dict[str, Any]:
+    """A service report whose tests recorded their parameters (tests[].params): IDS maps
+    each case to the id pytest gave it, which need not name the allocator as a token."""
+    tests = [{"nodeid": f"{SERVICE}::test_request_chain[{test_id}]", "tier": "service_regression",
+              "outcome": "failed" if case == failing else "passed", "message": "",
+              "params": {"sharedkv_replica_pair": [allocator, 0],
+                         "sharedkv_service_case": case}} for case, test_id in ids.items()]
+    return {"schema": "pytest-sharedkv/1", "tests": tests, "checks": [], "notes": [],
+            "tiers": {"service_regression": {}},
+            "environment": {"settings": {"allocators": [allocator]}}}
+
+
+def test_twins_are_matched_by_their_parameters_not_their_ids(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids that do not carry the allocator as a token (pairA/pairB), or carry its name in a
+    case ("lazy-x"): the parameters still say which test is which one's twin; the id rule
+    (a report without parameters) would call them lost."""
+    before = _with_params("lazy", {"3k-000": "pairA-3k-000", "lazy-x": "lazy-x-lazy"})
+    after = _with_params("mixed", {"3k-000": "pairB-3k-000", "lazy-x": "lazy-x-mixed"})
+    status, out = _compare(tmp_path, capsys, before, after)
+    assert status == 0, out
+    assert "ALLOCATOR SWITCH: BEFORE ran lazy, AFTER mixed" in out and "lost" not in out
+    status, out = _compare(tmp_path, capsys, before, _with_params(
+        "mixed", {"3k-000": "pairB-3k-000", "lazy-x": "lazy-x-mixed"}, failing="lazy-x"))
+    assert status == 1
+    assert f"| NEW | failed | {SERVICE}::test_request_chain[lazy-x-mixed] |" in " ".join(
+        out.split())
+    legacy = [{k: v for k, v in t.items() if k != "params"} for t in before["tests"]]
+    status, out = _compare(tmp_path, capsys, {**before, "tests": legacy}, after)
+    assert status == 1 and out.count("| lost") == 2  # the id rule cannot pair them
+
+
+def test_a_twin_missing_from_after_is_lost_under_its_own_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = _with_params("lazy", {"3k-000": "3k-000-lazy", "3k-001": "3k-001-lazy"})
+    after = _with_params("mixed", {"3k-000": "3k-000-mixed"})
+    status, out = _compare(tmp_path, capsys, before, after)
+    assert status == 1
+    assert f"| NEW | lost | {SERVICE}::test_request_chain[3k-001-lazy] | passed in BEFORE, " \
+        "not in AFTER |" in " ".join(out.split())

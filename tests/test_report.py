@@ -65,6 +65,10 @@ def test_json_report_on_controller_only(pytester: pytest.Pytester, workers: str 
     assert {t["tier"] for t in data["tests"]} == {"ordering", "packed_page"}
     failed = next(t for t in data["tests"] if t["outcome"] == "failed")
     assert "boom" in failed["message"]
+    # each test's parameters by name, across xdist too: compare matches tests by them
+    params = {t["nodeid"].split("::")[1]: t["params"] for t in data["tests"]}
+    assert params["test_cell[4KiB-1e8]"] == {"size": "4KiB", "delay": "1e8"}
+    assert params["test_verdict"] == {} and params["test_fails"] == {}
     workers_seen = {f["value"] for f in data["facts"] if f["name"] == "worker"}
     if workers:
         # every worker's records made it into the one report the controller wrote

@@ -6,8 +6,47 @@ extra attributes, so the controller reads them exactly as a run without xdist do
 
 from __future__ import annotations
 
+import dataclasses
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+
 USER_PROPERTY = "sharedkv"  # user_properties entry: the test's check records, notes, facts
 PERF_PROPERTY = "sharedkv_perf"  # user_properties entry: the perf tier's PerfRun, as JSON
 REPORT_TIER = "sharedkv_tier"  # attribute: the item's tier, from its markers
+# attribute: the item's parameters as plain data (params_of), so that compare can match a
+# test by what it ran instead of parsing its id
+REPORT_PARAMS = "sharedkv_params"
 # attribute: the skip reason of a gated test that --sharedkv-require-gpu turned into a failure
 REQUIRE_GPU_FLAG = "sharedkv_require_gpu"
+
+
+def plain(value: object) -> Any:
+    """VALUE as JSON and xdist carry it: scalars as they are, an enum as its value,
+    sequences as lists, a dataclass as its fields; anything else by its type's name only
+    (never its repr, which may hold an address and differ from run to run)."""
+    if isinstance(value, Enum):
+        return plain(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return f"<{type(value).__qualname__}>"
+
+
+def params_of(item: pytest.Item) -> dict[str, Any]:
+    """The item's parameters by argument name ({} where it is not parametrized)."""
+    callspec = getattr(item, "callspec", None)
+    params = getattr(callspec, "params", None) or {}
+    return {str(name): plain(value) for name, value in params.items()}
+
+
+def add_params(report: pytest.TestReport, item: pytest.Item) -> None:
+    """Put ITEM's parameters on its REPORT (``REPORT_PARAMS``), for the controller."""
+    setattr(report, REPORT_PARAMS, params_of(item))

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_sharedkv.report.fields import (
     PERF_PROPERTY,
+    REPORT_PARAMS,
     REPORT_TIER,
     REQUIRE_GPU_FLAG,
     USER_PROPERTY,
@@ -51,6 +52,9 @@ class TestResult:
     message: str = ""
     worker: str | None = None
     require_gpu: bool = False  # a gated skip failed by --sharedkv-require-gpu
+    # the test's parameters by argument name (fields.params_of); None: not recorded (a
+    # test of no tier, or a report written before they were)
+    params: dict[str, Any] | None = None
     categories: list[str] = field(default_factory=list, repr=False)
 
 
@@ -83,6 +87,9 @@ class RunLog:
             self.tests[report.nodeid] = result
         elif result.tier is None:
             result.tier = tier
+        if result.params is None:
+            params = getattr(report, REPORT_PARAMS, None)
+            result.params = params if isinstance(params, dict) else None
         result.duration += float(getattr(report, "duration", 0.0) or 0.0)
         self._span(result.tier, report)
         for name, value in report.user_properties:

@@ -1,9 +1,11 @@
-"""Reports written before records carried a kind and a status: their records are read
-by the text rule the compare used then. Only records without a kind come here; a current
-report's verdict never depends on a message."""
+"""Reports written before records carried a kind and a status, or before tests recorded
+their parameters: their records are read by the text rule the compare used then, and their
+per-allocator tests are matched across an allocator switch by their node ids. Only such
+reports come here; a current report's verdict never depends on a message or an id's text."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pytest_sharedkv.cli.compare.finding import Found
@@ -38,3 +40,17 @@ def legacy_check_kind(check: dict[str, Any]) -> Found | None:
 def legacy_note_kind(note: dict[str, Any]) -> Found | None:
     """A note without a status (an older report): VOID when its text says so."""
     return Found.VOID if "VOID" in str(note.get("text", "")) else None
+
+
+_PARAMS = re.compile(r"\[(?P<params>[^\]]*)\]$")
+
+
+def legacy_renamed_id(nodeid: str, old: str, new: str) -> str:
+    """NODEID with each whole "-"-separated token OLD of its parameters' id read as NEW:
+    the twin of a test of a report that did not record its parameters (``tests[].params``,
+    written since), across an allocator switch."""
+    match = _PARAMS.search(nodeid)
+    if match is None:
+        return nodeid
+    tokens = [new if t == old else t for t in match["params"].split("-")]
+    return nodeid[:match.start()] + "[" + "-".join(tokens) + "]"

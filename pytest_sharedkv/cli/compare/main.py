@@ -58,7 +58,7 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     Where each ran one allocator and they differ, BEFORE is read as its AFTER-allocator twin."""
     found = switch(before, after)
     if found is not None:
-        before = as_twin(before, *found)
+        before = as_twin(before, *found, after)
     new, old = differences(before, after)
     new = lost_kernels(before, after) + new  # an upgrade that lost the compiled kernels
     changes, sessions = speed.changes(before.perf, after.perf)
