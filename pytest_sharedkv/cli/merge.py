@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from pytest_sharedkv.cli.compare.kernels import lmcache_of
 from pytest_sharedkv.cli.compare.placement import placement_of
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
+from pytest_sharedkv.cli.output import Output, OutputError
 from pytest_sharedkv.perf.observations import (
     Floor,
     Observation,
@@ -335,25 +336,22 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("out", type=Path, metavar="OUT.json", help="the merged report")
     parser.add_argument("inputs", type=Path, nargs="+", metavar="IN.json",
                         help="the reports to merge, in the order they ran (two or more)")
-    parser.add_argument("--force", action="store_true", help="replace OUT.json if it exists")
+    parser.add_argument("--force", action="store_true",
+                        help="replace OUT.json if it exists (never an input, under any name)")
     try:
         args = parser.parse_args(list(argv))
         if len(args.inputs) < 2:
             raise MergeError("merge-screenings needs two or more IN.json reports")
-        if args.out.resolve() in {p.resolve() for p in args.inputs}:
-            raise MergeError(f"{args.out}: OUT.json is one of the inputs")
-        if args.out.exists() and not args.force:
-            raise MergeError(f"{args.out}: exists (give --force to replace it)")
+        out = Output(args.out, "OUT.json", args.force,
+                     [(f"IN.json #{i + 1}", p) for i, p in enumerate(args.inputs)])
+        out.check()  # before any work: nothing is read only to be refused
         try:
             reports = [read_report(path) for path in args.inputs]
         except CompareError as exc:
             raise MergeError(str(exc)) from None
         merged = merge_reports(reports)
-        try:
-            args.out.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise MergeError(f"{args.out}: cannot write ({exc})") from None
-    except MergeError as exc:
+        out.write(json.dumps(merged, indent=1) + "\n")
+    except (MergeError, OutputError) as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return 2
     from pytest_sharedkv.perf.observations import from_json

@@ -1,7 +1,8 @@
 """``python -m pytest_sharedkv compare BEFORE.json AFTER.json``: the pre-upgrade check.
 
-One concern a module: ``reading`` (loading and validating reports), ``correctness`` (every
-tier's correctness differences; ``legacy`` reads records of older reports), ``speed`` (perf
+One concern a module: ``reading`` (loading reports), ``schema`` (what a report must hold,
+alike on both sides), ``correctness`` (every tier's correctness differences, ``finding``
+their words; ``legacy`` reads records of older reports), ``speed`` (perf
 verdicts, significance), ``flags`` (the engine settings two screenings ran with),
 ``placement`` (where the replicas ran: one GPU or one each), ``rendering`` (the Markdown
 lines), ``main`` (the command line).
@@ -29,6 +30,8 @@ both replicas on one GPU and the other one per GPU (PLACEMENT DIFFERS), unless
 ``--allow-placement-change``.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
-or reports that do not compare (another schema, model or corpus; a file that is missing or
-not JSON). Bad input gets one line naming the file or option, never a traceback.
+or reports that do not compare (another schema, model or corpus; a file that is missing,
+not JSON, another tool's, or a report without what its schema holds; a ``--markdown``
+that is an input, or exists without ``--force``). Bad input gets one line naming the file
+or option, never a traceback.
 """

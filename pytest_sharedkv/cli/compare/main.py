@@ -23,6 +23,7 @@ from pytest_sharedkv.cli.compare.reading import (
     same_line,
 )
 from pytest_sharedkv.cli.compare.rendering import report_lines
+from pytest_sharedkv.cli.output import Output, OutputError
 
 DEFAULT_MAX_REGRESSION = "10%"
 PROG = "python -m pytest_sharedkv compare"
@@ -98,21 +99,25 @@ def main(argv: Sequence[str]) -> int:
                              "replicas differently (PLACEMENT DIFFERS: both on one GPU, one "
                              "per GPU): the placement is then what is measured")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
-                        help="also write the report to this file")
+                        help="also write the report to this file (never BEFORE.json or "
+                             "AFTER.json, under any name)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace OUT.md if it exists")
     try:
         args = parser.parse_args(list(argv))
+        markdown = None if args.markdown is None else Output(
+            args.markdown, "--markdown", args.force,
+            (("BEFORE.json", args.before), ("AFTER.json", args.after)))
+        if markdown is not None:
+            markdown.check()  # before any work: nothing is read only to be refused
         before, after = read_report(args.before), read_report(args.after)
         comparable(before, after)
         status, lines = compare(before, after, args.max_regression, args.allow_flag_change,
                                 args.allow_placement_change)
         text = "\n".join(lines) + "\n"
-        if args.markdown is not None:
-            try:
-                args.markdown.write_text(text, encoding="utf-8")
-            except OSError as exc:
-                raise CompareError(f"--markdown: cannot write {args.markdown} ({exc})") \
-                    from None
-    except CompareError as exc:
+        if markdown is not None:
+            markdown.write(text)
+    except (CompareError, OutputError) as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return 2
     sys.stdout.write(text)
