@@ -60,6 +60,15 @@ def relabel(data: dict[str, Any], arm: str, to: str, factor: float = 1.0) -> dic
     return data
 
 
+def rerun(data: dict[str, Any], factor: float = 1.01) -> dict[str, Any]:
+    """DATA as another run of the same screening (a copy, every TTFT times FACTOR): a copy
+    with the same observations is the same run, which a merge refuses."""
+    out = copy.deepcopy(data)
+    for o in out["perf"]["observations"]:
+        o["ttft_s"] *= factor
+    return out
+
+
 def write(directory: Path, name: str, data: dict[str, Any]) -> Path:
     path = directory / name
     path.write_text(json.dumps(data))
@@ -115,17 +124,21 @@ def test_the_halves_merged_give_the_statistics_of_the_whole(
     assert "VERDICT perf: cross-replica TTFT" in printed and "95% interval" in printed
 
 
-def test_a_merged_report_merges_again(tmp_path: Path, halves: tuple[Path, Path]) -> None:
-    """A screening resumed twice: the merged report of two runs merges with a third."""
+def test_a_merged_report_merges_again(tmp_path: Path) -> None:
+    """A screening resumed twice: the merged report of two runs merges with a third. (This
+    test once merged the second run twice, which merge-screenings now refuses.)"""
+    whole = load()
+    thirds = [write(tmp_path, f"third{i}.json", part(whole, 2 * i, 2)) for i in range(3)]
     two = tmp_path / "two.json"
-    assert main([str(two), *map(str, halves)]) == 0
+    assert main([str(two), *map(str, thirds[:2])]) == 0
     three = tmp_path / "three.json"
-    assert main([str(three), str(two), str(halves[1])]) == 0
+    assert main([str(three), str(two), str(thirds[2])]) == 0
     merged = merged_analysis(three)
     assert merged.pairing.ok
     assert [(r.source, r.first_block, r.first_pair) for r in merged.run.runs] == \
-        [(str(halves[0]), 0, 0), (str(halves[1]), 4, 2), (str(halves[1]), 6, 3)]
-    assert {r.block_pairs for r in merged.ratios} == {4}
+        [(str(thirds[0]), 0, 0), (str(thirds[1]), 2, 1), (str(thirds[2]), 4, 2)]
+    assert {r.block_pairs for r in merged.ratios} == {3}
+    assert summary(merged) == summary(analyse(from_json(whole["perf"])))
     assert merged.run.notes[0].startswith("merged from 3 separate runs: ")
     assert sum(n.startswith("merged from") for n in merged.run.notes) == 1
 
@@ -278,7 +291,7 @@ def test_mixed_pair_sizes_merge_again_and_keep_their_pairs(tmp_path: Path) -> No
 
 def test_engine_flags_compare_where_recorded_launches_are_carried(tmp_path: Path) -> None:
     whole = load()
-    first, second, third = part(whole, 0, 4), part(whole, 4, 2), part(whole, 4, 2)
+    first, second, third = part(whole, 0, 4), part(whole, 4, 2), rerun(part(whole, 4, 2))
     settings = {"enforce_eager": False, "max_num_seqs": 16}
     first["perf"]["engine_settings"] = second["perf"]["engine_settings"] = settings
     first["perf"]["launches"] = [{"arm": "OFF", "processes": [
@@ -416,7 +429,7 @@ def test_a_session_on_the_other_kernel_path_is_refused(
     assert not (tmp_path / "out.json").exists()
     err = capsys.readouterr().err
     assert "b.json" in err and "environment.lmcache.kernel_path" in err, err
-    unknown = copy.deepcopy(second)  # an older report that recorded no kernel path merges
+    unknown = rerun(second)  # an older report that recorded no kernel path merges
     del unknown["environment"]["lmcache"]
     c = write(tmp_path, "c.json", unknown)
     assert main([str(tmp_path / "ok.json"), str(a), str(c)]) == 0
@@ -434,7 +447,7 @@ def test_a_session_on_another_replica_placement_is_refused(
     two["perf"]["replica_placement"] = {"pair_gpus": 2, "replicas": {"A": "0", "B": "1"}}
     set_two = copy.deepcopy(second)
     set_two["environment"]["settings"]["pair_gpus"] = "2"
-    unknown = copy.deepcopy(second)
+    unknown = rerun(second)
     del unknown["environment"]["settings"]["pair_gpus"]
     a = write(tmp_path, "a.json", one)
     for name, data, field in (("b.json", two, "perf.replica_placement.pair_gpus"),
@@ -509,3 +522,64 @@ def test_the_command_line_exit_codes(tmp_path: Path, halves: tuple[Path, Path]) 
     missing = cli(tmp_path / "y.json", halves[0], tmp_path / "nope.json")
     assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("inputs", ["same file twice", "same file three times",
+                                    "a copy under another name", "a run the merged input holds"])
+def test_the_same_run_twice_is_refused_naming_both_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], halves: tuple[Path, Path],
+        inputs: str) -> None:
+    """A run is known by its observations, not its file name: given twice (the same path, a
+    copy, or inside a merged input) it is refused, so no block pair counts twice."""
+    first, second = halves
+    copy_of = write(tmp_path, "copy.json", load(second))
+    merged = tmp_path / "merged.json"
+    assert main([str(merged), str(first), str(second)]) == 0
+    capsys.readouterr()
+    given, earlier, later = {
+        "same file twice": ([first, second, first], f"IN.json #1 {first}",
+                            f"IN.json #3 {first}"),
+        "same file three times": ([second, second, second], f"IN.json #1 {second}",
+                                  f"IN.json #2 {second}"),
+        "a copy under another name": ([second, copy_of], f"IN.json #1 {second}",
+                                      f"IN.json #2 {copy_of}"),
+        "a run the merged input holds": ([merged, second],
+                                         f"run 2 of IN.json #1 {merged} (from {second})",
+                                         f"IN.json #2 {second}"),
+    }[inputs]
+    out = tmp_path / "out.json"
+    assert main([str(out), *map(str, given)]) == 2
+    err = capsys.readouterr().err
+    created = load(second)["created"]
+    assert err.startswith(f"python -m pytest_sharedkv merge-screenings: {given[-1]}: the same "
+                          "run twice: ")
+    assert f"{later}, created {created} holds the same " in err
+    assert f"observations and sessions as {earlier}, created {created} (sha256 " in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_merged_report_that_holds_one_run_twice_is_refused(
+        tmp_path: Path, halves: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A report merged before repeats were refused (here: made by hand) is refused as an
+    input, naming its two runs."""
+    good = tmp_path / "good.json"
+    assert main([str(good), *map(str, halves)]) == 0
+    doubled = load(good)
+    runs = doubled["perf"]["runs"]
+    second = {**runs[1], "first_block": runs[1]["first_block"] + runs[1]["blocks"],
+              "first_pair": runs[1]["first_pair"] + runs[1]["pairs"]}
+    perf = doubled["perf"]
+    extra = [dict(o, block=o["block"] + 2, pair=o["pair"] + 1)
+             for o in perf["observations"] if o["block"] >= 4]
+    sessions = [dict(s, block=s["block"] + 2, pair=s["pair"] + 1)
+                for s in perf["sessions"] if s["block"] >= 4]
+    perf.update(runs=[*runs, second], blocks=[*perf["blocks"], "OFF", "ON"],
+                block_pairs=[*perf["block_pairs"], 3, 3],
+                observations=[*perf["observations"], *extra],
+                sessions=[*perf["sessions"], *sessions])
+    path = write(tmp_path, "doubled.json", doubled)
+    capsys.readouterr()
+    assert main([str(tmp_path / "out.json"), str(path), str(SCREENING)]) == 2
+    err = capsys.readouterr().err
+    assert f"run 3 of IN.json #1 {path} (from {halves[1]})" in err
+    assert f"as run 2 of IN.json #1 {path} (from {halves[1]})" in err

@@ -24,10 +24,11 @@ traceback).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -249,6 +250,67 @@ def _arms_note(merged: PerfRun) -> list[str]:
         + f"; each is paired with {CONTROL} of its own pairs"]
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """One run an input holds, known by what it measured: its observations and sessions
+    (numbered from its own first block and pair, so a run reads the same alone and inside
+    a merge); its report's creation time is said beside it."""
+
+    given: int  # the input's place among IN.json (from 1)
+    path: Path  # that input
+    run: int | None  # its place among a merged input's runs (None: the input is one run)
+    source: str  # the file it came from (a merged input's perf.runs[].source)
+    created: str
+    records: int  # its observations and sessions
+    digest: str  # sha256 of them
+
+    def __str__(self) -> str:
+        where = f"IN.json #{self.given} {self.path}"
+        if self.run is not None:
+            where = f"run {self.run + 1} of {where} (from {self.source})"
+        return f"{where}, created {self.created or '(not recorded)'}"
+
+
+def _digest(records: Sequence[Observation | SessionObservation], block: int, pair: int) -> str:
+    rows = [{**asdict(r), "block": r.block - block, "pair": r.pair - pair} for r in records]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
+def identities(report: Report, given: int) -> list[RunIdentity]:
+    """The runs REPORT (IN.json #GIVEN) holds: one, or each of a merged report's runs."""
+    assert report.perf is not None
+    run = report.perf.run
+    sources = run.runs or [RunSource(str(report.path), "", str(report.data.get("created", "")),
+                                     0, len(run.blocks), 0, 0, run.wall_s, "")]
+    out = []
+    for index, source in enumerate(sources):
+        blocks = range(source.first_block, source.first_block + source.blocks)
+        mine: list[Observation | SessionObservation] = [
+            *(o for o in run.observations if o.block in blocks),
+            *(s for s in run.sessions if s.block in blocks)]
+        out.append(RunIdentity(given, report.path, index if run.runs else None, source.source,
+                               source.created, len(mine),
+                               _digest(mine, source.first_block, source.first_pair)))
+    return out
+
+
+def refuse_repeats(reports: Sequence[Report]) -> None:
+    """MergeError naming both files where one run is given twice (the same file, a copy
+    under another name, or a run a merged input already holds): its block pairs would
+    count twice, and an interval over copies is as narrow as it is false."""
+    seen: dict[str, RunIdentity] = {}
+    for given, report in enumerate(reports, start=1):
+        for mine in identities(report, given):
+            if not mine.records:
+                continue  # a run that measured nothing adds no pair to count twice
+            first = seen.setdefault(mine.digest, mine)
+            if first is not mine:
+                raise MergeError(
+                    f"{mine.path}: the same run twice: {mine} holds the same {mine.records} "
+                    f"observations and sessions as {first} (sha256 {mine.digest[:16]}); "
+                    "merged, its block pairs would count twice")
+
+
 def merge_runs(reports: Sequence[Report]) -> PerfRun:
     """One screening of every report's blocks, numbered on; MergeError where they differ."""
     layouts = []
@@ -260,6 +322,7 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
     first = reports[0]
     for other in reports[1:]:
         check_mergeable(first, other)
+    refuse_repeats(reports)
     runs = [r.perf.run for r in reports if r.perf is not None]
     merged = PerfRun(schema=runs[0].schema, model_digest=runs[0].model_digest,
                      corpus_digest=runs[0].corpus_digest, engine=dict(runs[0].engine),
