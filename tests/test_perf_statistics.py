@@ -179,3 +179,48 @@ def test_three_pairs_of_a_treatment_give_its_interval_beside_one_without(
     assert "block pairs per treatment (its ratios use the pairs that hold it): ON: 3 block " \
         "pairs, NATIVE: 1 block pair: no interval (an interval needs >= 3)" \
         in report_lines(analysis)
+
+
+def repeated(run: PerfRun, times: int) -> PerfRun:
+    """RUN's first block pair (OFF-ON) and TIMES - 1 copies of it numbered on: what one run
+    merged with itself would give."""
+    blocks = run.blocks[:2] * times
+    return replace(run, blocks=blocks, block_pairs=[b // 2 for b in range(len(blocks))],
+                   observations=[replace(o, block=o.block + 2 * k, pair=k) for k in range(times)
+                                 for o in run.observations if o.block < 2],
+                   sessions=[replace(s, block=s.block + 2 * k, pair=k) for k in range(times)
+                             for s in run.sessions if s.block < 2])
+
+
+def test_a_pair_that_repeats_another_counts_once(fixture_run: PerfRun) -> None:
+    """One block pair given three times is one independent pair: no interval (an interval
+    of width zero is no interval), nothing judged, and the text says which pairs repeat."""
+    analysis = analyse(repeated(fixture_run, 3))
+    assert analysis.pairing.ok
+    assert {r.block_pairs for r in analysis.ratios} == {1}
+    assert all(r.interval is None and r.repeats == ((1, 0), (2, 0)) for r in analysis.ratios)
+    assert {r.block_pairs for r in analysis.session_ratios} == {1}
+    assert all(r.interval is None for r in analysis.session_ratios)
+    assert all(len(c.per_pair_ttft_s) == c.block_pairs == 1 for c in analysis.cells)
+    assert all(len(c.per_pair_wall_s) == c.block_pairs == 1 for c in analysis.session_cells)
+    (verdict,) = [line for line in report_lines(analysis) if line.startswith("VERDICT perf")]
+    assert ("8k ON/OFF 0.20x, no interval: 1 block pairs (an interval needs >= 3); pairs 1, 2 "
+            "repeat pair 0's observations, counted once: not judged") in verdict
+    assert "faster" not in verdict
+
+
+def test_a_repeat_beside_independent_pairs_is_left_out_of_the_interval(
+        fixture_run: PerfRun) -> None:
+    """Three independent pairs and a copy of one: the interval is the three pairs' own,
+    the same as without the copy."""
+    pairs = len(fixture_run.blocks) // 2
+    copy = replace(fixture_run, blocks=[*fixture_run.blocks, "OFF", "ON"],
+                   observations=[*fixture_run.observations, *(
+                       replace(o, block=o.block + 2 * pairs, pair=pairs)
+                       for o in fixture_run.observations if o.block < 2)])
+    plain, copied = analyse(fixture_run), analyse(copy)
+    assert copied.pairing.ok
+    assert [(r.per_pair, r.interval) for r in copied.ratios] == \
+        [(r.per_pair, r.interval) for r in plain.ratios]
+    assert all(r.repeats == ((pairs, 0),) and r.spread.endswith(
+        f"; pair {pairs} repeats pair 0's observations, counted once") for r in copied.ratios)

@@ -1,7 +1,9 @@
 """Numbers from a screening: per cell (size x arm x step) the median TTFT over every
 observation, and per block pair the paired ratio (the median over the pair's requests of
 ON/OFF). The block pair is the independent unit: an interval resamples block pairs, never
-requests, and with fewer than three pairs there is none (the text says so).
+requests, and with fewer than three pairs there is none (the text says so). A pair whose
+observations repeat an earlier pair's (the same run given twice, a copy) is no independent
+unit: it counts once, so a copy cannot narrow an interval or make one where there is none.
 
 Plain ``statistics`` and ``random.Random(seed)``: the same data and seed give the same
 interval on every machine, and nothing heavy is imported.
@@ -12,8 +14,9 @@ from __future__ import annotations
 import random
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass, field, replace
+from functools import cached_property
 
 from pytest_sharedkv.perf.observations import (
     PLACEMENTS,
@@ -38,8 +41,49 @@ SEED = 0
 MIN_PAIRS = 3  # an interval over fewer block pairs says nothing
 
 
+Repeats = tuple[tuple[int, int], ...]  # (a block pair, the earlier pair whose data it repeats)
+
+
 def no_interval(pairs: int) -> str:
     return f"no interval: {pairs} block pairs (an interval needs >= {MIN_PAIRS})"
+
+
+def repeats_text(repeats: Repeats) -> str:
+    """Which block pairs repeat another's observations and were counted once ("" none)."""
+    by_first: dict[int, list[int]] = defaultdict(list)
+    for pair, first in repeats:
+        by_first[first].append(pair)
+    return "".join(f"; {'pairs' if len(ps) > 1 else 'pair'} {', '.join(map(str, ps))} "
+                   f"{'repeat' if len(ps) > 1 else 'repeats'} pair {first}'s observations, "
+                   "counted once" for first, ps in sorted(by_first.items()))
+
+
+def _content(records: Iterable[Observation | SessionObservation]) -> tuple[str, ...]:
+    """What RECORDS measured, whatever block and pair they were numbered in."""
+    return tuple(sorted(repr(astuple(replace(r, block=0, pair=0))) for r in records))
+
+
+def _by_pair(records: Iterable[Observation | SessionObservation]
+             ) -> dict[int, list[Observation | SessionObservation]]:
+    grouped: dict[int, list[Observation | SessionObservation]] = defaultdict(list)
+    for r in records:
+        grouped[r.pair].append(r)
+    return grouped
+
+
+def independent(groups: Mapping[int, Iterable[Observation | SessionObservation]]
+                ) -> tuple[list[int], Repeats]:
+    """The block pairs of GROUPS (pair -> what it measured), in pair order, whose data no
+    earlier pair holds too; and each pair that repeats an earlier one's, with that pair."""
+    first: dict[tuple[str, ...], int] = {}
+    kept, repeats = [], []
+    for pair in sorted(groups):
+        seen = first.setdefault(_content(groups[pair]), pair)
+        if seen == pair:
+            kept.append(pair)
+        else:
+            repeats.append((pair, seen))
+    return kept, tuple(repeats)
 
 
 def _step_order(step: str) -> int:
@@ -96,7 +140,8 @@ class Cell:
 
     @property
     def block_pairs(self) -> int:
-        return len({o.pair for o in self.observations})
+        """The independent block pairs behind the cell (a repeat counts once)."""
+        return len(self.per_pair_ttft_s)
 
     @property
     def median_ttft_s(self) -> float:
@@ -111,10 +156,13 @@ class Cell:
     def median_prompt_tokens(self) -> float:
         return statistics.median(o.prompt_tokens for o in self.observations)
 
-    @property
+    @cached_property
     def per_pair_ttft_s(self) -> tuple[float, ...]:
-        """The median TTFT in each block pair, in pair order."""
-        return tuple(m for _, m in pair_medians((o.pair, o.ttft_s) for o in self.observations))
+        """The median TTFT in each independent block pair, in pair order (what significance
+        tests: a repeated pair would fake a spread of zero)."""
+        kept, _ = independent(_by_pair(self.observations))
+        return tuple(m for p, m in pair_medians((o.pair, o.ttft_s) for o in self.observations)
+                     if p in kept)
 
 
 def measured(observations: Iterable[Observation]) -> list[Observation]:
@@ -139,12 +187,14 @@ class PairedRatio:
     size: str
     step: str
     arms: str  # "ON/OFF"
-    per_pair: tuple[tuple[int, float], ...]
+    per_pair: tuple[tuple[int, float], ...]  # the independent pairs only
     requests: int
     interval: Interval | None
+    repeats: Repeats = ()  # pairs left out: their observations repeat an earlier pair's
 
     @property
     def block_pairs(self) -> int:
+        """The independent block pairs behind the ratio (a repeat counts once)."""
         return len(self.per_pair)
 
     @property
@@ -158,8 +208,9 @@ class PairedRatio:
 
     @property
     def spread(self) -> str:
-        """The interval, or why there is none."""
-        return str(self.interval) if self.interval else no_interval(self.block_pairs)
+        """The interval, or why there is none; and the pairs counted once."""
+        return (str(self.interval) if self.interval else no_interval(self.block_pairs)) + \
+            repeats_text(self.repeats)
 
 
 def _per_pair(values: dict[int, list[float]]) -> tuple[tuple[int, float], ...]:
@@ -176,17 +227,21 @@ def pair_medians(items: Iterable[tuple[int, float]]) -> tuple[tuple[int, float],
 
 def paired_ratios(pairs: Sequence[PairedRequest], *, confidence: float = CONFIDENCE,
                   resamples: int = RESAMPLES, seed: int = SEED) -> list[PairedRatio]:
-    groups: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
+    groups: dict[tuple[str, str, str], dict[int, list[PairedRequest]]] = defaultdict(
         lambda: defaultdict(list))
     for p in pairs:
-        groups[(p.size, p.step, p.arms)][p.pair].append(p.ratio)
+        groups[(p.size, p.step, p.arms)][p.pair].append(p)
     out = []
     for key in sorted(groups, key=lambda k: (size_order(k[0]), _step_order(k[1]), k[2])):
-        per_pair = _per_pair(groups[key])
+        group = groups[key]
+        kept, repeats = independent({pair: [o for p in matched for o in (p.treatment,
+                                                                          p.control)]
+                                     for pair, matched in group.items()})
+        per_pair = _per_pair({pair: [p.ratio for p in group[pair]] for pair in kept})
         interval = bootstrap_interval([r for _, r in per_pair], confidence=confidence,
                                       resamples=resamples, seed=seed)
-        out.append(PairedRatio(*key, per_pair, sum(len(v) for v in groups[key].values()),
-                               interval))
+        out.append(PairedRatio(*key, per_pair, sum(len(group[pair]) for pair in kept),
+                               interval, repeats))
     return out
 
 
@@ -202,16 +257,19 @@ class SessionCell:
 
     @property
     def block_pairs(self) -> int:
-        return len({s.pair for s in self.sessions})
+        """The independent block pairs behind the cell (a repeat counts once)."""
+        return len(self.per_pair_wall_s)
 
     @property
     def median_wall_s(self) -> float:
         return statistics.median(s.wall_s for s in self.sessions)
 
-    @property
+    @cached_property
     def per_pair_wall_s(self) -> tuple[float, ...]:
-        """The median session wall time in each block pair, in pair order."""
-        return tuple(m for _, m in pair_medians((s.pair, s.wall_s) for s in self.sessions))
+        """The median session wall time in each independent block pair, in pair order."""
+        kept, _ = independent(_by_pair(self.sessions))
+        return tuple(m for p, m in pair_medians((s.pair, s.wall_s) for s in self.sessions)
+                     if p in kept)
 
 
 def session_cells(sessions: Iterable[SessionObservation]) -> list[SessionCell]:
@@ -231,8 +289,9 @@ class SessionRatio:
 
     subject: str
     ratio: str
-    per_pair: tuple[tuple[int, float], ...]
+    per_pair: tuple[tuple[int, float], ...]  # the independent pairs only
     interval: Interval | None
+    repeats: Repeats = ()  # pairs left out: their sessions repeat an earlier pair's
 
     @property
     def block_pairs(self) -> int:
@@ -244,35 +303,41 @@ class SessionRatio:
 
     @property
     def spread(self) -> str:
-        return str(self.interval) if self.interval else no_interval(self.block_pairs)
+        return (str(self.interval) if self.interval else no_interval(self.block_pairs)) + \
+            repeats_text(self.repeats)
 
 
-def _pair_medians(sessions: Iterable[SessionObservation], arm: str, placement: str
-                  ) -> dict[int, float]:
-    return dict(pair_medians((s.pair, s.wall_s) for s in sessions
-                             if s.arm == arm and s.placement == placement))
+def _of(sessions: Iterable[SessionObservation], arm: str, placement: str
+        ) -> list[SessionObservation]:
+    return [s for s in sessions if s.arm == arm and s.placement == placement]
 
 
-def _ratio(subject: str, ratio: str, top: dict[int, float], bottom: dict[int, float],
-           confidence: float, resamples: int, seed: int) -> SessionRatio | None:
-    pairs = sorted(set(top) & set(bottom))
-    if not pairs:
+def _ratio(subject: str, ratio: str, top: Sequence[SessionObservation],
+           bottom: Sequence[SessionObservation], confidence: float, resamples: int,
+           seed: int) -> SessionRatio | None:
+    """TOP's median wall time over BOTTOM's in each block pair that holds both, over the
+    pairs whose sessions repeat no earlier pair's."""
+    highs = dict(pair_medians((s.pair, s.wall_s) for s in top))
+    lows = dict(pair_medians((s.pair, s.wall_s) for s in bottom))
+    both = set(highs) & set(lows)
+    if not both:
         return None
-    per_pair = tuple((p, top[p] / bottom[p]) for p in pairs)
+    kept, repeats = independent({p: [s for s in (*top, *bottom) if s.pair == p] for p in both})
+    per_pair = tuple((p, highs[p] / lows[p]) for p in kept)
     interval = bootstrap_interval([r for _, r in per_pair], confidence=confidence,
                                   resamples=resamples, seed=seed)
-    return SessionRatio(subject, ratio, per_pair, interval)
+    return SessionRatio(subject, ratio, per_pair, interval, repeats)
 
 
 def session_ratios(sessions: Sequence[SessionObservation], *, confidence: float = CONFIDENCE,
                    resamples: int = RESAMPLES, seed: int = SEED) -> list[SessionRatio]:
     """Per arm: alternating/fixed; per placement: each other arm / OFF."""
     arms = sorted({s.arm for s in sessions}, key=arm_order)
-    found = [_ratio(arm, "alternating/fixed", _pair_medians(sessions, arm, "alternating"),
-                    _pair_medians(sessions, arm, "fixed"), confidence, resamples, seed)
+    found = [_ratio(arm, "alternating/fixed", _of(sessions, arm, "alternating"),
+                    _of(sessions, arm, "fixed"), confidence, resamples, seed)
              for arm in arms]
-    found += [_ratio(placement, f"{arm}/{CONTROL}", _pair_medians(sessions, arm, placement),
-                     _pair_medians(sessions, CONTROL, placement), confidence, resamples, seed)
+    found += [_ratio(placement, f"{arm}/{CONTROL}", _of(sessions, arm, placement),
+                     _of(sessions, CONTROL, placement), confidence, resamples, seed)
               for placement in PLACEMENTS for arm in arms if arm != CONTROL]
     return [r for r in found if r is not None]
 
