@@ -1,0 +1,236 @@
+"""The transfer check across hosts on CPU: LMCache servers that share an L2 (a real Redis
+through ``resp``, a directory through ``fs``; ``fs_native`` under a ``fault_inject`` gap;
+``valkey`` where its client is installed) move KV from a writer to readers that never saw
+it, byte-exact and from L2 by the reader's own account; the controls (a reader without
+L2, a byte flipped in L2, a gap) each come out as they must.
+
+The servers start once per run, whichever xdist worker needs them first (a file lock: the
+other worker reads the same results), and stop before any test reads them: six LMCache
+servers (seven with valkey) and two replica processes, about 30-40 s on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+from pytest_sharedkv.processes.managed import ProcessFailed, free_port
+from pytest_sharedkv.stack import l2, l2_transfer
+from pytest_sharedkv.stack.l2_log import KeySplit
+from pytest_sharedkv.stack.l2_transfer import KEYS, HostCase, judge
+from pytest_sharedkv.stack.transfer_provider import CHUNK, NUM_TOKENS
+from tests.conftest import isolate, run_directory
+
+REQUIRE_REDIS_ENV = "SHAREDKV_REQUIRE_REDIS"  # CI: a missing redis-server fails, not skips
+GAP = 4
+
+
+def _start_all(work: Path) -> dict[str, Any]:
+    """Every L2, server and case of the check; the outcomes and what was unavailable."""
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    unavailable: dict[str, str] = {}
+    backends: dict[str, l2.L2] = {"fs": l2.DirectoryL2(work / "fs", "fs"),
+                                  "fs_native": l2.DirectoryL2(work / "fs_native", "fs_native")}
+    for name in ("resp", "valkey"):
+        try:
+            backends[name] = l2.suite_redis(work, name)
+        except l2.L2Unavailable as exc:
+            unavailable[name] = str(exc)
+    started: list[l2.L2] = []
+    servers: list[LMCacheServer] = []
+    try:
+        for name, backend in list(backends.items()):
+            try:
+                backend.start()
+                started.append(backend)
+            except l2.L2Unavailable as exc:
+                unavailable[name] = str(exc)
+                backends.pop(name)
+                backend.stop()
+
+        def server(*adapters: str) -> LMCacheServer:
+            made = LMCacheServer(ServerConfig(l1_size_gb=0.25, chunk_size=CHUNK,
+                                              l2_adapters=adapters), work, env=env)
+            servers.append(made)
+            return made
+
+        writer = server(*(b.adapter_json() for b in backends.values()))
+        readers = {name: server(b.adapter_json()) for name, b in backends.items()
+                   if name != "fs_native"}
+        gap = server(json.dumps(l2.fault_inject(backends["fs_native"], (GAP,))))
+        control = server()
+        dead_port = free_port()  # nothing listens there
+        dead = server(json.dumps({"type": "resp", "host": "127.0.0.1", "port": dead_port}))
+        for each in servers:
+            each.launch()
+        for each in servers:
+            if each is not dead:
+                each.wait_ready()
+        dead_result: dict[str, Any] = {"error": None}
+        try:
+            dead.wait_ready()
+        except ProcessFailed as exc:
+            dead_result = {"error": str(exc), "type": type(exc).__name__,
+                           "health": dead.health() if dead.process.alive() else None}
+        cases = [HostCase(name, reader, backends[name]) for name, reader in readers.items()]
+        cases += [HostCase(f"{name}-corrupt", readers[name], backends[name], "corrupt")
+                  for name in ("fs", "resp") if name in readers]
+        cases += [HostCase("fs_native-gap", gap, backends["fs_native"], "gap"),
+                  HostCase("no-l2", control, None)]
+        (work / "run").mkdir()
+        outcomes = l2_transfer.run_across_hosts(work / "run", writer, cases,
+                                                f"l2-{uuid.uuid4().hex[:8]}")
+        return {"cases": {name: o.as_dict() for name, o in outcomes.items()},
+                "unavailable": unavailable, "dead": dead_result,
+                "startup_s": {s.process.name + f" {s.url}": s.startup_s for s in servers}}
+    finally:
+        for each in servers:
+            each.stop()
+        for backend in started:
+            backend.stop()
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+          ) -> dict[str, Any]:
+    """The check's results, computed once per run (by whichever worker comes first)."""
+    if importlib.util.find_spec("lmcache") is None:
+        pytest.skip("lmcache is not installed")
+    root = run_directory(pytestconfig, tmp_path_factory)
+    results = root / "l2-hosts.json"
+    with FileLock(str(root / "l2-hosts.lock")):
+        if not results.exists():
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                isolate(monkeypatch, pytestconfig, tmp_path_factory)
+                work = Path(tmp_path_factory.mktemp("l2-hosts"))
+                results.write_text(json.dumps(_start_all(work), indent=1))
+    return dict(json.loads(results.read_text()))
+
+
+def _case(hosts: dict[str, Any], name: str) -> dict[str, Any]:
+    backend = name.split("-")[0]
+    if name not in hosts["cases"]:
+        reason = hosts["unavailable"].get(backend, f"no case {name}")
+        if backend == "resp" and os.environ.get(REQUIRE_REDIS_ENV):
+            pytest.fail(f"{REQUIRE_REDIS_ENV} is set: {reason}")
+        pytest.skip(reason)
+    case: dict[str, Any] = hosts["cases"][name]
+    return case
+
+
+@pytest.mark.parametrize("name", ["resp", "fs", "valkey"])
+def test_kv_crosses_hosts_through_the_l2(hosts: dict[str, Any], name: str) -> None:
+    case = _case(hosts, name)
+    assert (case["kind"], case["status"]) == ("l2-transfer", "pass"), case
+    assert case["hit_tokens"] == NUM_TOKENS
+    assert case["split"] == {"request_id": f"sharedkv-b-fetch-{name}", "retained": KEYS,
+                             "requested": KEYS, "l1": 0, "l2": KEYS}
+    assert case["l2_visible_s"] is not None and case["l2_visible_s"] >= 0
+
+
+@pytest.mark.parametrize("name", ["resp-corrupt", "fs-corrupt"])
+def test_a_byte_flipped_in_the_l2_is_caught_by_the_compare(hosts: dict[str, Any],
+                                                           name: str) -> None:
+    case = _case(hosts, name)
+    assert case["planted"] and "byte" in case["planted"], case
+    assert (case["kind"], case["status"]) == ("l2-transfer", "pass"), case
+
+
+def test_a_gap_in_l2_trims_the_lookup_to_the_prefix_before_it(hosts: dict[str, Any]) -> None:
+    case = _case(hosts, "fs_native-gap")
+    assert (case["kind"], case["status"]) == ("l2-transfer", "pass"), case
+    assert case["hit_tokens"] == GAP * CHUNK
+    assert (case["split"]["retained"], case["split"]["l1"], case["split"]["l2"]) == (GAP, 0, GAP)
+
+
+def test_a_reader_without_l2_hits_nothing(hosts: dict[str, Any]) -> None:
+    case = _case(hosts, "no-l2")
+    assert (case["kind"], case["status"], case["hit_tokens"]) == ("l2-transfer", "pass", 0), case
+
+
+def test_a_server_that_answers_ok_without_its_redis_is_an_error(hosts: dict[str, Any]) -> None:
+    """LMCache 0.5.6 starts, and answers ``/`` with status ok, while its Redis is down."""
+    dead = hosts["dead"]
+    assert dead["type"] == "L2NotAttached", dead
+    assert dead["health"] and dead["health"].get("status") == "ok", dead
+    first = dead["error"].splitlines()[0]
+    assert "started without its L2" in first
+    assert "[LMCache Connector Worker Error] connection failed" in first
+
+
+# The judge alone, on what B reported: each way a fetch can be wrong fails, naming it.
+def _reader(adapters: tuple[str, ...] = ()) -> Any:
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+
+    server = LMCacheServer.__new__(LMCacheServer)
+    server.config = ServerConfig(l2_adapters=adapters)
+    server.port = 1
+    return server
+
+
+FS = l2.DirectoryL2(Path("/l2"), "fs")
+GOOD = {"hit_tokens": NUM_TOKENS, "control_hit_tokens": 0, "retrieved": True,
+        "pages_compared": 256, "mismatched_pages": 0, "untouched_pages_changed": 0,
+        "mismatches": []}
+FROM_L2 = KeySplit("r", KEYS, KEYS, 0, KEYS)
+
+
+@pytest.mark.parametrize(("fault", "fetch", "split", "kinds"), [
+    ("none", GOOD, FROM_L2, []),
+    ("none", GOOD, KeySplit("r", KEYS, KEYS, KEYS, 0), ["source"]),  # from its own L1
+    ("none", GOOD, KeySplit("r", KEYS, KEYS, 3, 5), ["source"]),
+    ("none", GOOD, KeySplit("r"), ["source"]),  # the server logged no split: unknown
+    ("none", {**GOOD, "hit_tokens": 1024}, KeySplit("r", 4, KEYS, 0, 4), ["hits"]),
+    ("none", {**GOOD, "mismatched_pages": 2, "mismatches": ["layer 0"]}, FROM_L2, ["bytes"]),
+    ("none", {**GOOD, "untouched_pages_changed": 1}, FROM_L2, ["bytes"]),
+    ("none", {**GOOD, "control_hit_tokens": 256}, FROM_L2, ["leak"]),
+    ("none", {**GOOD, "retrieved": False}, FROM_L2, ["hits"]),
+    ("corrupt", {**GOOD, "mismatched_pages": 1}, FROM_L2, []),
+    ("corrupt", GOOD, FROM_L2, ["bytes"]),  # the planted byte went unseen
+    ("gap", {**GOOD, "hit_tokens": GAP * CHUNK}, KeySplit("r", GAP, KEYS, 0, GAP), []),
+    ("gap", GOOD, FROM_L2, ["hits"]),  # a hit past the gap
+])
+def test_the_judge_names_what_is_wrong(fault: str, fetch: dict[str, Any], split: KeySplit,
+                                       kinds: list[str]) -> None:
+    adapters = (json.dumps(l2.fault_inject(FS, (GAP,))),) if fault == "gap" else ()
+    case = HostCase("c", _reader(adapters), FS, fault)
+    assert [p.kind for p in judge(case, fetch, split)] == kinds
+
+
+@pytest.mark.parametrize(("hit", "kinds"), [(0, []), (2048, ["hits"])])
+def test_a_reader_without_l2_must_not_hit(hit: int, kinds: list[str]) -> None:
+    case = HostCase("c", _reader(), None)
+    assert [p.kind for p in judge(case, {**GOOD, "hit_tokens": hit}, KeySplit("r"))] == kinds
+
+
+class _Partial(l2.DirectoryL2):
+    """An L2 that never gets more than 5 of a salt's keys."""
+
+    def entries(self, salt: str) -> list[str] | None:
+        return [f"k{i}@{salt}.data" for i in range(5)]
+
+
+def test_the_l2_wait_ends_at_its_deadline_naming_the_keys_missing(tmp_path: Path) -> None:
+    (tmp_path / l2_transfer.STORED).write_text(json.dumps({"s-c": 1.0}))
+    case = HostCase("c", _reader(), _Partial(tmp_path, "fs"))
+    seen, stored = l2_transfer.wait_l2([case], {"c": "s-c"}, lambda: True, tmp_path,
+                                       deadline_s=0.05, timeout=5)
+    assert seen == {} and stored == {"s-c": 1.0}
+    problem = l2_transfer.missing_in_l2(case, "s-c", 0.05)
+    assert problem.kind == "l2"
+    assert f"held 5 of the {KEYS} entries of salt s-c 0.05s after the store" in problem.message
+    whole = HostCase("c", _reader(), l2.DirectoryL2(tmp_path, "fs"))
+    for i in range(KEYS):
+        (tmp_path / f"k{i}@s-c.data").write_bytes(b"x")
+    seen, _ = l2_transfer.wait_l2([whole], {"c": "s-c"}, lambda: True, tmp_path,
+                                  deadline_s=0.05, timeout=5)
+    assert list(seen) == ["c"]
