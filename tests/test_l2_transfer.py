@@ -234,3 +234,30 @@ def test_the_l2_wait_ends_at_its_deadline_naming_the_keys_missing(tmp_path: Path
     seen, _ = l2_transfer.wait_l2([whole], {"c": "s-c"}, lambda: True, tmp_path,
                                   deadline_s=0.05, timeout=5)
     assert list(seen) == ["c"]
+
+
+def test_a_reader_that_never_answers_fails_its_case_alone(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """A server whose Redis is down answers ``/`` ok and never answers a lookup (seen: no
+    answer in 30 s): that case fails, B goes on to the next reader."""
+    from pytest_sharedkv.stack import transfer_provider
+
+    class Client:
+        def __init__(self, url: str, model: str) -> None:
+            self.url = url
+
+        def close(self) -> None:
+            pass
+
+    def fetch_role(client: Client, workdir: Path, salt: str, device: str,
+                   tag: str = "") -> dict[str, Any]:
+        if client.url == "tcp://dead":
+            raise TimeoutError("lookup sharedkv-b-control-x got no answer in 30.0s")
+        return {"hit_tokens": NUM_TOKENS}
+
+    monkeypatch.setattr(transfer_provider, "Client", Client)
+    monkeypatch.setattr(transfer_provider, "fetch_role", fetch_role)
+    jobs = l2_transfer.fetch_jobs("m", tmp_path, [["x", "tcp://dead", "s1"],
+                                                  ["y", "tcp://ok", "s2"]])["jobs"]
+    assert jobs["x"]["error"] == "TimeoutError: lookup sharedkv-b-control-x got no answer in 30.0s"
+    assert jobs["y"]["hit_tokens"] == NUM_TOKENS

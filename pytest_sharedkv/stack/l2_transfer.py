@@ -297,6 +297,10 @@ def run_across_hosts(workdir: Path, writer: LMCacheServer, cases: Sequence[HostC
         for case in cases:
             outcome = outcomes[case.name]
             outcome.fetch = fetched["jobs"].get(case.name, {})
+            if outcome.fetch.get("error"):
+                outcome.problems.append(Problem("process", f"replica B's fetch through "
+                                                f"{case.reader.url}: {outcome.fetch['error']}"))
+                continue
             outcome.split = case.reader.key_split(fetch_request_id(case.tag))
             outcome.problems += judge(case, outcome.fetch, outcome.split)
             for server, role in ((case.reader, "server 2"), (writer, "server 1")):
@@ -352,11 +356,14 @@ def fetch_jobs(model: str, workdir: Path, jobs: list[list[str]]) -> dict[str, An
     results: dict[str, Any] = {}
     for name, url, salt in jobs:
         started = time.perf_counter()
-        client = Client(url, model)
         try:
-            results[name] = fetch_role(client, workdir, salt, "cpu", tag=f"-{name}")
-        finally:
-            client.close()
+            client = Client(url, model)
+            try:
+                results[name] = fetch_role(client, workdir, salt, "cpu", tag=f"-{name}")
+            finally:
+                client.close()
+        except Exception as exc:  # one reader's failure (a lookup never answered) is its own
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         results[name]["fetch_s"] = round(time.perf_counter() - started, 4)
     return {"jobs": results}
 
