@@ -69,6 +69,15 @@ def test_the_split_of_one_lookup_is_read_by_its_request_id() -> None:
                              "requested": 8, "l1": 0, "l2": 4}
 
 
+def test_a_repeated_lookup_is_read_as_its_last() -> None:
+    """Seen: B's lookup and retrieve repeated on the same reader is answered from its L1
+    (8 L1, 0 L2); the split is that of the lookup the retrieve followed, the last one."""
+    log = "\n".join([_retained("sharedkv-b-fetch-fs", 8, 0, 8),
+                     _retained("sharedkv-b-fetch-fs", 8, 8, 0)])
+    assert l2_log.key_split(log, "sharedkv-b-fetch-fs").describe() == (
+        "8/8 retained keys (8 L1, 0 L2)")
+
+
 def test_a_lookup_the_server_logged_nothing_for_is_unknown_not_zero() -> None:
     """0.5.6 logs the split only for a lookup that hit (storage_manager.py:650)."""
     split = l2_log.key_split(_retained("sharedkv-b-fetch-resp"), "sharedkv-b-fetch")
