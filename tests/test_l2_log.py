@@ -79,7 +79,7 @@ def test_a_repeated_lookup_is_read_as_its_last() -> None:
 
 
 def test_a_lookup_the_server_logged_nothing_for_is_unknown_not_zero() -> None:
-    """0.5.6 logs the split only for a lookup that hit (storage_manager.py:650)."""
+    """0.5.6 logs the split only for a lookup that hit (storage_manager.py:649)."""
     split = l2_log.key_split(_retained("sharedkv-b-fetch-resp"), "sharedkv-b-fetch")
     assert not split.known and (split.l1, split.l2) == (None, None)
     assert split.describe() == ("unknown (the server logged no 'retained keys' line for "
