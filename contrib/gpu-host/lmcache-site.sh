@@ -44,6 +44,9 @@ case "$cmd" in
     ;;
   run)
     export PYTHONPATH="$site:$BASE${PYTHONPATH:+:$PYTHONPATH}"
+    # the L2 checks' redis-server, where redis-site.sh installed one
+    redis=${SHAREDKV_REDIS_SITE:-/tmp/redis-site}/bin
+    [ ! -x "$redis/redis-server" ] || export PATH="$redis:$PATH"
     exec python3 -m pytest_sharedkv -p syrupy "$@"
     ;;
   *)

@@ -44,3 +44,5 @@ if [ -f "$SDIST" ]; then
     lmcache-0.5.6/setup_extensions
   tar -czf "$OUT/sdist/lmcache-0.5.6.tar.gz" -C "$W/sdist" lmcache-0.5.6
 fi
+# redis-server and the libraries the GPU image lacks, for the L2 checks (redis-site.sh)
+bash "$(dirname "$0")/redis-site.sh" stage "$OUT"

@@ -5,6 +5,10 @@ whose copies go through ``lmcache_memcpy_async``) or ``--no-l1-use-lazy``
 (MixedMemoryAllocator, stream-aware tensor copies). The chunk size must be a multiple of
 the engine's block size. Where pinning is unsupported (no CUDA) LMCache itself turns lazy
 off; the server's effective allocator is read from its log and reported.
+
+With ``l2_adapters`` (``--l2-adapter`` JSON, ``stack/l2.py`` makes them) servers on different
+hosts share KV through an L2; a server that answers ``/`` but serves without its L2 is a
+start failure (``stack/l2_log.py`` reads why from its log).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
-from pytest_sharedkv.processes.managed import ManagedProcess, free_port, http_ok, tcp_open
+from pytest_sharedkv.processes.managed import (
+    ManagedProcess,
+    ProcessFailed,
+    free_port,
+    http_ok,
+    tcp_open,
+)
+from pytest_sharedkv.stack import l2_log
 
 ALLOCATORS = ("lazy", "mixed")
 LAZY_DISABLED = "Disabling l1-use-lazy"
@@ -47,10 +58,22 @@ class ServerConfig:
     chunk_size: int = DEFAULT_CHUNK  # the pair's launcher passes the model's
     eviction_policy: str = "LRU"
     ready_timeout: float = 120.0
+    l2_adapters: tuple[str, ...] = ()  # each an --l2-adapter JSON object with a "type"
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {ALLOCATORS}, not {self.allocator!r}")
+        for adapter in self.l2_adapters:
+            try:
+                spec = json.loads(adapter)
+            except ValueError as exc:
+                raise ValueError(f"L2 adapter {adapter!r} is not JSON: {exc}") from None
+            if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+                raise ValueError(f"L2 adapter {adapter!r} is not a JSON object with a \"type\"")
+
+
+class L2NotAttached(ProcessFailed):
+    """The server started (its HTTP / answers) but serves without an L2 it was given."""
 
 
 REGISTER_FAILED = "Error handling operation register_kv_cache"  # LMCache 0.5.6 mq.py
@@ -72,7 +95,11 @@ class LMCacheServer:
             "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
             "--disable-observability", "--disable-metrics",
         ]
+        for adapter in config.l2_adapters:
+            argv += ["--l2-adapter", adapter]
         full_env = {**(os.environ if env is None else env), **SERVER_ENV}
+        if config.l2_adapters:  # the attach and retained-keys lines are INFO
+            full_env["LMCACHE_LOG_LEVEL"] = "INFO"
         self.process = ManagedProcess(f"lmcache server ({config.allocator})", argv,
                                       log_dir / f"lmcache-server-{self.port}.log", env=full_env)
         self.startup_s: float | None = None
@@ -102,8 +129,24 @@ class LMCacheServer:
         self.process.start()
 
     def wait_ready(self) -> None:
+        """Ready, and attached to every L2 adapter it was given (L2NotAttached names the
+        adapter and the log line otherwise)."""
         self.startup_s = self.process.wait_ready(self._ready, self.config.ready_timeout,
                                                  "ready (HTTP / and the zmq server)")
+        why = self.l2_error()
+        if why is not None:
+            raise L2NotAttached(f"{self.process.name} on {self.url} started without its L2: "
+                                f"{why} (log: {self.process.log_path})")
+
+    def l2_error(self) -> str | None:
+        """Why this server serves without one of its L2 adapters (so far), or None."""
+        if not self.config.l2_adapters:
+            return None
+        return l2_log.l2_attach_error(self.process.log_text(), self.config.l2_adapters)
+
+    def key_split(self, request_id: str) -> l2_log.KeySplit:
+        """Where the keys of lookup REQUEST_ID came from (L1 or L2), in the server's log."""
+        return l2_log.key_split(self.process.log_text(), request_id)
 
     def fatal_error(self) -> str | None:
         """Why an engine cannot register with this server, or None: LMCache logs a failed

@@ -254,7 +254,13 @@ def store_role(client: Client, workdir: Path, salt: str, device: str) -> dict[st
             "store_s": round(time.perf_counter() - started, 4)}
 
 
-def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
+def fetch_request_id(tag: str = "") -> str:
+    """B's lookup and retrieve; TAG tells apart several fetches of one process."""
+    return f"sharedkv-b-fetch{tag}"
+
+
+def fetch_role(client: Client, workdir: Path, salt: str, device: str,
+               tag: str = "") -> dict[str, Any]:
     import torch
 
     a_ids, b_ids = block_plan()
@@ -262,14 +268,15 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[st
     kv = make_kv(SEED_B, device)
     client.register(kv)
     before = [[page(t, b).cpu() for b in range(NUM_BLOCKS)] for t in kv.values()]
-    control = client.lookup("sharedkv-b-control", salt + "-control")
-    client.release("sharedkv-b-control", control, salt + "-control")
-    hit = client.lookup("sharedkv-b-fetch", salt)
+    control_id, fetch_id = f"sharedkv-b-control{tag}", fetch_request_id(tag)
+    control = client.lookup(control_id, salt + "-control")
+    client.release(control_id, control, salt + "-control")
+    hit = client.lookup(fetch_id, salt)
     moved = b_ids[: hit // BLOCK]
     into = moved
     if os.environ.get(FAULT_ENV) == "off-by-one":  # self-tests: the checker must see it
         into = [b % (NUM_BLOCKS - 1) + 1 for b in moved]
-    retrieved = client.retrieve("sharedkv-b-fetch", into, hit, salt) if hit else False
+    retrieved = client.retrieve(fetch_id, into, hit, salt) if hit else False
     if device == "cuda":
         torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
     mismatches: list[str] = []

@@ -1,0 +1,412 @@
+"""The transfer check across hosts (model-free, the transfer provider's own client): KV
+stored through one LMCache server (the writer) reaches another (a reader, standing for a
+server on another host that never saw it) only through the L2 they share.
+
+Replica A stores one salt a case through the writer. The L2 write is asynchronous (the
+store returns before LMCache's store controller has written anything), so the reader is
+not asked until the case's L2 holds every key of its salt: polled, with a deadline whose
+failure names what was missing. Then the planted faults go in, and replica B, per case,
+looks up and retrieves through that case's reader and compares every page byte for byte
+with A's. A reader's lookup consults L2 every time and caches no miss; its own account of
+where the keys came from (``l2_log.KeySplit``) must say L2, not its L1 and not nowhere.
+
+Cases (``HostCase.fault``): ``none`` (a full hit from L2, byte-exact); the reader without
+an L2 (the control: 0 hit); ``corrupt`` (a byte flipped in the L2 entry: the compare must
+see exactly that page wrong); ``gap`` (the reader's ``fault_inject`` adapter fails one
+key's load: the lookup trims to the prefix before it, which must be byte-exact; a hit past
+the gap fails).
+
+    python -m pytest_sharedkv.stack.l2_transfer store --url URL --workdir DIR --salt S...
+    python -m pytest_sharedkv.stack.l2_transfer fetch --workdir DIR --job NAME URL SALT...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_sharedkv.stack.l2 import L2, first_gap
+from pytest_sharedkv.stack.l2_log import KeySplit
+from pytest_sharedkv.stack.transfer_provider import (
+    CHUNK,
+    NUM_TOKENS,
+    REPLICA_ENV,
+    SEED_A,
+    _cleanup_shm,
+    _wait_for,
+    block_plan,
+    fetch_request_id,
+    make_kv,
+    missing_api,
+    page,
+    unsupported_void,
+)
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer
+    from pytest_sharedkv.stack.transfer_provider import Client
+
+KEYS = NUM_TOKENS // CHUNK  # LMCache's keys for one store: one a chunk (one KV rank)
+MODEL = "sharedkv-transfer"
+FAULTS = ("none", "corrupt", "gap")
+STORED = "stored.json"  # A's stores returned (written before its pages are dumped)
+L2_READY = "l2.ready"  # the L2 holds every case's keys and the faults are planted
+
+
+@dataclass(frozen=True)
+class HostCase:
+    """One reader and what it must see: NAME is also the case's salt suffix and the tag of
+    its request ids; L2 None is the control (the reader has no L2)."""
+
+    name: str
+    reader: LMCacheServer
+    l2: L2 | None
+    fault: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, not {self.fault!r}")
+        if self.fault == "gap" and self.gap is None:
+            raise ValueError(f"case {self.name}: a gap needs a reader with a fault_inject "
+                             "adapter that has gap_indices")
+
+    @property
+    def gap(self) -> int | None:
+        """The first key the reader's fault_inject adapter fails to load, if any."""
+        gaps = [g for a in self.reader.config.l2_adapters
+                if (g := first_gap(json.loads(a))) is not None]
+        return min(gaps) if gaps else None
+
+    @property
+    def expected_hit(self) -> int:
+        if self.l2 is None:
+            return 0
+        if self.fault == "gap" and self.gap is not None:
+            return min(self.gap, KEYS) * CHUNK
+        return NUM_TOKENS
+
+    @property
+    def tag(self) -> str:
+        return f"-{self.name}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # leak | hits | source | bytes | l2 | process | void
+    message: str
+
+
+@dataclass
+class HostsOutcome:
+    case: str
+    l2: str
+    fault: str
+    store: dict[str, Any] = field(default_factory=dict)
+    fetch: dict[str, Any] = field(default_factory=dict)
+    split: KeySplit | None = None
+    l2_visible_s: float | None = None  # the store's return -> every key in the L2
+    planted: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+    void: str | None = None
+
+    def verdict(self) -> tuple[str, str]:
+        """(kind, status): void, the first problem's kind and fail, or a pass."""
+        if self.void:
+            return "void", "void"
+        if self.problems:
+            return self.problems[0].kind, "fail"
+        return "l2-transfer", "pass"
+
+    def as_dict(self) -> dict[str, Any]:
+        kind, status = self.verdict()
+        return {"case": self.case, "l2": self.l2, "fault": self.fault, "kind": kind,
+                "status": status, "hit_tokens": self.fetch.get("hit_tokens"),
+                "split": self.split.as_dict() if self.split else None,
+                "l2_visible_s": self.l2_visible_s, "planted": self.planted,
+                "fetch_s": self.fetch.get("fetch_s"),
+                "problems": [asdict(p) for p in self.problems], "void": self.void}
+
+
+def judge(case: HostCase, fetch: dict[str, Any], split: KeySplit | None) -> list[Problem]:
+    """What B's fetch through CASE's reader got wrong against what the case must see."""
+    problems: list[Problem] = []
+    if fetch.get("control_hit_tokens"):
+        problems.append(Problem("leak", f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                "tokens: salts do not separate namespaces"))
+    hit, expected = fetch.get("hit_tokens"), case.expected_hit
+    if hit != expected:
+        if case.l2 is None:
+            why = "without an L2 (the KV reached it some other way)"
+        elif case.fault == "gap":
+            why = (f"with key {case.gap} failing to load: only the {expected} tokens before "
+                   "the gap may hit")
+        else:
+            why = "through the L2"
+        problems.append(Problem("hits", f"server 2 ({case.reader.url}) hit {hit} of "
+                                f"{NUM_TOKENS} tokens {why}; expected {expected}"))
+    if not expected or not hit:
+        return problems
+    if not fetch.get("retrieved"):
+        problems.append(Problem("hits", "server 2's retrieve reported failure"))
+    keys = hit // CHUNK
+    if split is None or not split.known or split.l1 != 0 or split.l2 != keys \
+            or split.retained != keys:
+        problems.append(Problem("source", f"server 2's keys did not all come from L2: "
+                                f"{split.describe() if split else 'no split read'}; "
+                                f"expected {keys}/{KEYS} retained keys (0 L1, {keys} L2)"))
+    wrong = int(fetch.get("mismatched_pages", 0))
+    changed = int(fetch.get("untouched_pages_changed", 0))
+    first = "; ".join(fetch.get("mismatches", [])[:2])
+    if case.fault == "corrupt":
+        if wrong != 1 or changed:
+            problems.append(Problem("bytes", f"the byte planted in L2 showed as {wrong} wrong "
+                                    f"page(s) of {fetch.get('pages_compared')} (expected 1) "
+                                    f"and {changed} other page(s) changed" + (
+                                        f"; first: {first}" if first else "")))
+    elif wrong or changed:
+        problems.append(Problem("bytes", f"wrong bytes: {wrong} of {fetch.get('pages_compared')} "
+                                f"retrieved page(s) differ from replica A's and {changed} other "
+                                f"page(s) changed; first: {first}"))
+    return problems
+
+
+def _replica(role: str, argv: list[str], workdir: Path) -> ManagedProcess:
+    from pytest_sharedkv.processes.managed import ManagedProcess
+
+    env = {**os.environ, **REPLICA_ENV, "CUDA_VISIBLE_DEVICES": ""}
+    return ManagedProcess(f"l2 transfer replica {role}", [
+        sys.executable, "-m", "pytest_sharedkv.stack.l2_transfer", role, "--workdir",
+        str(workdir), *argv], workdir / f"replica-{role}.log", env=env)
+
+
+def wait_l2(cases: Sequence[HostCase], salts: dict[str, str], exited: Callable[[], bool],
+            workdir: Path, deadline_s: float, timeout: float
+            ) -> tuple[dict[str, float], dict[str, Any]]:
+    """Until A's stores returned and each case's L2 holds its salt's KEYS entries (or the
+    deadline, DEADLINE_S after the stores returned; or A EXITED without storing): when each
+    was first seen whole, and when each store returned."""
+    seen: dict[str, float] = {}
+    stored: dict[str, Any] = {}
+    waiting = [c for c in cases if c.l2 is not None]
+    started = time.monotonic()
+    stored_mono: float | None = None
+    while True:
+        if not stored and (workdir / STORED).exists():
+            stored = json.loads((workdir / STORED).read_text())
+            stored_mono = time.monotonic()
+        if stored:
+            for case in waiting:
+                if case.name not in seen and case.l2 is not None:
+                    held = case.l2.entries(salts[case.name])
+                    if held is not None and len(held) >= KEYS:
+                        seen[case.name] = time.time()
+        done = exited()
+        if done and not stored:
+            break
+        if done and (len(seen) == len(waiting) or (
+                stored_mono is not None and time.monotonic() - stored_mono > deadline_s)):
+            break
+        if time.monotonic() - started > timeout:
+            break
+        time.sleep(0.005)
+    return seen, stored
+
+
+def missing_in_l2(case: HostCase, salt: str, deadline_s: float) -> Problem:
+    """What the L2 lacked when the wait for CASE's keys ended."""
+    assert case.l2 is not None
+    held = case.l2.entries(salt)
+    count = case.l2.count()
+    return Problem("l2", f"{case.l2.describe()} held "
+                   f"{'an unreadable number' if held is None else len(held)} of the {KEYS} "
+                   f"entries of salt {salt} {deadline_s:g}s after the store returned "
+                   f"({'unknown' if count is None else count} entries in all)")
+
+
+def run_across_hosts(workdir: Path, writer: LMCacheServer, cases: Sequence[HostCase],
+                     salt: str, timeout: float = 180.0,
+                     l2_deadline: float = 30.0) -> dict[str, HostsOutcome]:
+    """Every case of one store (replica A, through WRITER) and one fetching process (replica
+    B, each case through its reader), the servers already started and left running."""
+    from pytest_sharedkv.processes.managed import ProcessFailed
+
+    salts = {case.name: f"{salt}-{case.name}" for case in cases}
+    outcomes = {c.name: HostsOutcome(c.name, c.l2.describe() if c.l2 else "none", c.fault)
+                for c in cases}
+    store = _replica("store", ["--url", writer.url, "--model", MODEL,
+                               *[a for c in cases for a in ("--salt", salts[c.name])]], workdir)
+    fetch = _replica("fetch", ["--model", MODEL, "--after", str(workdir / L2_READY),
+                               "--after-timeout", str(timeout),
+                               *[a for c in cases for a in ("--job", c.name, c.reader.url,
+                                                            salts[c.name])]], workdir)
+    failed: list[Problem] = []
+    try:
+        store.start()
+        fetch.start()  # its imports overlap A's store and the L2 wait
+        seen, stored = wait_l2(cases, salts, lambda: not store.alive(), workdir, l2_deadline,
+                               timeout)
+        code = store.wait_exit(timeout, "finish its stores")
+        result = workdir / "store.json"
+        if code != 0 or not result.exists():
+            raise store.failure(f"exited with status {code} without a result")
+        store_result = json.loads(result.read_text())
+        if store_result.get("unsupported"):
+            for outcome in outcomes.values():
+                outcome.void = unsupported_void(store_result)
+            return outcomes
+        for case in cases:
+            outcome = outcomes[case.name]
+            outcome.store = store_result["salts"][salts[case.name]]
+            visible = outcome.store.get("visible_hit_tokens") == NUM_TOKENS
+            if not outcome.store.get("stored") or not visible:
+                outcome.problems.append(Problem("process", "replica A's store through the "
+                                                f"writer did not become visible: {outcome.store}"))
+            if case.l2 is None:
+                continue
+            if case.name in seen:
+                outcome.l2_visible_s = round(seen[case.name] - stored[salts[case.name]], 4)
+            else:
+                outcome.problems.append(missing_in_l2(case, salts[case.name], l2_deadline))
+            if case.fault == "corrupt":
+                entries = case.l2.entries(salts[case.name]) or []
+                try:
+                    outcome.planted = case.l2.corrupt(entries[0]) if entries else None
+                except (OSError, ValueError, NotImplementedError) as exc:
+                    outcome.void = f"VOID: the byte could not be planted in L2: {exc}"
+                if outcome.planted is None and outcome.void is None:
+                    outcome.void = (f"VOID: no entry of salt {salts[case.name]} in "
+                                    f"{case.l2.describe()} to plant a byte in")
+        (workdir / L2_READY).touch()
+        code = fetch.wait_exit(timeout, "finish its fetches")
+        result = workdir / "fetch.json"
+        if code != 0 or not result.exists():
+            raise fetch.failure(f"exited with status {code} without a result")
+        fetched = json.loads(result.read_text())
+        if fetched.get("unsupported"):
+            for outcome in outcomes.values():
+                outcome.void = unsupported_void(fetched)
+            return outcomes
+        for case in cases:
+            outcome = outcomes[case.name]
+            outcome.fetch = fetched["jobs"].get(case.name, {})
+            if outcome.fetch.get("error"):
+                outcome.problems.append(Problem("process", f"replica B's fetch through "
+                                                f"{case.reader.url}: {outcome.fetch['error']}"))
+                continue
+            outcome.split = case.reader.key_split(fetch_request_id(case.tag))
+            outcome.problems += judge(case, outcome.fetch, outcome.split)
+            for server, role in ((case.reader, "server 2"), (writer, "server 1")):
+                why = server.l2_error()
+                if why is not None and case.l2 is not None:
+                    outcome.problems.insert(0, Problem("l2", f"{role} lost its L2 during the "
+                                                       f"check: {why}"))
+    except ProcessFailed as exc:
+        failed.append(Problem("process", str(exc)))
+    finally:
+        for replica in (store, fetch):
+            if replica.proc is not None:
+                replica.stop()
+                _cleanup_shm(replica.pid)
+    for outcome in outcomes.values():
+        outcome.problems[:0] = failed
+    return outcomes
+
+
+def store_salts(client: Client, workdir: Path, salts: list[str]) -> dict[str, Any]:
+    """A: one registration, one store a salt (the time each returned, written at once for
+    the L2 wait), each then visible in the writer, and the pages it stored."""
+    import torch
+
+    a_ids, _ = block_plan()
+    kv = make_kv(SEED_A)
+    client.register(kv)
+    done: dict[str, float] = {}
+    stored: dict[str, bool] = {}
+    for salt in salts:
+        stored[salt] = client.store(f"sharedkv-a-store-{salt}", a_ids, salt)
+        done[salt] = time.time()
+    _write_json(workdir / STORED, done)
+    results: dict[str, Any] = {}
+    for salt in salts:
+        hit, attempts, started = 0, 0, time.monotonic()
+        while hit < NUM_TOKENS and time.monotonic() - started < 60:
+            attempts += 1
+            rid = f"sharedkv-a-visible-{salt}-{attempts}"
+            hit = client.lookup(rid, salt)
+            client.release(rid, hit, salt)
+        results[salt] = {"stored": stored[salt], "visible_hit_tokens": hit,
+                         "lookups_until_visible": attempts}
+    pages = torch.stack([torch.stack([page(t, b) for b in a_ids]) for t in kv.values()])
+    torch.save(pages, workdir / "a-pages.pt")
+    return {"salts": results}
+
+
+def fetch_jobs(model: str, workdir: Path, jobs: list[list[str]]) -> dict[str, Any]:
+    """B: per job (NAME, URL, SALT), a client of that reader, the transfer provider's fetch."""
+    from pytest_sharedkv.stack.transfer_provider import Client, fetch_role
+
+    results: dict[str, Any] = {}
+    for name, url, salt in jobs:
+        started = time.perf_counter()
+        try:
+            client = Client(url, model)
+            try:
+                results[name] = fetch_role(client, workdir, salt, "cpu", tag=f"-{name}")
+            finally:
+                client.close()
+        except Exception as exc:  # one reader's failure (a lookup never answered) is its own
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["fetch_s"] = round(time.perf_counter() - started, 4)
+    return {"jobs": results}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1))
+    partial.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=("store", "fetch"))
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--url", help="store: the writer")
+    parser.add_argument("--salt", action="append", default=[], help="store: one a case")
+    parser.add_argument("--job", nargs=3, action="append", default=[],
+                        metavar=("NAME", "URL", "SALT"), help="fetch: one a case")
+    parser.add_argument("--after", type=Path, default=None)
+    parser.add_argument("--after-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
+
+    from pytest_sharedkv.stack.transfer_provider import Client, _lmcache_version
+
+    missing = missing_api()
+    if args.after is not None:
+        _wait_for(args.after, args.after_timeout)
+    result: dict[str, Any]
+    if missing:
+        result = {"role": args.role, "unsupported": missing, "lmcache": _lmcache_version()}
+    elif args.role == "store":
+        client = Client(args.url, args.model)
+        try:
+            result = store_salts(client, args.workdir, args.salt)
+        finally:
+            client.close()
+    else:
+        result = fetch_jobs(args.model, args.workdir, args.job)
+    _write_json(args.workdir / f"{args.role}.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
