@@ -114,3 +114,22 @@ def test_accepts_reads_the_signature() -> None:
     assert accepts(_Worker053().register_kv_caches, "engine_group_infos")
     assert not accepts(_Worker053().register_kv_caches, "layout_hints")
     assert not accepts(len, "anything")  # a builtin without a readable signature
+
+
+def test_problems_are_scored_by_their_class_never_their_text() -> None:
+    """Only wrong bytes are counted page by page: a process failure whose message happens
+    to begin "wrong bytes" fails every page, and each judged problem carries its kind."""
+    store = {"stored": True, "visible_hit_tokens": tp.NUM_TOKENS}
+    fetch = {"hit_tokens": tp.NUM_TOKENS, "control_hit_tokens": 256, "retrieved": True,
+             "pages_compared": 256, "mismatched_pages": 64, "untouched_pages_changed": 0,
+             "mismatches": ["x"]}
+    assert [type(p) for p in tp.judge(store, fetch)] == [tp.SaltLeak, tp.WrongBytes]
+    assert [type(p) for p in tp.judge({}, {**fetch, "hit_tokens": 16, "retrieved": False,
+                                           "control_hit_tokens": 0, "mismatched_pages": 0})
+            ] == [tp.NotMoved, tp.NotMoved, tp.NotMoved]
+    wrong = tp.WrongBytes("64 pages differ")
+    assert tp.TransferOutcome(fetch=fetch, problems=[wrong]).score() == (192, 256)
+    crashed = tp.Failed(f"{tp.BYTES_WRONG}: replica B exited with status 1")
+    assert tp.TransferOutcome(fetch=fetch, problems=[crashed]).score() == (0, 256)
+    assert tp.TransferOutcome(fetch=fetch, problems=[wrong, crashed]).score() == (0, 256)
+

@@ -311,11 +311,39 @@ def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
     return ""
 
 
+class Problem(str):
+    """One thing wrong with a transfer check: its text says what, its class which kind
+    (the score reads the class, never the text). A plain str is a problem of no known
+    kind."""
+
+
+class WrongBytes(Problem):
+    """Pages B retrieved differ from A's, or pages it must not touch changed: counted page
+    by page."""
+
+
+class NotMoved(Problem):
+    """The KV did not move as it must (A's store never visible, B hit short or its
+    retrieve failed): no page can be judged."""
+
+
+class SaltLeak(Problem):
+    """A fresh cache salt hit: namespaces do not separate."""
+
+
+class Failed(Problem):
+    """A process of the check failed (died, timed out, survived its teardown)."""
+
+
+class Void(Problem):
+    """The check proves nothing (the delay never ran; LMCache lacks the client API)."""
+
+
 @dataclass
 class TransferOutcome:
     store: dict[str, Any] = field(default_factory=dict)
     fetch: dict[str, Any] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # Problem subclasses: typed
     server: str = ""
     allocator: str = ""
     delayed_calls: dict[str, int] | None = None
@@ -335,7 +363,7 @@ class TransferOutcome:
         compared = int(self.fetch.get("pages_compared") or 0)
         if not self.problems:
             return compared or 1, compared or 1
-        if compared and all(p.startswith(BYTES_WRONG) for p in self.problems):
+        if compared and all(isinstance(p, WrongBytes) for p in self.problems):
             wrong = int(self.fetch.get("mismatched_pages", 0))
             return max(compared - wrong, 0), compared
         return 0, compared or 1
@@ -413,24 +441,25 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
                 outcome.void = unsupported_void(found)
                 break
     except ProcessFailed as exc:
-        outcome.problems.append(str(exc))
+        outcome.problems.append(Failed(str(exc)))
     finally:
         for replica in replicas.values():
             replica.stop()
             _cleanup_shm(replica.pid)
         leftovers = server.stop()
         if leftovers:
-            outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
+            outcome.problems.append(Failed(f"LMCache server processes {leftovers} survived "
+                                           "teardown"))
     if delay_cycles:
         outcome.delayed_calls = dict(read_log(inject_log(workdir)))
     if outcome.void and not outcome.problems:
-        outcome.problems.append(outcome.void)
+        outcome.problems.append(Void(outcome.void))
     elif not outcome.problems:
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
         void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
         if void:
             outcome.void = void
-            outcome.problems.insert(0, void)
+            outcome.problems.insert(0, Void(void))
     return outcome
 
 
@@ -440,30 +469,32 @@ def _lmcache_version() -> str:
     return dist_version("lmcache") or "(version unknown)"
 
 
-def unsupported_void(result: dict[str, Any]) -> str:
+def unsupported_void(result: dict[str, Any]) -> Void:
     """Why a replica that found LMCache's client API incomplete proves nothing."""
-    return (f"VOID: LMCache {result.get('lmcache')} lacks what the transfer provider calls "
+    return Void(f"VOID: LMCache {result.get('lmcache')} lacks what the transfer provider calls "
             f"({', '.join(result['unsupported'])}): it cannot drive this version, so no byte "
             "was moved or judged")
 
 
 def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
-    problems = []
+    """What A's store and B's fetch results show wrong, each of its kind."""
+    problems: list[str] = []
     if not store.get("stored") or store.get("visible_hit_tokens") != NUM_TOKENS:
-        problems.append(f"replica A's store did not become visible: {store}")
+        problems.append(NotMoved(f"replica A's store did not become visible: {store}"))
     if fetch.get("control_hit_tokens"):
-        problems.append(f"a fresh cache_salt hit {fetch['control_hit_tokens']} tokens: "
-                        "salts do not separate namespaces")
+        problems.append(SaltLeak(f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                 "tokens: salts do not separate namespaces"))
     if fetch.get("hit_tokens") != NUM_TOKENS:
-        problems.append(f"replica B hit {fetch.get('hit_tokens')} of {NUM_TOKENS} tokens")
+        problems.append(NotMoved(f"replica B hit {fetch.get('hit_tokens')} of {NUM_TOKENS} "
+                                 "tokens"))
     if fetch.get("hit_tokens") and not fetch.get("retrieved"):
-        problems.append("replica B's retrieve reported failure")
+        problems.append(NotMoved("replica B's retrieve reported failure"))
     if fetch.get("mismatched_pages") or fetch.get("untouched_pages_changed"):
-        problems.append(
+        problems.append(WrongBytes(
             f"{BYTES_WRONG}: {fetch['mismatched_pages']} of {fetch.get('pages_compared')} "
             f"retrieved page(s) differ from replica A's and "
             f"{fetch['untouched_pages_changed']} other page(s) changed; first: "
-            + "; ".join(fetch.get("mismatches", [])[:2]))
+            + "; ".join(fetch.get("mismatches", [])[:2])))
     return problems
 
 
