@@ -116,6 +116,49 @@ def test_accepts_reads_the_signature() -> None:
     assert not accepts(len, "anything")  # a builtin without a readable signature
 
 
+def test_a_replica_that_fails_to_start_leaves_nothing_running(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """B's start raising (the spawn failed): the check records it, and everything started
+    before (the server, A) is stopped; B, never started, has no pid to clean up after."""
+    from pytest_sharedkv.processes import managed
+    from pytest_sharedkv.stack import lmcache_server
+
+    stopped: list[str] = []
+
+    class Process(managed.ManagedProcess):
+        def start(self) -> None:
+            if self.name.endswith("B"):
+                raise managed.ProcessFailed(f"{self.name}: could not be spawned")
+            self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
+
+        def stop(self, grace: float = 10.0) -> list[int]:
+            stopped.append(self.name)
+            return []
+
+    class Server:
+        url = "tcp://127.0.0.1:1"
+
+        def __init__(self, config: lmcache_server.ServerConfig, log_dir: Path,
+                     env: dict[str, str]) -> None:
+            self.config = config
+
+        def launch(self) -> None:
+            stopped.append("(server launched)")
+
+        def stop(self) -> list[int]:
+            stopped.append("server")
+            return []
+
+    monkeypatch.setattr(managed, "ManagedProcess", Process)
+    monkeypatch.setattr(lmcache_server, "LMCacheServer", Server)
+    outcome = tp.run_pair(tmp_path, "salt")
+    assert stopped == ["(server launched)", "transfer replica A", "transfer replica B",
+                       "server"]
+    assert [type(p) for p in outcome.problems] == [tp.Failed]
+    assert "transfer replica B: could not be spawned" in outcome.problems[0]
+    assert outcome.verdict() == ("bytes", "fail") and outcome.score() == (0, 1)
+
+
 def test_problems_are_scored_by_their_class_never_their_text() -> None:
     """Only wrong bytes are counted page by page: a process failure whose message happens
     to begin "wrong bytes" fails every page, and each judged problem carries its kind."""

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -270,16 +271,31 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     # The server maps every engine's KV cache through CUDA IPC: it must see every leased
     # device (on one GPU only, it failed register_kv_cache for the replica on the other).
     server: LMCacheServer | None = None
+    with ExitStack() as started:  # anything that raises before the pair exists stops it
+        if spec.arm == "ON":
+            server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
+            server = LMCacheServer(ServerConfig(allocator=spec.allocator,
+                                                l1_size_gb=spec.l1_size_gb,
+                                                chunk_size=spec.chunk_size,
+                                                ready_timeout=spec.ready_timeout),
+                                   spec.log_dir, env=server_env)
+            started.callback(server.stop)
+            server.start()
+        pair = _vllm_pair(spec, server)
+        started.pop_all()
+    # one GPU each, or a fixed cache each: no profiling of each other's memory
+    start_all(pair, together=together(spec))  # stops the whole pair if a replica fails
+    pair.starts = start_record(server, pair.replicas)
+    return pair
+
+
+def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
+    """The pair of vllm replicas SPEC describes (not started), over SERVER if any."""
+    assert spec.model is not None
     launches: list[Launched] = []
-    if spec.arm == "ON":
-        server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
-        server = LMCacheServer(ServerConfig(allocator=spec.allocator,
-                                            l1_size_gb=spec.l1_size_gb,
-                                            chunk_size=spec.chunk_size,
-                                            ready_timeout=spec.ready_timeout),
-                               spec.log_dir, env=server_env)
-        server.start()
-        launches.append(launched(server.process.name, server.process.argv, server.process.env))
+    if server is not None:
+        launches.append(launched(server.process.name, server.process.argv,
+                                 server.process.env))
     replicas = {}
     placed: dict[str, tuple[str, ...]] = {}
     for index, name in enumerate(("A", "B")):
@@ -321,9 +337,6 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     pair.engine_settings = spec.engine.record()
     pair.devices = placed
     pair.relaunch = lambda **changes: launch_vllm_pair(replace(spec, **changes))
-    # one GPU each, or a fixed cache each: no profiling of each other's memory
-    start_all(pair, together=together(spec))
-    pair.starts = start_record(server, replicas)
     return pair
 
 

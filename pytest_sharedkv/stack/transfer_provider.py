@@ -445,7 +445,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     finally:
         for replica in replicas.values():
             replica.stop()
-            _cleanup_shm(replica.pid)
+            if replica.proc is not None:  # one whose start raised has no pid
+                _cleanup_shm(replica.proc.pid)
         leftovers = server.stop()
         if leftovers:
             outcome.problems.append(Failed(f"LMCache server processes {leftovers} survived "
