@@ -31,6 +31,7 @@ from pytest_sharedkv.perf.observations import (
 )
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.plots import MISSING
+from tests.launch_faults import LaunchFaults, Planted, StubFaults
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
 
@@ -339,8 +340,8 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     """Nothing is lost: B dies on its 10th request (after 2 warm-ups, 4 of the burst, 3 cross
     requests), the test fails naming the phase, and the observations made so far are in
     the JSON report with an INCOMPLETE note; the progress lines say where time went."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=9")
-    result = pytester.runpytest(*STUB, "--sharedkv-json=r.json")
+    crash = Planted(LaunchFaults(stub=StubFaults(crash_after=9)))
+    result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", plugins=[crash])
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
@@ -433,9 +434,9 @@ def test_a_pool_too_small_marks_the_cross_hits_partial(
     size's requests store evicts them before B asks, so B recomputes part of each
     cross-replica prompt. The tier marks those requests PARTIAL and does not judge their
     size's cross ratio, instead of timing a recompute as a transfer."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "pool-blocks=100")  # a 3k prompt: 48 blocks
+    small = Planted(LaunchFaults(stub=StubFaults(pool_blocks=100)))  # a 3k prompt: 48 blocks
     result = pytester.runpytest(*small_plan(pytester, monkeypatch), "--sharedkv-provider=stub",
-                                "--sharedkv-json=r.json", "--sharedkv-blocks=1")
+                                "--sharedkv-json=r.json", "--sharedkv-blocks=1", plugins=[small])
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*VERDICT perf: cross-replica TTFT 3k ON/OFF *: NOT JUDGED (* ON requests were "

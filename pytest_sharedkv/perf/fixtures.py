@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.payloads import PayloadSet
     from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import EngineSettings
 
@@ -249,7 +250,7 @@ class _Setup:
 
 
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
-                tmp_path_factory: pytest.TempPathFactory) -> _Setup:
+                tmp_path_factory: pytest.TempPathFactory, faults: StubFaults) -> _Setup:
     from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, stub_pair
 
     chunk = settings.chunk_size or STUB_CHUNK
@@ -259,7 +260,7 @@ def _stub_setup(settings: Settings, arms: tuple[str, ...],
     def launch(arm: str) -> ReplicaPair:
         return stub_pair(LaunchSpec(log_dir=tmp_path_factory.mktemp(f"perf-stub-{arm}"),
                                     chunk_size=chunk, arm=arm, engine=engine,
-                                    stub_prefill_us=STUB_PREFILL_US))
+                                    stub_prefill_us=STUB_PREFILL_US, stub_faults=faults))
 
     return _Setup(launch, arms, chunk, "stub (test double)", max_tokens=8, settle_s=0.0,
                   store_s_per_token=0.0,  # the stub stores synchronously
@@ -452,7 +453,9 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     provider = resolved.provider
     arms = block_arms(settings.blocks, settings.treatment_arms)
     if provider is Provider.STUB:
-        setup = _stub_setup(settings, arms, tmp_path_factory)
+        from pytest_sharedkv.stack.faults import planted
+
+        setup = _stub_setup(settings, arms, tmp_path_factory, planted(pytestconfig).stub)
     elif provider is Provider.EXTERNAL:
         setup = _external_setup(settings)
     else:

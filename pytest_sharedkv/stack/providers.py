@@ -31,6 +31,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
 )
 from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
+from pytest_sharedkv.stack.faults import StubFaults
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 
@@ -148,6 +149,7 @@ class LaunchSpec:
     kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
     arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
     stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
+    stub_faults: StubFaults = field(default_factory=StubFaults)  # stub only: self-tests
     # the service triage's controls: variables set in the LMCache server / both replicas,
     # and a device synchronize around every KV transfer in the server (sync_hook)
     server_env: tuple[tuple[str, str], ...] = ()
@@ -367,18 +369,10 @@ def together(spec: LaunchSpec) -> bool:
     return len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
 
 
-# self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
-# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
-# "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
-# "corrupt-external-unless=VAR": the same, unless the replicas' environment sets VAR (a
-# fault a triage control removes: the stand-in of a race CUDA_LAUNCH_BLOCKING=1 hides);
-# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits;
-# "metrics-fail=N[,M]" makes B's Nth (and Mth) metrics scrape fail (HTTP 503)
-STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
-
-
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
-    fault = os.environ.get(STUB_FAULT_ENV, "")
+    """Two stub replicas (a test double) as SPEC's arm would share a pool; the faults a
+    self-test planted (``spec.stub_faults``) become the stubs' own flags."""
+    faults = spec.stub_faults
     pool = spec.log_dir / "stub-pool"
     control, log = gate_paths(spec.log_dir)
     launches: list[Launched] = []
@@ -393,21 +387,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--pool", str(pool.with_name(f"stub-pool-{name}")), "--offload-log"]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
-        if name == "B" and (fault == "corrupt-external" or (
-                fault.startswith("corrupt-external-unless=")
-                and fault.split("=", 1)[1] not in dict(spec.replica_env))):
-            argv.append("--corrupt-external")
-        if name == "B" and fault.startswith("crash-after="):
-            argv += ["--crash-after", fault.split("=", 1)[1]]
-        if fault == "leak":
-            argv.append("--ignore-salt")
-        if fault.startswith("pool-blocks=") and spec.arm != "OFF":
-            argv += ["--pool-blocks", fault.split("=", 1)[1]]
-        if name == "B" and fault.startswith("metrics-fail="):
-            argv += ["--fail-metrics", fault.split("=", 1)[1]]
-        if name == "B" and fault == "diverge":
-            argv.append("--diverge")
-        if name == "B" and fault != "no-gate":
+        argv += faults.argv(name, spec.arm, dict(spec.replica_env))
+        if name == "B" and not faults.no_gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
             argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
@@ -421,7 +402,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                        labels={"provider": "stub (test double)",
                                "allocator": {"ON": "n/a", "NATIVE": "native (own pool)"}.get(
                                    spec.arm, "none (no pool)"),
-                               "delay": fault or "0"})
+                               "delay": "0"})
     pair.gate_control, pair.gate_log = control, log
     if spec.kv_audit:
         pair.kv_audit_dir = audit_dir(spec.log_dir)

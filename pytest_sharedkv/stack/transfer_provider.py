@@ -14,14 +14,13 @@ whether that path is stream-ordered: 8 chunks, more than the server's 4 staging 
 so both a stale store (D2H) and an overwritten retrieve (H2D) can show.
 
     python -m pytest_sharedkv.stack.transfer_provider store|fetch --url URL --model NAME
-        --workdir DIR --salt SALT [--device cpu|cuda]
+        --workdir DIR --salt SALT [--device cpu|cuda] [--off-by-one]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -36,13 +35,13 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     void_problem,
 )
 from pytest_sharedkv.host.lmcache_api import known_keywords
+from pytest_sharedkv.stack.faults import TransferFaults
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
 CHUNK = 256  # the transfer's own geometry (no model): 16 blocks a chunk
 NUM_TOKENS = 8 * CHUNK  # 8 chunks
 SEED_A, SEED_B = 11, 22
-FAULT_ENV = "SHAREDKV_TRANSFER_FAULT"  # self-test seam: "off-by-one" retrieves one block over
 DEVICES = ("cpu", "cuda")
 BYTES_WRONG = "wrong bytes"
 REPLICA_ENV = {
@@ -254,7 +253,10 @@ def store_role(client: Client, workdir: Path, salt: str, device: str) -> dict[st
             "store_s": round(time.perf_counter() - started, 4)}
 
 
-def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[str, Any]:
+def fetch_role(client: Client, workdir: Path, salt: str, device: str,
+               off_by_one: bool = False) -> dict[str, Any]:
+    """B's part; OFF_BY_ONE (a self-test's planted fault) retrieves each block into the one
+    after it, which the page comparison must see."""
     import torch
 
     a_ids, b_ids = block_plan()
@@ -266,9 +268,7 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str) -> dict[st
     client.release("sharedkv-b-control", control, salt + "-control")
     hit = client.lookup("sharedkv-b-fetch", salt)
     moved = b_ids[: hit // BLOCK]
-    into = moved
-    if os.environ.get(FAULT_ENV) == "off-by-one":  # self-tests: the checker must see it
-        into = [b % (NUM_BLOCKS - 1) + 1 for b in moved]
+    into = [b % (NUM_BLOCKS - 1) + 1 for b in moved] if off_by_one else moved
     retrieved = client.retrieve("sharedkv-b-fetch", into, hit, salt) if hit else False
     if device == "cuda":
         torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
@@ -371,11 +371,13 @@ class TransferOutcome:
 
 @dataclass(frozen=True)
 class TransferCase:
-    """One cell of the transfer provider's matrix."""
+    """One cell of the transfer provider's matrix (``faults``: what a self-test planted,
+    never part of its id)."""
 
     device: str = "cpu"
     allocator: str = "mixed"
     delay: int = 0
+    faults: TransferFaults = field(default_factory=TransferFaults)
 
     @property
     def id(self) -> str:
@@ -390,13 +392,15 @@ def _cleanup_shm(pid: int) -> None:
 
 
 def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mixed",
-             delay_cycles: int = 0, timeout: float = 300.0) -> TransferOutcome:
+             delay_cycles: int = 0, timeout: float = 300.0,
+             faults: TransferFaults | None = None) -> TransferOutcome:
     """A real LMCache server and replicas A and B started with it (A stores once it is
     ready, B fetches once A has stored); always torn down.
 
     ``cpu``: nobody sees a GPU (LMCache turns lazy L1 off there: the effective allocator
     is reported). ``cuda``: the server and both replicas share the leased GPU; with
-    ``delay_cycles`` all three load the fault-sensitivity hook.
+    ``delay_cycles`` all three load the fault-sensitivity hook. ``faults``: what a
+    self-test planted in B.
     """
     from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
@@ -422,6 +426,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
                     server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
                     "--salt", salt, "--device", device, "--after", str(after),
                     "--after-timeout", str(timeout + server.config.ready_timeout)]
+            if role == "fetch" and faults is not None:
+                argv += faults.argv()
             env = {**process_env(spec, role=f"replica {name}"), **REPLICA_ENV, **hidden}
             replicas[role] = ManagedProcess(f"transfer replica {name}", argv,
                                             workdir / f"replica-{role}.log", env=env)
@@ -521,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wait for this file (the server-ready file, or the store's "
                         "result) before connecting")
     parser.add_argument("--after-timeout", type=float, default=300.0)
+    parser.add_argument("--off-by-one", action="store_true",
+                        help="fetch: retrieve each block into the one after it (a fault the "
+                        "self-tests plant: the page comparison must see it)")
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
 
@@ -533,9 +542,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         client = Client(args.url, args.model)
         try:
-            run = store_role if args.role == "store" else fetch_role
-            result = {"role": args.role, "chunk": client.chunk,
-                      **run(client, args.workdir, args.salt, args.device)}
+            if args.role == "store":
+                found = store_role(client, args.workdir, args.salt, args.device)
+            else:
+                found = fetch_role(client, args.workdir, args.salt, args.device,
+                                   off_by_one=args.off_by_one)
+            result = {"role": args.role, "chunk": client.chunk, **found}
         finally:
             client.close()
     out = args.workdir / f"{args.role}.json"  # whole or absent: B waits for the store's
