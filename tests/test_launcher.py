@@ -400,6 +400,7 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     from dataclasses import replace
 
     from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
     started: list[bool] = []
     stopped: list[str] = []
@@ -426,6 +427,53 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     # the server's measured start; replicas that never started (start_all is faked) none
     assert pair.starts == {"lmcache server (mixed)": {"ready": 1.5}}
     assert stopped == []  # the pair owns the server now: stopped by pair.close()
+    record = pair.record
+    assert record.server == ServerConfig(allocator="mixed", l1_size_gb=8.0, ready_timeout=900.0)
+    assert record.engine == engine and record.model == tmp_path and record.arm == "ON"
+    for launch in record.replicas:
+        assert launch.url == f"http://127.0.0.1:{launch.port}"
+        assert launch.log == tmp_path / f"vllm-{launch.name}-{launch.port}.log"
+    assert pair.labels == {"provider": "vllm", "allocator": "mixed", "delay": "0"}
+    assert pair.gate_control == tmp_path / "gate-control.json" and pair.has_server
+    assert pair.kv_audit_dir is None and pair.inject_log is None and pair.sync_log is None
+
+
+def test_every_provider_constructs_its_pair_with_one_launch_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub's record says what it started (processes, ports, logs) and that it placed
+    no engine on a GPU; external endpoints' says what is known (the URLs) and leaves the
+    rest unknown (None), never a guess; a record cannot change once the pair has it."""
+    import dataclasses
+
+    from pytest_sharedkv.stack import providers
+
+    monkeypatch.setattr(providers, "start_all", lambda pair, together=False: None)
+    stub = providers.stub_pair(providers.LaunchSpec(tmp_path, kv_audit=True, arm="NATIVE"))
+    record = stub.record
+    assert (record.provider, record.arm) == ("stub (test double)", "NATIVE")
+    assert [p.name for p in record.processes] == ["stub replica A", "stub replica B"]
+    assert [r.name for r in record.replicas] == ["A", "B"]
+    for replica in record.replicas:
+        assert replica.devices is None and replica.port is not None
+        assert replica.log == tmp_path / f"stub-{replica.name}-{replica.port}.log"
+    assert stub.devices == {}  # no engine on a GPU: the placement is unknown, not "inherited"
+    assert stub.labels == {"provider": "stub (test double)", "allocator": "native (own pool)",
+                           "delay": "0"}
+    assert stub.kv_audit_dir == tmp_path / "kv-audit" and not stub.has_server
+    assert stub.engine_settings == providers.EngineSettings().record()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.allocator = "mixed"  # type: ignore[misc]
+
+    external = providers.external_pair(("http://h:1/", "http://h:2"))
+    known = external.record
+    assert [(r.name, r.url) for r in known.replicas] == [("A", "http://h:1"), ("B", "http://h:2")]
+    assert (known.allocator, known.engine, known.server, known.model, known.arm) == (
+        None, None, None, None, None)
+    assert all((r.devices, r.port, r.log) == (None, None, None) for r in known.replicas)
+    assert external.labels == {"provider": "external", "allocator": "unknown", "delay": "0"}
+    assert (external.launches, external.engine_settings, external.devices) == ([], {}, {})
+    assert external.relaunch is None and not external.has_server
+    assert external.gate_control is None and external.kv_audit_dir is None
 
 
 def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:

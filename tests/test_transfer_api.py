@@ -176,3 +176,60 @@ def test_problems_are_scored_by_their_class_never_their_text() -> None:
     assert tp.TransferOutcome(fetch=fetch, problems=[crashed]).score() == (0, 256)
     assert tp.TransferOutcome(fetch=fetch, problems=[wrong, crashed]).score() == (0, 256)
 
+
+def test_the_transfer_check_records_what_it_launched(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The server and both client processes, with the server's config; the clients serve
+    nothing (no URL) and no engine was placed on a GPU."""
+    from pytest_sharedkv.processes import managed
+    from pytest_sharedkv.stack import lmcache_server
+
+    class Process(managed.ManagedProcess):
+        def start(self) -> None:
+            self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
+
+        def wait_exit(self, timeout: float, what: str) -> int:
+            return 0
+
+        def stop(self, grace: float = 10.0) -> list[int]:
+            return []
+
+    class Server:
+        url = "tcp://127.0.0.1:1"
+
+        def __init__(self, config: lmcache_server.ServerConfig, log_dir: Path,
+                     env: dict[str, str]) -> None:
+            self.config = config
+            self.process = Process("lmcache server (mixed)", ["lmcache", "server"],
+                                   log_dir / "server.log", env=env)
+
+        def launch(self) -> None:
+            pass
+
+        def wait_ready(self) -> None:
+            pass
+
+        def effective_allocator(self) -> str:
+            return "mixed (LMCache disabled lazy: pinning unsupported here)"
+
+        def stop(self) -> list[int]:
+            return []
+
+    monkeypatch.setattr(managed, "ManagedProcess", Process)
+    monkeypatch.setattr(lmcache_server, "LMCacheServer", Server)
+    for role in ("store", "fetch"):  # what the two clients would have written
+        (tmp_path / f"{role}.json").write_text(json.dumps({"role": role}))
+    outcome = tp.run_pair(tmp_path, "salt", allocator="lazy")
+    record = outcome.launch
+    assert record is not None
+    assert [p.name for p in record.processes] == [
+        "lmcache server (mixed)", "transfer replica A", "transfer replica B"]
+    assert record.processes[2].argv[3] == "fetch"
+    assert record.server == lmcache_server.ServerConfig(allocator="lazy", l1_size_gb=0.25,
+                                                        chunk_size=tp.CHUNK)
+    assert [(r.name, r.url, r.devices, r.log) for r in record.replicas] == [
+        ("A", None, None, tmp_path / "replica-store.log"),
+        ("B", None, None, tmp_path / "replica-fetch.log")]
+    assert record.labels == {"provider": "transfer (cpu)",
+                             "allocator": "mixed (LMCache disabled lazy: pinning unsupported "
+                                          "here)", "delay": "0"}

@@ -24,9 +24,10 @@ import json
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.engine_hooks.delay_hook import (
     SERVER_ROLE,
@@ -36,6 +37,11 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
 )
 from pytest_sharedkv.host.lmcache_api import known_keywords
 from pytest_sharedkv.stack.faults import TransferFaults
+from pytest_sharedkv.stack.launch_record import LaunchPaths, LaunchRecord, ReplicaLaunch, launched
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
@@ -348,6 +354,7 @@ class TransferOutcome:
     allocator: str = ""
     delayed_calls: dict[str, int] | None = None
     void: str | None = None  # why a delayed check proves nothing
+    launch: LaunchRecord | None = None  # what run_pair launched
 
     def verdict(self) -> tuple[str, str]:
         """The record's (kind, status): a fresh salt that hit is a leak; else the bytes."""
@@ -436,6 +443,7 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         ready.touch()
         outcome.allocator = server.effective_allocator()
         outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
+        outcome.launch = _launch_record(server, replicas, device, delay_cycles, workdir)
         for role, replica in replicas.items():
             code = replica.wait_exit(timeout, f"finish its {role}")
             result = workdir / f"{role}.json"
@@ -468,6 +476,20 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
             outcome.void = void
             outcome.problems.insert(0, Void(void))
     return outcome
+
+
+def _launch_record(server: LMCacheServer, replicas: Mapping[str, ManagedProcess],
+                   device: str, delay_cycles: int, workdir: Path) -> LaunchRecord:
+    """What run_pair launched: the server and the two replica processes (no engine)."""
+    processes = [server.process, *replicas.values()]
+    return LaunchRecord(
+        provider=f"transfer ({device})", description=f"transfer x2 + {server.url}",
+        replicas=tuple(ReplicaLaunch("A" if role == "store" else "B", None,
+                                     log=process.log_path)
+                       for role, process in replicas.items()),
+        allocator=server.effective_allocator(), delay_cycles=delay_cycles, arm="ON",
+        processes=tuple(launched(p.name, p.argv, p.env) for p in processes),
+        server=server.config, paths=LaunchPaths(log_dir=workdir))
 
 
 def _lmcache_version() -> str:
