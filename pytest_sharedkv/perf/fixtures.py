@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ import pytest
 from pytest_sharedkv.config.options import PERF_DEFAULT_SIZES, Settings
 from pytest_sharedkv.config.provider import Provider, Resolved
 from pytest_sharedkv.config.tiers import parametrizes
-from pytest_sharedkv.report.fields import PERF_PROPERTY
+from pytest_sharedkv.report.fields import ITEM_PERF, PERF_ATTRIBUTE, PERF_PROPERTY
 from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
 
@@ -530,11 +530,38 @@ def _longest(payload_set: PayloadSet) -> int:
 
 
 def attach_run(item: pytest.Item, run: PerfRun) -> None:
-    """Put RUN on the test's reports, for the process that writes the JSON report (the
-    xdist controller serialises user_properties as plain data)."""
+    """Keep RUN for the process that writes the JSON report: on the item, and as an
+    attribute of its reports from now on (xdist serialises it; junitxml writes none).
+    The test's user_properties, which junitxml writes into every XML report, get only
+    where the screening is: the JSON report's path and the screening's digest."""
     from pytest_sharedkv.perf.observations import to_json
 
-    item.user_properties.append((PERF_PROPERTY, to_json(run)))
+    data = to_json(run)
+    item.stash[ITEM_PERF] = data
+    json_path = state_of(item.config).settings.json
+    where = f"in {json_path}" if json_path is not None else "no JSON report (--sharedkv-json)"
+    item.user_properties[:] = [p for p in item.user_properties if p[0] != PERF_PROPERTY]
+    item.user_properties.append((PERF_PROPERTY, f"sha256:{screening_digest(data)} {where}"))
+
+
+def screening_digest(data: Mapping[str, Any]) -> str:
+    """The sha256 of a screening's JSON (keys sorted): what junitxml's reference names."""
+    import hashlib
+    import json
+
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each report of a test that attached a screening carries it (PERF_ATTRIBUTE)."""
+    report = yield
+    data = item.stash.get(ITEM_PERF, None)
+    if data is not None:
+        setattr(report, PERF_ATTRIBUTE, data)
+    return report
 
 
 def pytest_sharedkv_tier_report() -> TierReport:
