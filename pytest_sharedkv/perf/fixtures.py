@@ -412,8 +412,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
             l1_size_gb=setup.native_gb if arm == "NATIVE" else setup.l1_size_gb,
             engine=engine, compile_cache=log_root / "vllm-cache"))
 
-    # 16 tokens: 15 decode intervals a request; on the H200 a 64-layer engine in eager mode
-    # spent 293 s on the first OFF block of 124 requests at 32 (Triton JIT included)
+    # VLLM_MAX_TOKENS: enough decode intervals for a decode rate, few enough that decoding
+    # does not take over a block's time (every block sends over a hundred requests)
     setup = _Setup(launch, arms, chunk, _model_digest(model), words=_uses_copy_words(model),
                    model=model, max_tokens=VLLM_MAX_TOKENS)
     setup.model_record = _model_record(model, choice)

@@ -362,9 +362,10 @@ class ReplicaPair:
 def start_all(pair: ReplicaPair, together: bool = False) -> None:
     """Start launched replicas: one after the other where they share a GPU (two engines
     started together on one GPU profile each other's memory and the second finds no room
-    for its cache), TOGETHER where each has its own (two fresh engines on an H200 took
-    161 s each, mostly Triton JIT); if one fails, stop everything the pair started before
-    raising."""
+    for its cache), TOGETHER where they cannot get in each other's way (each on its own
+    GPU, or each with a fixed cache): an engine's start is mostly compilation, so two at
+    once take about the time of one. If one fails, stop everything the pair started
+    before raising."""
     launched = [r for r in pair.replicas.values() if r.process is not None]
     try:
         if together and len(launched) > 1:
