@@ -116,19 +116,30 @@ def test_accepts_reads_the_signature() -> None:
     assert not accepts(len, "anything")  # a builtin without a readable signature
 
 
+MANAGED, SERVER = "pytest_sharedkv.processes.managed", "pytest_sharedkv.stack.lmcache_server"
+
+
+def _patch(monkeypatch: pytest.MonkeyPatch, process: type, server: type) -> None:
+    """run_pair's process classes, patched where its imports find them: in sys.modules (an
+    in-process inner run earlier in this process may have dropped a module's first import,
+    leaving a stale one on its package)."""
+    monkeypatch.setattr(sys.modules[MANAGED], "ManagedProcess", process)
+    monkeypatch.setattr(sys.modules[SERVER], "LMCacheServer", server)
+
+
 def test_a_replica_that_fails_to_start_leaves_nothing_running(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """B's start raising (the spawn failed): the check records it, and everything started
     before (the server, A) is stopped; B, never started, has no pid to clean up after."""
-    from pytest_sharedkv.processes import managed
-    from pytest_sharedkv.stack import lmcache_server
+    from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
     stopped: list[str] = []
 
-    class Process(managed.ManagedProcess):
+    class Process(ManagedProcess):
         def start(self) -> None:
             if self.name.endswith("B"):
-                raise managed.ProcessFailed(f"{self.name}: could not be spawned")
+                raise ProcessFailed(f"{self.name}: could not be spawned")
             self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
 
         def stop(self, grace: float = 10.0) -> list[int]:
@@ -138,7 +149,7 @@ def test_a_replica_that_fails_to_start_leaves_nothing_running(
     class Server:
         url = "tcp://127.0.0.1:1"
 
-        def __init__(self, config: lmcache_server.ServerConfig, log_dir: Path,
+        def __init__(self, config: ServerConfig, log_dir: Path,
                      env: dict[str, str]) -> None:
             self.config = config
 
@@ -149,8 +160,7 @@ def test_a_replica_that_fails_to_start_leaves_nothing_running(
             stopped.append("server")
             return []
 
-    monkeypatch.setattr(managed, "ManagedProcess", Process)
-    monkeypatch.setattr(lmcache_server, "LMCacheServer", Server)
+    _patch(monkeypatch, Process, Server)
     outcome = tp.run_pair(tmp_path, "salt")
     assert stopped == ["(server launched)", "transfer replica A", "transfer replica B",
                        "server"]
@@ -181,10 +191,10 @@ def test_the_transfer_check_records_what_it_launched(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The server and both client processes, with the server's config; the clients serve
     nothing (no URL) and no engine was placed on a GPU."""
-    from pytest_sharedkv.processes import managed
-    from pytest_sharedkv.stack import lmcache_server
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
-    class Process(managed.ManagedProcess):
+    class Process(ManagedProcess):
         def start(self) -> None:
             self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
 
@@ -197,7 +207,7 @@ def test_the_transfer_check_records_what_it_launched(
     class Server:
         url = "tcp://127.0.0.1:1"
 
-        def __init__(self, config: lmcache_server.ServerConfig, log_dir: Path,
+        def __init__(self, config: ServerConfig, log_dir: Path,
                      env: dict[str, str]) -> None:
             self.config = config
             self.process = Process("lmcache server (mixed)", ["lmcache", "server"],
@@ -215,8 +225,7 @@ def test_the_transfer_check_records_what_it_launched(
         def stop(self) -> list[int]:
             return []
 
-    monkeypatch.setattr(managed, "ManagedProcess", Process)
-    monkeypatch.setattr(lmcache_server, "LMCacheServer", Server)
+    _patch(monkeypatch, Process, Server)
     for role in ("store", "fetch"):  # what the two clients would have written
         (tmp_path / f"{role}.json").write_text(json.dumps({"role": role}))
     outcome = tp.run_pair(tmp_path, "salt", allocator="lazy")
@@ -225,8 +234,7 @@ def test_the_transfer_check_records_what_it_launched(
     assert [p.name for p in record.processes] == [
         "lmcache server (mixed)", "transfer replica A", "transfer replica B"]
     assert record.processes[2].argv[3] == "fetch"
-    assert record.server == lmcache_server.ServerConfig(allocator="lazy", l1_size_gb=0.25,
-                                                        chunk_size=tp.CHUNK)
+    assert record.server == ServerConfig(allocator="lazy", l1_size_gb=0.25, chunk_size=tp.CHUNK)
     assert [(r.name, r.url, r.devices, r.log) for r in record.replicas] == [
         ("A", None, None, tmp_path / "replica-store.log"),
         ("B", None, None, tmp_path / "replica-fetch.log")]
