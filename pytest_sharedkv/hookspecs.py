@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.layouts.specs import LayoutRegistry
     from pytest_sharedkv.ordering.targets import TargetRegistry
     from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.stack.faults import LaunchFaults
 
 
 @pytest.hookspec
@@ -40,4 +41,14 @@ def pytest_sharedkv_tier_report(config: pytest.Config) -> TierReport | None:
 
     Every tier's pytest module implements it (the report layer imports no tier); a plugin
     that adds a tier of its own under a marker returns one for it.
+    """
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_sharedkv_launch_faults(config: pytest.Config) -> LaunchFaults | None:
+    """For the suite's own self-tests: the faults to plant in its test doubles (the stub
+    replicas, the transfer provider's fetching replica), as ``LaunchFaults``; None: none.
+
+    A self-test hands in a plugin implementing it (``plugins=[...]`` of an in-process
+    run, or the inner run's conftest.py); a real run has no implementation.
     """

@@ -64,7 +64,7 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     transfer_case = sharedkv_transfer_case
     outcome = run_pair(tmp_path, sharedkv_kv_namespace("transfer").salt,
                        device=transfer_case.device, allocator=transfer_case.allocator,
-                       delay_cycles=transfer_case.delay)
+                       delay_cycles=transfer_case.delay, faults=transfer_case.faults)
     fetch = outcome.fetch
     kind, status = outcome.verdict()
     sharedkv_results.check(

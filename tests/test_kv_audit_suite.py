@@ -11,6 +11,7 @@ import json
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.launch_faults import StubFaults, plant
 from tests.test_service_suite import BASE, CHAINS, _stubs_left
 
 AUDIT = [*BASE, "--sharedkv-kv-audit", "-k", "kv_audit or gate"]
@@ -43,7 +44,7 @@ def test_a_clean_audit_passes_with_its_positive_control(pytester: pytest.Pyteste
 
 def test_bytes_b_loaded_that_a_never_stored_are_named(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    plant(pytester, StubFaults(corrupt_external=True))
     result = pytester.runpytest_subprocess(*AUDIT, "-rf")
     assert result.ret != 0
     result.stdout.fnmatch_lines([

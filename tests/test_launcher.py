@@ -204,12 +204,68 @@ def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path) -> None:
         def start(self) -> None:
             raise RuntimeError("stop here")
 
+        def stop(self) -> list[int]:
+            seen["stopped"] = "yes"
+            return []
+
     spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(providers, "LMCacheServer", Server)
         with pytest.raises(RuntimeError, match="stop here"):
             providers.launch_vllm_pair(spec)
     assert seen["server"] == "GPU-a,GPU-b"
+    assert seen["stopped"] == "yes"  # a server whose start failed is stopped, not left
+
+
+class _FakeServer:
+    """LMCacheServer's surface as launch_vllm_pair uses it; records its stop."""
+
+    port = 5555
+    startup_s = 1.5
+    stopped: list[str] = []
+
+    def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
+        from pytest_sharedkv.processes.managed import ManagedProcess
+
+        self.config = config
+        self.process = ManagedProcess("lmcache server (mixed)", ["lmcache", "serve"],
+                                      log_dir / "s.log", env={**env, "SERVER_X": "1"})
+
+    def start(self) -> None:
+        pass
+
+    def effective_allocator(self) -> str:
+        return "mixed"
+
+    def stop(self) -> list[int]:
+        self.stopped.append("server")
+        return []
+
+    def fatal_error(self) -> str | None:
+        return None
+
+
+def test_a_launch_that_fails_after_the_server_started_stops_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anything that raises between the server's start and the replicas' (here: building a
+    replica's command line) stops the server then and there, not at the watchdog's."""
+    from pytest_sharedkv.stack import providers
+
+    stopped: list[str] = []
+    monkeypatch.setattr(_FakeServer, "stopped", stopped)
+    monkeypatch.setattr(providers, "LMCacheServer", _FakeServer)
+
+    def broken(*args: object) -> list[str]:
+        raise OSError("no such model file")
+
+    monkeypatch.setattr(providers, "vllm_argv", broken)
+    with pytest.raises(OSError, match="no such model file"):
+        providers.launch_vllm_pair(providers.LaunchSpec(tmp_path, model=tmp_path))
+    assert stopped == ["server"]
+    # the OFF arm starts no server: nothing to stop, the error as raised
+    with pytest.raises(OSError, match="no such model file"):
+        providers.launch_vllm_pair(providers.LaunchSpec(tmp_path, model=tmp_path, arm="OFF"))
+    assert stopped == ["server"]
 
 
 @pytest.mark.parametrize(("arm", "wanted", "unwanted"), [
@@ -343,32 +399,13 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     each replica's devices (its placement)."""
     from dataclasses import replace
 
-    from pytest_sharedkv.processes.managed import ManagedProcess
     from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
     started: list[bool] = []
-
-    class Server:
-        port = 5555
-        startup_s = 1.5
-
-        def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
-            self.process = ManagedProcess("lmcache server (mixed)", ["lmcache", "serve"],
-                                          log_dir / "s.log", env={**env, "SERVER_X": "1"})
-
-        def start(self) -> None:
-            pass
-
-        def effective_allocator(self) -> str:
-            return "mixed"
-
-        def stop(self) -> list[int]:
-            return []
-
-        def fatal_error(self) -> str | None:
-            return None
-
-    monkeypatch.setattr(providers, "LMCacheServer", Server)
+    stopped: list[str] = []
+    monkeypatch.setattr(_FakeServer, "stopped", stopped)
+    monkeypatch.setattr(providers, "LMCacheServer", _FakeServer)
     monkeypatch.setattr(providers, "start_all",
                         lambda pair, together=False: started.append(together))
     monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
@@ -389,6 +426,54 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     assert pair.devices == placed
     # the server's measured start; replicas that never started (start_all is faked) none
     assert pair.starts == {"lmcache server (mixed)": {"ready": 1.5}}
+    assert stopped == []  # the pair owns the server now: stopped by pair.close()
+    record = pair.record
+    assert record.server == ServerConfig(allocator="mixed", l1_size_gb=8.0, ready_timeout=900.0)
+    assert record.engine == engine and record.model == tmp_path and record.arm == "ON"
+    for launch in record.replicas:
+        assert launch.url == f"http://127.0.0.1:{launch.port}"
+        assert launch.log == tmp_path / f"vllm-{launch.name}-{launch.port}.log"
+    assert pair.labels == {"provider": "vllm", "allocator": "mixed", "delay": "0"}
+    assert pair.gate_control == tmp_path / "gate-control.json" and pair.has_server
+    assert pair.kv_audit_dir is None and pair.inject_log is None and pair.sync_log is None
+
+
+def test_every_provider_constructs_its_pair_with_one_launch_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub's record says what it started (processes, ports, logs) and that it placed
+    no engine on a GPU; external endpoints' says what is known (the URLs) and leaves the
+    rest unknown (None), never a guess; a record cannot change once the pair has it."""
+    import dataclasses
+
+    from pytest_sharedkv.stack import providers
+
+    monkeypatch.setattr(providers, "start_all", lambda pair, together=False: None)
+    stub = providers.stub_pair(providers.LaunchSpec(tmp_path, kv_audit=True, arm="NATIVE"))
+    record = stub.record
+    assert (record.provider, record.arm) == ("stub (test double)", "NATIVE")
+    assert [p.name for p in record.processes] == ["stub replica A", "stub replica B"]
+    assert [r.name for r in record.replicas] == ["A", "B"]
+    for replica in record.replicas:
+        assert replica.devices is None and replica.port is not None
+        assert replica.log == tmp_path / f"stub-{replica.name}-{replica.port}.log"
+    assert stub.devices == {}  # no engine on a GPU: the placement is unknown, not "inherited"
+    assert stub.labels == {"provider": "stub (test double)", "allocator": "native (own pool)",
+                           "delay": "0"}
+    assert stub.kv_audit_dir == tmp_path / "kv-audit" and not stub.has_server
+    assert stub.engine_settings == providers.EngineSettings().record()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.allocator = "mixed"  # type: ignore[misc]
+
+    external = providers.external_pair(("http://h:1/", "http://h:2"))
+    known = external.record
+    assert [(r.name, r.url) for r in known.replicas] == [("A", "http://h:1"), ("B", "http://h:2")]
+    assert (known.allocator, known.engine, known.server, known.model, known.arm) == (
+        None, None, None, None, None)
+    assert all((r.devices, r.port, r.log) == (None, None, None) for r in known.replicas)
+    assert external.labels == {"provider": "external", "allocator": "unknown", "delay": "0"}
+    assert (external.launches, external.engine_settings, external.devices) == ([], {}, {})
+    assert external.relaunch is None and not external.has_server
+    assert external.gate_control is None and external.kv_audit_dir is None
 
 
 def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:

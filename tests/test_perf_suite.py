@@ -31,6 +31,7 @@ from pytest_sharedkv.perf.observations import (
 )
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.plots import MISSING
+from tests.launch_faults import LaunchFaults, Planted, StubFaults
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
 
@@ -85,6 +86,8 @@ class StubRun:
     result: pytest.RunResult
     run: PerfRun
     tag: str  # the process tag the run's processes carried
+    perf: dict[str, Any]  # the JSON report's "perf", as written
+    junit: str  # the run's --junitxml report
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +102,11 @@ def default_run(pytester: pytest.Pytester, process_tag: str,
     only), run once (in-process: the stub pair are its only processes) for the tests that
     read it."""
     if "default" not in _stub_runs:
-        result = pytester.runpytest(*STUB, "--sharedkv-json=r.json",
+        result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", "--junitxml=j.xml",
                                     "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
         report = json.loads((pytester.path / "r.json").read_text())
-        _stub_runs["default"] = StubRun(result, from_json(report["perf"]), process_tag)
+        _stub_runs["default"] = StubRun(result, from_json(report["perf"]), process_tag,
+                                        report["perf"], (pytester.path / "j.xml").read_text())
     return _stub_runs["default"]
 
 
@@ -148,6 +152,21 @@ def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
         assert all(s.turns == 6 and s.wall_s > 0 for s in sessions)
     assert pair_observations(run.observations, run.blocks).ok
     assert not [p for p in tagged(default_run.tag) if "stub_openai" in p.cmdline]
+
+
+def test_junitxml_names_where_the_screening_is_and_holds_none_of_it(
+        default_run: StubRun) -> None:
+    """CI keeps a --junitxml report: it gets the JSON report's path and the screening's
+    digest, which is the digest of what the JSON report holds under "perf"."""
+    from xml.etree import ElementTree
+
+    from pytest_sharedkv.perf.fixtures import screening_digest
+
+    properties = [p.attrib for p in ElementTree.fromstring(default_run.junit).iter("property")]
+    assert [p["value"] for p in properties if p["name"] == "sharedkv_perf"] == [
+        f"sha256:{screening_digest(default_run.perf)} in r.json"]
+    assert default_run.perf["observations"] and '"observations"' not in default_run.junit
+    assert len(default_run.junit) < 20_000  # the check records, not the screening
 
 
 def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun) -> None:
@@ -339,8 +358,8 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     """Nothing is lost: B dies on its 10th request (after 2 warm-ups, 4 of the burst, 3 cross
     requests), the test fails naming the phase, and the observations made so far are in
     the JSON report with an INCOMPLETE note; the progress lines say where time went."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=9")
-    result = pytester.runpytest(*STUB, "--sharedkv-json=r.json")
+    crash = Planted(LaunchFaults(stub=StubFaults(crash_after=9)))
+    result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", plugins=[crash])
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
@@ -433,9 +452,9 @@ def test_a_pool_too_small_marks_the_cross_hits_partial(
     size's requests store evicts them before B asks, so B recomputes part of each
     cross-replica prompt. The tier marks those requests PARTIAL and does not judge their
     size's cross ratio, instead of timing a recompute as a transfer."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "pool-blocks=100")  # a 3k prompt: 48 blocks
+    small = Planted(LaunchFaults(stub=StubFaults(pool_blocks=100)))  # a 3k prompt: 48 blocks
     result = pytester.runpytest(*small_plan(pytester, monkeypatch), "--sharedkv-provider=stub",
-                                "--sharedkv-json=r.json", "--sharedkv-blocks=1")
+                                "--sharedkv-json=r.json", "--sharedkv-blocks=1", plugins=[small])
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([
         "*VERDICT perf: cross-replica TTFT 3k ON/OFF *: NOT JUDGED (* ON requests were "
@@ -485,3 +504,21 @@ def test_a_screening_ended_by_sigterm_keeps_what_it_measured(
     run = from_json(report["perf"])
     assert [n for n in run.notes if n.startswith("INCOMPLETE: the screening stopped in ")]
     assert [o.step for o in run.observations if not o.warmup][:3] == ["cold"] * 3
+
+
+def test_the_screening_reaches_the_controller_as_a_report_attribute() -> None:
+    """What xdist does with a worker's report (to JSON and back) keeps the screening, and
+    the run log reads it from there; user_properties hold only its reference."""
+    from pytest_sharedkv.report.fields import PERF_ATTRIBUTE, PERF_PROPERTY
+    from pytest_sharedkv.report.run_log import RunLog
+
+    screening: dict[str, Any] = {"schema": "x",
+                                 "observations": [{"ttft_s": 0.25, "step": "cold"}]}
+    report = pytest.TestReport("t.py::test_screening", ("t.py", 1, "test_screening"), {},
+                               "passed", None, "call",
+                               user_properties=[(PERF_PROPERTY, "sha256:ab in r.json")])
+    setattr(report, PERF_ATTRIBUTE, screening)
+    moved = pytest.TestReport._from_json(report._to_json())
+    log = RunLog()
+    log.add_report(moved, "passed")
+    assert log.perf == screening

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_sharedkv.processes.managed import group_members
 from tests.conftest import keep_loaded
+from tests.launch_faults import LaunchFaults, Planted, StubFaults, TransferFaults, plant
 from tests.process_tags import tagged
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
@@ -53,7 +54,7 @@ def test_what_the_pair_launched_is_a_report_fact(pytester: pytest.Pytester) -> N
 def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        process_tag: str) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    plant(pytester, StubFaults(corrupt_external=True))
     result = pytester.runpytest_subprocess(*BASE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
@@ -66,7 +67,7 @@ def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester
 def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str
 ) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "crash-after=1")
+    plant(pytester, StubFaults(crash_after=1))
     result = pytester.runpytest_subprocess(*BASE)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
@@ -210,8 +211,8 @@ def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
             "transfer and cpu", "-p", "no:cacheprovider"]
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1)
-    monkeypatch.setenv("SHAREDKV_TRANSFER_FAULT", "off-by-one")
-    wrong = pytester.runpytest(*args)
+    off_by_one = Planted(LaunchFaults(transfer=TransferFaults(off_by_one=True)))
+    wrong = pytester.runpytest(*args, plugins=[off_by_one])
     wrong.assert_outcomes(failed=1)
     wrong.stdout.fnmatch_lines(["*wrong bytes: * of 256 retrieved page(s) differ from replica "
                                 "A's and * other page(s) changed; first: layer 0, B block * "
@@ -223,7 +224,7 @@ def test_a_failed_scrape_is_unknown_not_a_missing_hit(pytester: pytest.Pytester,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """B's 2nd metrics scrape (after its first request) fails: the round does not say B
     had no pool hits; its record says UNKNOWN."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "metrics-fail=2")
+    plant(pytester, StubFaults(fail_metrics=(2,)))
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*UNKNOWN: counters could not be read on replica B for "

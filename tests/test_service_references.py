@@ -62,3 +62,25 @@ def test_no_reference_is_a_skip_that_says_how_to_record(pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(["*no stored reference for copy-rule/stub under refs: record "
                                  "them with --snapshot-update*"])
     assert not Path(pytester.path / "refs").exists()
+
+
+def test_the_baseline_is_chosen_by_the_recorded_key_not_by_file_times(tmp_path: Path) -> None:
+    """Another engine's references: the newest engine by its key (vLLM's version, then
+    LMCache's), whatever order a checkout gave the directories' times."""
+    import os
+
+    from pytest_sharedkv.service.references import baseline, engine_order
+
+    keys = ["vllm-0.26.0+lmcache-0.5.6-torch-fallback", "vllm-0.9.2+lmcache-0.6.0-compiled",
+            "vllm-0.26.0+lmcache-0.5.10-compiled-cuda_ops", "stub", "vllm-unknown+lmcache-x"]
+    for age, key in enumerate(keys):  # the oldest key the newest directory, and so on
+        (tmp_path / "m" / key).mkdir(parents=True)
+        os.utime(tmp_path / "m" / key, (1_000_000 + 10 * age, 1_000_000 + 10 * age))
+    assert sorted(keys, key=engine_order) == [
+        "stub", "vllm-unknown+lmcache-x", "vllm-0.9.2+lmcache-0.6.0-compiled",
+        "vllm-0.26.0+lmcache-0.5.6-torch-fallback", "vllm-0.26.0+lmcache-0.5.10-compiled-cuda_ops"]
+    found = baseline(tmp_path, "m", "vllm-0.27.0+lmcache-0.6.1-compiled-cuda_ops")
+    assert found is not None and found.name == "vllm-0.26.0+lmcache-0.5.10-compiled-cuda_ops"
+    found = baseline(tmp_path, "m", found.name)  # a run of that key: the next newest
+    assert found is not None and found.name == "vllm-0.26.0+lmcache-0.5.6-torch-fallback"
+    assert baseline(tmp_path, "other-model", "stub") is None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.launch_faults import StubFaults, plant
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
 
@@ -61,7 +62,7 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
 
 def test_planted_corruption_is_caught_and_blamed_on_the_cache(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external")
+    plant(pytester, StubFaults(corrupt_external=True))
     result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00",
                                            "--sharedkv-json=r.json")
     result.assert_outcomes(failed=10)
@@ -82,7 +83,7 @@ def test_planted_corruption_is_caught_and_blamed_on_the_cache(
 
 def test_planted_divergence_is_blamed_on_the_model(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "diverge")
+    plant(pytester, StubFaults(diverge=True))
     result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00")
     result.assert_outcomes(failed=10)
     result.stdout.fnmatch_lines([
@@ -94,7 +95,7 @@ def test_planted_divergence_is_blamed_on_the_model(
 
 def test_planted_leak_is_caught_by_name(pytester: pytest.Pytester,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "leak")
+    plant(pytester, StubFaults(ignore_salt=True))
     result = pytester.runpytest_subprocess(*BASE, "-k", "protocol and cache-salt")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
@@ -144,7 +145,7 @@ def test_step_totals_problems_carry_their_kind() -> None:
 
 def test_a_gate_whose_hook_never_fires_makes_every_result_void(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "no-gate")
+    plant(pytester, StubFaults(no_gate=True))
     result = pytester.runpytest_subprocess(*BASE, "-k", "gate or (chain and 3k-00)",
                                            "--sharedkv-json=r.json")
     result.assert_outcomes(failed=11)
@@ -185,7 +186,7 @@ def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
     warm-ups' four steps, 4 in the gate's two, 6 in the 3k cold, local and cross steps)
     fails: the step is not credited with B's cumulative pool hits (a false "came from the
     pool" failure); its record says UNKNOWN."""
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "metrics-fail=19")
+    plant(pytester, StubFaults(fail_metrics=(19,)))
     result = pytester.runpytest_subprocess(*BASE, "-k", "steps_account",
                                            "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=1)

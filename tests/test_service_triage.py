@@ -22,6 +22,7 @@ from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.service import summary
 from pytest_sharedkv.service.baseline import Baseline, BaselinePair, read_baseline, remedies
 from pytest_sharedkv.service.triage import Base, Cell, classify, controls_for
+from tests.launch_faults import StubFaults, plant
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
@@ -179,10 +180,10 @@ def test_a_bad_baseline_is_a_usage_error_naming_the_option_and_file(
     assert "Traceback" not in result.stderr.str()
 
 
-def _triage_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: str
+def _triage_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: StubFaults
                 ) -> tuple[pytest.RunResult, dict[str, Any]]:
     monkeypatch.setenv(MEASURED_ENV, "4")
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", fault)
+    plant(pytester, fault)
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     report = json.loads((pytester.path / "r.json").read_text())
     cells = {c["key"]["step"]: c for c in report["checks"] if c["key"].get("size") == "triage"}
@@ -192,7 +193,7 @@ def _triage_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, faul
 def test_a_fault_launch_blocking_hides_is_named_a_stream_ordering_race(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     result, cells = _triage_run(pytester, monkeypatch,
-                                "corrupt-external-unless=CUDA_LAUNCH_BLOCKING")
+                                StubFaults(corrupt_external_unless="CUDA_LAUNCH_BLOCKING"))
     result.assert_outcomes(passed=1)
     assert {k: c["status"] for k, c in cells.items()} == {
         "one-in-flight": "fail", "launch-blocking-all": "pass",
@@ -208,7 +209,7 @@ def test_a_fault_launch_blocking_hides_is_named_a_stream_ordering_race(
 
 def test_a_fault_no_control_removes_is_not_called_a_race(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    result, cells = _triage_run(pytester, monkeypatch, "corrupt-external")
+    result, cells = _triage_run(pytester, monkeypatch, StubFaults(corrupt_external=True))
     result.assert_outcomes(passed=1)
     assert cells["launch-blocking-all"]["status"] == "fail"
     result.stdout.fnmatch_lines(["*TRIAGE n/a: not an ordering fault (persists with "

@@ -114,3 +114,130 @@ def test_accepts_reads_the_signature() -> None:
     assert accepts(_Worker053().register_kv_caches, "engine_group_infos")
     assert not accepts(_Worker053().register_kv_caches, "layout_hints")
     assert not accepts(len, "anything")  # a builtin without a readable signature
+
+
+MANAGED, SERVER = "pytest_sharedkv.processes.managed", "pytest_sharedkv.stack.lmcache_server"
+
+
+def _patch(monkeypatch: pytest.MonkeyPatch, process: type, server: type) -> None:
+    """run_pair's process classes, patched where its imports find them: in sys.modules (an
+    in-process inner run earlier in this process may have dropped a module's first import,
+    leaving a stale one on its package)."""
+    monkeypatch.setattr(sys.modules[MANAGED], "ManagedProcess", process)
+    monkeypatch.setattr(sys.modules[SERVER], "LMCacheServer", server)
+
+
+def test_a_replica_that_fails_to_start_leaves_nothing_running(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """B's start raising (the spawn failed): the check records it, and everything started
+    before (the server, A) is stopped; B, never started, has no pid to clean up after."""
+    from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
+
+    stopped: list[str] = []
+
+    class Process(ManagedProcess):
+        def start(self) -> None:
+            if self.name.endswith("B"):
+                raise ProcessFailed(f"{self.name}: could not be spawned")
+            self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
+
+        def stop(self, grace: float = 10.0) -> list[int]:
+            stopped.append(self.name)
+            return []
+
+    class Server:
+        url = "tcp://127.0.0.1:1"
+
+        def __init__(self, config: ServerConfig, log_dir: Path,
+                     env: dict[str, str]) -> None:
+            self.config = config
+
+        def launch(self) -> None:
+            stopped.append("(server launched)")
+
+        def stop(self) -> list[int]:
+            stopped.append("server")
+            return []
+
+    _patch(monkeypatch, Process, Server)
+    outcome = tp.run_pair(tmp_path, "salt")
+    assert stopped == ["(server launched)", "transfer replica A", "transfer replica B",
+                       "server"]
+    assert [type(p) for p in outcome.problems] == [tp.Failed]
+    assert "transfer replica B: could not be spawned" in outcome.problems[0]
+    assert outcome.verdict() == ("bytes", "fail") and outcome.score() == (0, 1)
+
+
+def test_problems_are_scored_by_their_class_never_their_text() -> None:
+    """Only wrong bytes are counted page by page: a process failure whose message happens
+    to begin "wrong bytes" fails every page, and each judged problem carries its kind."""
+    store = {"stored": True, "visible_hit_tokens": tp.NUM_TOKENS}
+    fetch = {"hit_tokens": tp.NUM_TOKENS, "control_hit_tokens": 256, "retrieved": True,
+             "pages_compared": 256, "mismatched_pages": 64, "untouched_pages_changed": 0,
+             "mismatches": ["x"]}
+    assert [type(p) for p in tp.judge(store, fetch)] == [tp.SaltLeak, tp.WrongBytes]
+    assert [type(p) for p in tp.judge({}, {**fetch, "hit_tokens": 16, "retrieved": False,
+                                           "control_hit_tokens": 0, "mismatched_pages": 0})
+            ] == [tp.NotMoved, tp.NotMoved, tp.NotMoved]
+    wrong = tp.WrongBytes("64 pages differ")
+    assert tp.TransferOutcome(fetch=fetch, problems=[wrong]).score() == (192, 256)
+    crashed = tp.Failed(f"{tp.BYTES_WRONG}: replica B exited with status 1")
+    assert tp.TransferOutcome(fetch=fetch, problems=[crashed]).score() == (0, 256)
+    assert tp.TransferOutcome(fetch=fetch, problems=[wrong, crashed]).score() == (0, 256)
+
+
+def test_the_transfer_check_records_what_it_launched(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The server and both client processes, with the server's config; the clients serve
+    nothing (no URL) and no engine was placed on a GPU."""
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack.lmcache_server import ServerConfig
+
+    class Process(ManagedProcess):
+        def start(self) -> None:
+            self.proc = SimpleNamespace(pid=4_000_000)  # type: ignore[assignment]
+
+        def wait_exit(self, timeout: float, what: str) -> int:
+            return 0
+
+        def stop(self, grace: float = 10.0) -> list[int]:
+            return []
+
+    class Server:
+        url = "tcp://127.0.0.1:1"
+
+        def __init__(self, config: ServerConfig, log_dir: Path,
+                     env: dict[str, str]) -> None:
+            self.config = config
+            self.process = Process("lmcache server (mixed)", ["lmcache", "server"],
+                                   log_dir / "server.log", env=env)
+
+        def launch(self) -> None:
+            pass
+
+        def wait_ready(self) -> None:
+            pass
+
+        def effective_allocator(self) -> str:
+            return "mixed (LMCache disabled lazy: pinning unsupported here)"
+
+        def stop(self) -> list[int]:
+            return []
+
+    _patch(monkeypatch, Process, Server)
+    for role in ("store", "fetch"):  # what the two clients would have written
+        (tmp_path / f"{role}.json").write_text(json.dumps({"role": role}))
+    outcome = tp.run_pair(tmp_path, "salt", allocator="lazy")
+    record = outcome.launch
+    assert record is not None
+    assert [p.name for p in record.processes] == [
+        "lmcache server (mixed)", "transfer replica A", "transfer replica B"]
+    assert record.processes[2].argv[3] == "fetch"
+    assert record.server == ServerConfig(allocator="lazy", l1_size_gb=0.25, chunk_size=tp.CHUNK)
+    assert [(r.name, r.url, r.devices, r.log) for r in record.replicas] == [
+        ("A", None, None, tmp_path / "replica-store.log"),
+        ("B", None, None, tmp_path / "replica-fetch.log")]
+    assert record.labels == {"provider": "transfer (cpu)",
+                             "allocator": "mixed (LMCache disabled lazy: pinning unsupported "
+                                          "here)", "delay": "0"}

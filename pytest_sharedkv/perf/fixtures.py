@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ import pytest
 from pytest_sharedkv.config.options import PERF_DEFAULT_SIZES, Settings
 from pytest_sharedkv.config.provider import Provider, Resolved
 from pytest_sharedkv.config.tiers import parametrizes
-from pytest_sharedkv.report.fields import PERF_PROPERTY
+from pytest_sharedkv.report.fields import ITEM_PERF, PERF_ATTRIBUTE, PERF_PROPERTY
 from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.payloads import PayloadSet
     from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import EngineSettings
 
@@ -249,7 +250,7 @@ class _Setup:
 
 
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
-                tmp_path_factory: pytest.TempPathFactory) -> _Setup:
+                tmp_path_factory: pytest.TempPathFactory, faults: StubFaults) -> _Setup:
     from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, stub_pair
 
     chunk = settings.chunk_size or STUB_CHUNK
@@ -259,7 +260,7 @@ def _stub_setup(settings: Settings, arms: tuple[str, ...],
     def launch(arm: str) -> ReplicaPair:
         return stub_pair(LaunchSpec(log_dir=tmp_path_factory.mktemp(f"perf-stub-{arm}"),
                                     chunk_size=chunk, arm=arm, engine=engine,
-                                    stub_prefill_us=STUB_PREFILL_US))
+                                    stub_prefill_us=STUB_PREFILL_US, stub_faults=faults))
 
     return _Setup(launch, arms, chunk, "stub (test double)", max_tokens=8, settle_s=0.0,
                   store_s_per_token=0.0,  # the stub stores synchronously
@@ -411,8 +412,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
             l1_size_gb=setup.native_gb if arm == "NATIVE" else setup.l1_size_gb,
             engine=engine, compile_cache=log_root / "vllm-cache"))
 
-    # 16 tokens: 15 decode intervals a request; on the H200 a 64-layer engine in eager mode
-    # spent 293 s on the first OFF block of 124 requests at 32 (Triton JIT included)
+    # VLLM_MAX_TOKENS: enough decode intervals for a decode rate, few enough that decoding
+    # does not take over a block's time (every block sends over a hundred requests)
     setup = _Setup(launch, arms, chunk, _model_digest(model), words=_uses_copy_words(model),
                    model=model, max_tokens=VLLM_MAX_TOKENS)
     setup.model_record = _model_record(model, choice)
@@ -452,7 +453,9 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     provider = resolved.provider
     arms = block_arms(settings.blocks, settings.treatment_arms)
     if provider is Provider.STUB:
-        setup = _stub_setup(settings, arms, tmp_path_factory)
+        from pytest_sharedkv.stack.faults import planted
+
+        setup = _stub_setup(settings, arms, tmp_path_factory, planted(pytestconfig).stub)
     elif provider is Provider.EXTERNAL:
         setup = _external_setup(settings)
     else:
@@ -527,11 +530,38 @@ def _longest(payload_set: PayloadSet) -> int:
 
 
 def attach_run(item: pytest.Item, run: PerfRun) -> None:
-    """Put RUN on the test's reports, for the process that writes the JSON report (the
-    xdist controller serialises user_properties as plain data)."""
+    """Keep RUN for the process that writes the JSON report: on the item, and as an
+    attribute of its reports from now on (xdist serialises it; junitxml writes none).
+    The test's user_properties, which junitxml writes into every XML report, get only
+    where the screening is: the JSON report's path and the screening's digest."""
     from pytest_sharedkv.perf.observations import to_json
 
-    item.user_properties.append((PERF_PROPERTY, to_json(run)))
+    data = to_json(run)
+    item.stash[ITEM_PERF] = data
+    json_path = state_of(item.config).settings.json
+    where = f"in {json_path}" if json_path is not None else "no JSON report (--sharedkv-json)"
+    item.user_properties[:] = [p for p in item.user_properties if p[0] != PERF_PROPERTY]
+    item.user_properties.append((PERF_PROPERTY, f"sha256:{screening_digest(data)} {where}"))
+
+
+def screening_digest(data: Mapping[str, Any]) -> str:
+    """The sha256 of a screening's JSON (keys sorted): what junitxml's reference names."""
+    import hashlib
+    import json
+
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each report of a test that attached a screening carries it (PERF_ATTRIBUTE)."""
+    report = yield
+    data = item.stash.get(ITEM_PERF, None)
+    if data is not None:
+        setattr(report, PERF_ATTRIBUTE, data)
+    return report
 
 
 def pytest_sharedkv_tier_report() -> TierReport:

@@ -43,8 +43,8 @@ class RoundVerdict:
 def cross_replica_round(pair: ReplicaPair, namespaces: Namespaces, sink: ResultSink,
                         cases: CaseSet, prompts: int, settle_s: float) -> RoundVerdict:
     """``settle_s``: the wait between A's answer and B's request, because LMCache stores
-    A's KV after A answers (7.9 s per 2,976-token store under a 1e8-cycle injected delay,
-    measured on an H200); a B that comes too early reports no pool hits and fails. Both
+    A's KV after A answers (a store can take seconds under an injected delay, which slows
+    the server's copies); a B that comes too early reports no pool hits and fails. Both
     answers go into the report, so a failed run says what each replica said."""
     started = time.perf_counter()
     problems: list[Problem] = []

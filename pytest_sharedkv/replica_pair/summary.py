@@ -2,8 +2,8 @@
 delayed service check say together (no torch).
 
 The transfer cells compare every byte B retrieves; the vllm cells compare answers. Under
-an injected delay the first can fail while the second passes (measured on an H200 with the
-tiny model), and the summary says so, so nobody reads exact answers as integrity.
+an injected delay the first can fail while the second passes (a model's answer can survive
+corrupted KV), and the summary says so, so nobody reads exact answers as integrity.
 """
 
 from __future__ import annotations

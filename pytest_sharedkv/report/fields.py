@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import pytest
+import pytest
 
 USER_PROPERTY = "sharedkv"  # user_properties entry: the test's check records, notes, facts
-PERF_PROPERTY = "sharedkv_perf"  # user_properties entry: the perf tier's PerfRun, as JSON
+# attribute: the perf tier's PerfRun, as JSON (junitxml writes user_properties, not this)
+PERF_ATTRIBUTE = "sharedkv_perf_run"
+# user_properties entry: where that screening is (the JSON report, its digest), for junitxml
+PERF_PROPERTY = "sharedkv_perf"
+ITEM_PERF = pytest.StashKey[dict[str, Any]]()  # item stash: that screening, once attached
 REPORT_TIER = "sharedkv_tier"  # attribute: the item's tier, from its markers
 # attribute: the item's parameters as plain data (params_of), so that compare can match a
 # test by what it ran instead of parsing its id

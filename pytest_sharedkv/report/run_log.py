@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.report.fields import (
-    PERF_PROPERTY,
+    ITEM_PERF,
+    PERF_ATTRIBUTE,
     REPORT_PARAMS,
     REPORT_TIER,
     REQUIRE_GPU_FLAG,
@@ -33,9 +34,9 @@ def unreported_perf(items: list[pytest.Item]) -> dict[str, Any] | None:
     (Ctrl-C, SIGTERM) ends the run before the test's call report, so what it measured is
     only on the item (this process's items: an xdist worker's are its own)."""
     for item in reversed(items):
-        for name, value in reversed(item.user_properties):
-            if name == PERF_PROPERTY and isinstance(value, dict):
-                return value
+        found = item.stash.get(ITEM_PERF, None)
+        if found is not None:
+            return found
     return None
 
 
@@ -95,8 +96,9 @@ class RunLog:
         for name, value in report.user_properties:
             if name == USER_PROPERTY and isinstance(value, dict):
                 self.bundle.extend(Bundle.from_data(value))
-            elif name == PERF_PROPERTY and isinstance(value, dict):
-                self.perf = value  # every phase's report carries it: the same value
+        perf = getattr(report, PERF_ATTRIBUTE, None)
+        if isinstance(perf, dict):
+            self.perf = perf  # every phase's report after it was attached: the same value
         if not category:  # a setup or teardown that passed decides nothing
             return
         result.categories.append(category)

@@ -4,8 +4,9 @@ A's cold answer is not what this model gave before) from cache-induced divergenc
 not A, which the request chain tests judge within the run).
 
 ``--snapshot-update`` writes the references for this run's key. A run whose key has no
-references yet compares against the newest other engine key of the same model, and a
-difference there is reported as ENGINE DRIFT, naming both keys. A snapshot file is named by
+references yet compares against the newest other engine key of the same model (newest by
+the versions in the key), and a difference there is reported as ENGINE DRIFT, naming both
+keys. A snapshot file is named by
 its request id and written by the test that owns it, so xdist workers never share a file.
 """
 
@@ -21,6 +22,8 @@ from pytest_sharedkv.stack.pair import ReplicaPair
 from pytest_sharedkv.stack.steps import STEPS
 
 if TYPE_CHECKING:
+    from packaging.version import Version
+
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 REFERENCES = "snapshots"  # under pytest_sharedkv.fixtures (the repository's fixtures/)
@@ -71,9 +74,29 @@ def record(run: ServiceRun, case: Case) -> dict[str, Any] | None:
 
 
 def baseline(root: Path, model: str, engine: str) -> Path | None:
-    """Another engine key's references for this model (the newest), if any."""
+    """Another engine key's references for this model, if any: the newest engine by the
+    key they were recorded under (engine_order), never by file times, which a checkout
+    or a copy sets in any order."""
     found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine]
-    return max(found, key=lambda d: d.stat().st_mtime) if found else None
+    return max(found, key=lambda d: engine_order(d.name)) if found else None
+
+
+def engine_order(key: str) -> tuple[bool, Version, Version, str]:
+    """How engine keys sort, oldest first: vllm-<version>+lmcache-<version>-<kernel path>
+    by vLLM's version, then LMCache's (a version that does not parse counts as 0); keys of
+    another form (stub, external) before them; the key itself breaks a tie."""
+    from packaging.version import InvalidVersion, Version
+
+    def version(text: str) -> Version:
+        try:
+            return Version(text)
+        except InvalidVersion:
+            return Version("0")
+
+    vllm, plus, rest = key.removeprefix("vllm-").partition("+lmcache-")
+    if not key.startswith("vllm-") or not plus:
+        return False, version(""), version(""), key
+    return True, version(vllm), version(rest.split("-", 1)[0]), key
 
 
 def extension_for(directory: Path) -> type:

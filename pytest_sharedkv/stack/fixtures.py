@@ -176,10 +176,13 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
     if provider.provider is Provider.EXTERNAL:
         pair = external_pair(settings.endpoints or ())
     elif provider.provider is Provider.STUB:
+        from pytest_sharedkv.stack.faults import planted
+
         cases = request.getfixturevalue("sharedkv_case_set")
         pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
                                     kv_audit=settings.kv_audit,
-                                    engine=EngineSettings(extra_args=settings.vllm_args)))
+                                    engine=EngineSettings(extra_args=settings.vllm_args),
+                                    stub_faults=planted(pytestconfig).stub))
     else:
         model = request.getfixturevalue("sharedkv_model_dir")
         cases = request.getfixturevalue("sharedkv_case_set")

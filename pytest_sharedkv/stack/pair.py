@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
 from pytest_sharedkv.stack.completions import read_usage, request_body
+from pytest_sharedkv.stack.launch_record import LaunchRecord
 
 LOCAL_HITS = "vllm:prefix_cache_hits"
 UNREAD = "counters could not be read"
@@ -238,51 +239,94 @@ class FactSink(Protocol):
 
 
 class ReplicaPair:
-    """Two replicas (A, B) and, when launched, the LMCache server they share."""
+    """Two replicas (A, B) and, when launched, the LMCache server they share; RECORD says
+    what the provider launched (or, for external endpoints, what is known of them)."""
 
-    def __init__(self, a: Replica, b: Replica, stop_server: Callable[[], list[int]] | None = None,
-                 description: str = "", model: Path | None = None,
-                 labels: dict[str, str] | None = None) -> None:
+    def __init__(self, a: Replica, b: Replica, record: LaunchRecord,
+                 stop_server: Callable[[], list[int]] | None = None,
+                 relaunch: Callable[..., ReplicaPair] | None = None) -> None:
         self.replicas = {"A": a, "B": b}
+        self.record = record
         self._stop_server = stop_server
-        self.description = description
-        self.model = model  # the served checkpoint, when the suite launched it
-        self.labels = dict(labels or {})  # provider, allocator, delay: the report's key
-        self.delay_cycles = 0  # fault-sensitivity mode: the delay the launched processes got
-        self.inject_log: Path | None = None  # where they log each delayed call
-        # the service tier's sensitivity gate: the control file the LMCache server's hook
-        # reads and the log it writes (None where nothing can be injected: external)
-        self.gate_control: Path | None = None
-        self.gate_log: Path | None = None
-        self.kv_audit_dir: Path | None = None  # the replicas' in-engine KV audit logs
-        self.sync_log: Path | None = None  # the server's synchronized transfers (triage)
         # the same pair again with LaunchSpec fields changed (the triage's cells); None
         # where the suite launched nothing (external endpoints)
-        self.relaunch: Callable[..., ReplicaPair] | None = None
-        # what the suite launched (providers.Launched.record: name, argv, env it set) and
-        # the engine settings of its vLLM replicas; empty for external endpoints and stubs
-        self.launches: list[dict[str, Any]] = []
-        self.engine_settings: dict[str, Any] = {}
+        self.relaunch = relaunch
         # each launched process's start in seconds: "ready" (the suite's measure) and the
         # phases its own log names (engine_start); empty where nothing was launched
         self.starts: dict[str, dict[str, float]] = {}
-        # the CUDA devices each launched engine got (its CUDA_VISIBLE_DEVICES; () where it
-        # inherited the run's): its placement; empty where the suite launched no engine
-        self.devices: dict[str, tuple[str, ...]] = {}
         self._launches_recorded = False
         self._lock = threading.Lock()
+
+    @property
+    def description(self) -> str:
+        return self.record.description
+
+    @property
+    def model(self) -> Path | None:
+        """The served checkpoint, when the suite launched it."""
+        return self.record.model
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Provider, allocator, delay: the report's key (a fresh dict)."""
+        return self.record.labels
+
+    @property
+    def delay_cycles(self) -> int:
+        """Fault-sensitivity mode: the delay the launched processes got."""
+        return self.record.delay_cycles
+
+    @property
+    def inject_log(self) -> Path | None:
+        return self.record.paths.inject_log
+
+    @property
+    def gate_control(self) -> Path | None:
+        """The service tier's sensitivity gate: the control file the server's hook reads
+        (None where nothing can be injected: external endpoints)."""
+        return self.record.paths.gate_control
+
+    @property
+    def gate_log(self) -> Path | None:
+        return self.record.paths.gate_log
+
+    @property
+    def kv_audit_dir(self) -> Path | None:
+        return self.record.paths.kv_audit_dir
+
+    @property
+    def sync_log(self) -> Path | None:
+        return self.record.paths.sync_log
+
+    @property
+    def launches(self) -> list[dict[str, Any]]:
+        """What the suite launched (name, argv, the env it set); empty for external
+        endpoints."""
+        return self.record.launches()
+
+    @property
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine settings its replicas ran with; {} where unknown."""
+        return self.record.engine_settings()
+
+    @property
+    def devices(self) -> dict[str, tuple[str, ...]]:
+        """The CUDA devices each launched engine got (its CUDA_VISIBLE_DEVICES; () where
+        it inherited the run's): its placement; empty where the suite placed no engine."""
+        return self.record.devices()
 
     def record_launches(self, sink: FactSink) -> None:
         """Put what this pair launched in the report, once per pair: a fact "launch" for
         each process (JSON: name, argv, the env the suite set) and "engine_settings" (the
         tiers other than perf, whose PerfRun holds them)."""
-        if self._launches_recorded or not (self.launches or self.engine_settings):
+        launches, settings = self.launches, self.engine_settings
+        if self._launches_recorded or not (launches or settings):
             return
         self._launches_recorded = True
-        for launch in self.launches:
+        for launch in launches:
             sink.fact("launch", json.dumps(launch, sort_keys=True))
-        if self.engine_settings:
-            sink.fact("engine_settings", json.dumps(self.engine_settings, sort_keys=True))
+        if settings:
+            sink.fact("engine_settings", json.dumps(settings, sort_keys=True))
 
     @property
     def has_server(self) -> bool:
@@ -318,9 +362,10 @@ class ReplicaPair:
 def start_all(pair: ReplicaPair, together: bool = False) -> None:
     """Start launched replicas: one after the other where they share a GPU (two engines
     started together on one GPU profile each other's memory and the second finds no room
-    for its cache), TOGETHER where each has its own (two fresh engines on an H200 took
-    161 s each, mostly Triton JIT); if one fails, stop everything the pair started before
-    raising."""
+    for its cache), TOGETHER where they cannot get in each other's way (each on its own
+    GPU, or each with a fixed cache): an engine's start is mostly compilation, so two at
+    once take about the time of one. If one fails, stop everything the pair started
+    before raising."""
     launched = [r for r in pair.replicas.values() if r.process is not None]
     try:
         if together and len(launched) > 1:

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,17 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     LOG_ENV,
     ROLE_ENV,
     SERVER_ROLE,
-    cycles_label,
 )
 from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
+from pytest_sharedkv.stack.faults import StubFaults
+from pytest_sharedkv.stack.launch_record import (
+    Launched,
+    LaunchPaths,
+    LaunchRecord,
+    ReplicaLaunch,
+    launched,
+)
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 
@@ -94,27 +102,6 @@ class EngineSettings:
 PERF_ENGINE = EngineSettings(enforce_eager=False)  # CUDA graphs, as served in production
 
 
-@dataclass(frozen=True)
-class Launched:
-    """One process the suite launched: its name, argv, and the environment variables the
-    suite set or changed for it (the rest is the caller's environment, not recorded)."""
-
-    name: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-
-    def record(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": list(self.argv), "env": dict(self.env)}
-
-
-def launched(name: str, argv: list[str], env: Mapping[str, str],
-             base: Mapping[str, str] | None = None) -> Launched:
-    """NAME's command line, with the variables ENV sets beyond BASE (os.environ)."""
-    base = os.environ if base is None else base
-    return Launched(name, tuple(argv),
-                    tuple(sorted((k, v) for k, v in env.items() if base.get(k) != v)))
-
-
 MIN_MODEL_LEN = 4096  # the served context a launched pair gets at least
 ANSWER_MARGIN = 64  # tokens of slack past prompt and answer
 
@@ -147,6 +134,7 @@ class LaunchSpec:
     kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
     arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
     stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
+    stub_faults: StubFaults = field(default_factory=StubFaults)  # stub only: self-tests
     # the service triage's controls: variables set in the LMCache server / both replicas,
     # and a device synchronize around every KV transfer in the server (sync_hook)
     server_env: tuple[tuple[str, str], ...] = ()
@@ -267,64 +255,72 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
         raise ValueError("the vllm provider needs a model (--sharedkv-model, else the tier's "
                          "generated one: the copy model, or the geometry model for perf)")
-    # The server maps every engine's KV cache through CUDA IPC: it must see every leased
-    # device (on one GPU only, it failed register_kv_cache for the replica on the other).
     server: LMCacheServer | None = None
-    launches: list[Launched] = []
-    if spec.arm == "ON":
-        server_env = process_env(spec, spec.devices, role=SERVER_ROLE)
-        server = LMCacheServer(ServerConfig(allocator=spec.allocator,
-                                            l1_size_gb=spec.l1_size_gb,
-                                            chunk_size=spec.chunk_size,
-                                            ready_timeout=spec.ready_timeout),
-                               spec.log_dir, env=server_env)
-        server.start()
-        launches.append(launched(server.process.name, server.process.argv, server.process.env))
-    replicas = {}
-    placed: dict[str, tuple[str, ...]] = {}
+    with ExitStack() as started:  # anything that raises before the pair exists stops it
+        if spec.arm == "ON":
+            # The server maps every engine's KV cache through CUDA IPC: it must see every
+            # leased device (on one GPU only, register_kv_cache fails for the other's).
+            server = LMCacheServer(ServerConfig(allocator=spec.allocator,
+                                                l1_size_gb=spec.l1_size_gb,
+                                                chunk_size=spec.chunk_size,
+                                                ready_timeout=spec.ready_timeout),
+                                   spec.log_dir,
+                                   env=process_env(spec, spec.devices, role=SERVER_ROLE))
+            started.callback(server.stop)
+            server.start()
+        pair = _vllm_pair(spec, server)
+        started.pop_all()
+    # one GPU each, or a fixed cache each: no profiling of each other's memory
+    start_all(pair, together=together(spec))  # stops the whole pair if a replica fails
+    pair.starts = start_record(server, pair.replicas)
+    return pair
+
+
+def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
+    """The pair of vllm replicas SPEC describes (not started), over SERVER if any."""
+    assert spec.model is not None
+    processes: list[Launched] = []
+    if server is not None:
+        processes.append(launched(server.process.name, server.process.argv,
+                                  server.process.env))
+    replicas: dict[str, Replica] = {}
+    placed: list[ReplicaLaunch] = []
     for index, name in enumerate(("A", "B")):
         devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
-        placed[name] = devices
         port = free_port()
         env = process_env(spec, devices, role=f"replica {name}")
         for key, value in spec.engine.env:
             env.setdefault(key, value)
         argv = vllm_argv(spec.model, port, server, spec)
-        process = ManagedProcess(f"vllm replica {name}", argv,
-                                 spec.log_dir / f"vllm-{name}-{port}.log", env=env)
-        launches.append(launched(f"vllm replica {name}", argv, env))
-        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process,
-                                 ready_timeout=spec.ready_timeout, model=SERVED_NAME,
-                                 reports_external=True,
+        log = spec.log_dir / f"vllm-{name}-{port}.log"
+        process = ManagedProcess(f"vllm replica {name}", argv, log, env=env)
+        processes.append(launched(process.name, argv, env))
+        url = f"http://127.0.0.1:{port}"
+        replicas[name] = Replica(name, url, process, ready_timeout=spec.ready_timeout,
+                                 model=SERVED_NAME, reports_external=True,
                                  abort=server.fatal_error if server is not None else None)
+        placed.append(ReplicaLaunch(name, url, devices=devices, port=port, log=log))
     allocator = (server.effective_allocator() if server is not None else
                  f"native offloading ({spec.l1_size_gb:g} GB each)" if spec.arm == "NATIVE"
                  else "none (no pool)")
-    pair = ReplicaPair(replicas["A"], replicas["B"],
+    description = (f"vllm x2 + lmcache server ({allocator})" if server is not None else
+                   f"vllm x2 ({allocator})" if spec.arm == "NATIVE" else "vllm x2 (no pool)")
+    gate = spec.gate and server is not None
+    paths = LaunchPaths(
+        log_dir=spec.log_dir,
+        gate_control=gate_paths(spec.log_dir)[0] if gate else None,
+        gate_log=gate_paths(spec.log_dir)[1] if gate else None,
+        kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
+        sync_log=sync_log(spec.log_dir) if spec.sync_transfers and server is not None else None,
+        inject_log=inject_log(spec.log_dir) if spec.inject_delay_cycles else None)
+    record = LaunchRecord(provider="vllm", description=description, replicas=tuple(placed),
+                          allocator=allocator, delay_cycles=spec.inject_delay_cycles,
+                          arm=spec.arm, model=spec.model, processes=tuple(processes),
+                          engine=spec.engine,
+                          server=server.config if server is not None else None, paths=paths)
+    return ReplicaPair(replicas["A"], replicas["B"], record,
                        stop_server=server.stop if server is not None else None,
-                       description=(f"vllm x2 + lmcache server ({allocator})"
-                                    if server is not None else f"vllm x2 ({allocator})"
-                                    if spec.arm == "NATIVE" else "vllm x2 (no pool)"),
-                       model=spec.model,
-                       labels={"provider": "vllm", "allocator": allocator,
-                               "delay": cycles_label(spec.inject_delay_cycles)})
-    if spec.inject_delay_cycles:
-        pair.delay_cycles = spec.inject_delay_cycles
-        pair.inject_log = inject_log(spec.log_dir)
-    if spec.gate and server is not None:
-        pair.gate_control, pair.gate_log = gate_paths(spec.log_dir)
-    if spec.kv_audit:
-        pair.kv_audit_dir = audit_dir(spec.log_dir)
-    if spec.sync_transfers and server is not None:
-        pair.sync_log = sync_log(spec.log_dir)
-    pair.launches = [x.record() for x in launches]
-    pair.engine_settings = spec.engine.record()
-    pair.devices = placed
-    pair.relaunch = lambda **changes: launch_vllm_pair(replace(spec, **changes))
-    # one GPU each, or a fixed cache each: no profiling of each other's memory
-    start_all(pair, together=together(spec))
-    pair.starts = start_record(server, replicas)
-    return pair
+                       relaunch=lambda **changes: launch_vllm_pair(replace(spec, **changes)))
 
 
 def start_record(server: LMCacheServer | None,
@@ -354,22 +350,15 @@ def together(spec: LaunchSpec) -> bool:
     return len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
 
 
-# self-tests: "corrupt-external", "crash-after=N", "leak" (namespaces share blocks),
-# "diverge" (B answers copy prompts wrong even cold), "no-gate" (the gate's hook is absent);
-# "corrupt-external" also makes B's KV audit load digests differ from A's store digests;
-# "corrupt-external-unless=VAR": the same, unless the replicas' environment sets VAR (a
-# fault a triage control removes: the stand-in of a race CUDA_LAUNCH_BLOCKING=1 hides);
-# "pool-blocks=N" keeps N blocks in a pool (oldest out): partial cross-replica hits;
-# "metrics-fail=N[,M]" makes B's Nth (and Mth) metrics scrape fail (HTTP 503)
-STUB_FAULT_ENV = "SHAREDKV_STUB_FAULT"
-
-
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
-    fault = os.environ.get(STUB_FAULT_ENV, "")
+    """Two stub replicas (a test double) as SPEC's arm would share a pool; the faults a
+    self-test planted (``spec.stub_faults``) become the stubs' own flags."""
+    faults = spec.stub_faults
     pool = spec.log_dir / "stub-pool"
     control, log = gate_paths(spec.log_dir)
-    launches: list[Launched] = []
-    replicas = {}
+    processes: list[Launched] = []
+    replicas: dict[str, Replica] = {}
+    placed: list[ReplicaLaunch] = []
     for name in ("A", "B"):
         port = free_port()
         argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
@@ -380,52 +369,42 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             argv += ["--pool", str(pool.with_name(f"stub-pool-{name}")), "--offload-log"]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
-        if name == "B" and (fault == "corrupt-external" or (
-                fault.startswith("corrupt-external-unless=")
-                and fault.split("=", 1)[1] not in dict(spec.replica_env))):
-            argv.append("--corrupt-external")
-        if name == "B" and fault.startswith("crash-after="):
-            argv += ["--crash-after", fault.split("=", 1)[1]]
-        if fault == "leak":
-            argv.append("--ignore-salt")
-        if fault.startswith("pool-blocks=") and spec.arm != "OFF":
-            argv += ["--pool-blocks", fault.split("=", 1)[1]]
-        if name == "B" and fault.startswith("metrics-fail="):
-            argv += ["--fail-metrics", fault.split("=", 1)[1]]
-        if name == "B" and fault == "diverge":
-            argv.append("--diverge")
-        if name == "B" and fault != "no-gate":
+        argv += faults.argv(name, spec.arm, dict(spec.replica_env))
+        if name == "B" and not faults.no_gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
             argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
         env = {**os.environ, **dict(spec.replica_env)} if spec.replica_env else None
-        process = ManagedProcess(f"stub replica {name}", argv,
-                                 spec.log_dir / f"stub-{name}-{port}.log", env=env)
-        launches.append(launched(process.name, argv, process.env))
-        replicas[name] = Replica(name, f"http://127.0.0.1:{port}", process, ready_timeout=60,
-                                 reports_external=True)
-    pair = ReplicaPair(replicas["A"], replicas["B"], description="stub x2 (test double)",
-                       labels={"provider": "stub (test double)",
-                               "allocator": {"ON": "n/a", "NATIVE": "native (own pool)"}.get(
-                                   spec.arm, "none (no pool)"),
-                               "delay": fault or "0"})
-    pair.gate_control, pair.gate_log = control, log
-    if spec.kv_audit:
-        pair.kv_audit_dir = audit_dir(spec.log_dir)
-    pair.launches = [x.record() for x in launches]
-    pair.engine_settings = spec.engine.record()  # what a vllm pair would have run with
-    pair.relaunch = lambda **changes: stub_pair(replace(spec, **changes))
-    start_all(pair, together=True)
-    pair.starts = start_record(None, replicas)
+        path = spec.log_dir / f"stub-{name}-{port}.log"
+        process = ManagedProcess(f"stub replica {name}", argv, path, env=env)
+        processes.append(launched(process.name, argv, process.env))
+        url = f"http://127.0.0.1:{port}"
+        replicas[name] = Replica(name, url, process, ready_timeout=60, reports_external=True)
+        placed.append(ReplicaLaunch(name, url, port=port, log=path))  # no engine, no GPU
+    record = LaunchRecord(
+        provider="stub (test double)", description="stub x2 (test double)",
+        replicas=tuple(placed),
+        allocator={"ON": "n/a", "NATIVE": "native (own pool)"}.get(spec.arm, "none (no pool)"),
+        arm=spec.arm, processes=tuple(processes),
+        engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
+        paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
+                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None))
+    pair = ReplicaPair(replicas["A"], replicas["B"], record,
+                       relaunch=lambda **changes: stub_pair(replace(spec, **changes)))
+    start_all(pair, together=True)  # stops both if one fails
+    pair.starts = start_record(None, pair.replicas)
     return pair
 
 
 def external_pair(endpoints: tuple[str, ...]) -> ReplicaPair:
+    """Two replicas the suite neither started nor can stop: their URLs are all it knows
+    (allocator, engine, devices, model: unknown)."""
     if len(endpoints) != 2:
         raise ValueError(f"--sharedkv-endpoints needs two URLs (A,B), got {len(endpoints)}")
-    a, b = (Replica(name, url.rstrip("/")) for name, url in zip(("A", "B"), endpoints,
-                                                                 strict=True))
-    return ReplicaPair(a, b, description=f"external {endpoints[0]}, {endpoints[1]}",
-                       labels={"provider": "external", "allocator": "unknown", "delay": "0"})
-
-
+    urls = [url.rstrip("/") for url in endpoints]
+    a, b = (Replica(name, url) for name, url in zip(("A", "B"), urls, strict=True))
+    record = LaunchRecord(provider="external",
+                          description=f"external {endpoints[0]}, {endpoints[1]}",
+                          replicas=tuple(ReplicaLaunch(name, url)
+                                         for name, url in zip(("A", "B"), urls, strict=True)))
+    return ReplicaPair(a, b, record)

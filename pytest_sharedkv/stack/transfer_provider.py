@@ -14,20 +14,20 @@ whether that path is stream-ordered: 8 chunks, more than the server's 4 staging 
 so both a stale store (D2H) and an overwritten retrieve (H2D) can show.
 
     python -m pytest_sharedkv.stack.transfer_provider store|fetch --url URL --model NAME
-        --workdir DIR --salt SALT [--device cpu|cuda]
+        --workdir DIR --salt SALT [--device cpu|cuda] [--off-by-one]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.engine_hooks.delay_hook import (
     SERVER_ROLE,
@@ -36,13 +36,18 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     void_problem,
 )
 from pytest_sharedkv.host.lmcache_api import known_keywords
+from pytest_sharedkv.stack.faults import TransferFaults
+from pytest_sharedkv.stack.launch_record import LaunchPaths, LaunchRecord, ReplicaLaunch, launched
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 16
 NUM_BLOCKS = 160
 CHUNK = 256  # the transfer's own geometry (no model): 16 blocks a chunk
 NUM_TOKENS = 8 * CHUNK  # 8 chunks
 SEED_A, SEED_B = 11, 22
-FAULT_ENV = "SHAREDKV_TRANSFER_FAULT"  # self-test seam: "off-by-one" retrieves one block over
 DEVICES = ("cpu", "cuda")
 BYTES_WRONG = "wrong bytes"
 REPLICA_ENV = {
@@ -260,7 +265,9 @@ def fetch_request_id(tag: str = "") -> str:
 
 
 def fetch_role(client: Client, workdir: Path, salt: str, device: str,
-               tag: str = "") -> dict[str, Any]:
+               off_by_one: bool = False, tag: str = "") -> dict[str, Any]:
+    """B's part; OFF_BY_ONE (a self-test's planted fault) retrieves each block into the one
+    after it, which the page comparison must see."""
     import torch
 
     a_ids, b_ids = block_plan()
@@ -273,9 +280,7 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str,
     client.release(control_id, control, salt + "-control")
     hit = client.lookup(fetch_id, salt)
     moved = b_ids[: hit // BLOCK]
-    into = moved
-    if os.environ.get(FAULT_ENV) == "off-by-one":  # self-tests: the checker must see it
-        into = [b % (NUM_BLOCKS - 1) + 1 for b in moved]
+    into = [b % (NUM_BLOCKS - 1) + 1 for b in moved] if off_by_one else moved
     retrieved = client.retrieve(fetch_id, into, hit, salt) if hit else False
     if device == "cuda":
         torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
@@ -318,15 +323,44 @@ def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
     return ""
 
 
+class Problem(str):
+    """One thing wrong with a transfer check: its text says what, its class which kind
+    (the score reads the class, never the text). A plain str is a problem of no known
+    kind."""
+
+
+class WrongBytes(Problem):
+    """Pages B retrieved differ from A's, or pages it must not touch changed: counted page
+    by page."""
+
+
+class NotMoved(Problem):
+    """The KV did not move as it must (A's store never visible, B hit short or its
+    retrieve failed): no page can be judged."""
+
+
+class SaltLeak(Problem):
+    """A fresh cache salt hit: namespaces do not separate."""
+
+
+class Failed(Problem):
+    """A process of the check failed (died, timed out, survived its teardown)."""
+
+
+class Void(Problem):
+    """The check proves nothing (the delay never ran; LMCache lacks the client API)."""
+
+
 @dataclass
 class TransferOutcome:
     store: dict[str, Any] = field(default_factory=dict)
     fetch: dict[str, Any] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # Problem subclasses: typed
     server: str = ""
     allocator: str = ""
     delayed_calls: dict[str, int] | None = None
     void: str | None = None  # why a delayed check proves nothing
+    launch: LaunchRecord | None = None  # what run_pair launched
 
     def verdict(self) -> tuple[str, str]:
         """The record's (kind, status): a fresh salt that hit is a leak; else the bytes."""
@@ -342,7 +376,7 @@ class TransferOutcome:
         compared = int(self.fetch.get("pages_compared") or 0)
         if not self.problems:
             return compared or 1, compared or 1
-        if compared and all(p.startswith(BYTES_WRONG) for p in self.problems):
+        if compared and all(isinstance(p, WrongBytes) for p in self.problems):
             wrong = int(self.fetch.get("mismatched_pages", 0))
             return max(compared - wrong, 0), compared
         return 0, compared or 1
@@ -350,11 +384,13 @@ class TransferOutcome:
 
 @dataclass(frozen=True)
 class TransferCase:
-    """One cell of the transfer provider's matrix."""
+    """One cell of the transfer provider's matrix (``faults``: what a self-test planted,
+    never part of its id)."""
 
     device: str = "cpu"
     allocator: str = "mixed"
     delay: int = 0
+    faults: TransferFaults = field(default_factory=TransferFaults)
 
     @property
     def id(self) -> str:
@@ -369,13 +405,15 @@ def _cleanup_shm(pid: int) -> None:
 
 
 def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mixed",
-             delay_cycles: int = 0, timeout: float = 300.0) -> TransferOutcome:
+             delay_cycles: int = 0, timeout: float = 300.0,
+             faults: TransferFaults | None = None) -> TransferOutcome:
     """A real LMCache server and replicas A and B started with it (A stores once it is
     ready, B fetches once A has stored); always torn down.
 
     ``cpu``: nobody sees a GPU (LMCache turns lazy L1 off there: the effective allocator
     is reported). ``cuda``: the server and both replicas share the leased GPU; with
-    ``delay_cycles`` all three load the fault-sensitivity hook.
+    ``delay_cycles`` all three load the fault-sensitivity hook. ``faults``: what a
+    self-test planted in B.
     """
     from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
@@ -401,6 +439,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
                     server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
                     "--salt", salt, "--device", device, "--after", str(after),
                     "--after-timeout", str(timeout + server.config.ready_timeout)]
+            if role == "fetch" and faults is not None:
+                argv += faults.argv()
             env = {**process_env(spec, role=f"replica {name}"), **REPLICA_ENV, **hidden}
             replicas[role] = ManagedProcess(f"transfer replica {name}", argv,
                                             workdir / f"replica-{role}.log", env=env)
@@ -409,6 +449,7 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         ready.touch()
         outcome.allocator = server.effective_allocator()
         outcome.server = f"lmcache server ({outcome.allocator}, {device}), {server.url}"
+        outcome.launch = _launch_record(server, replicas, device, delay_cycles, workdir)
         for role, replica in replicas.items():
             code = replica.wait_exit(timeout, f"finish its {role}")
             result = workdir / f"{role}.json"
@@ -420,25 +461,41 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
                 outcome.void = unsupported_void(found)
                 break
     except ProcessFailed as exc:
-        outcome.problems.append(str(exc))
+        outcome.problems.append(Failed(str(exc)))
     finally:
         for replica in replicas.values():
             replica.stop()
-            _cleanup_shm(replica.pid)
+            if replica.proc is not None:  # one whose start raised has no pid
+                _cleanup_shm(replica.proc.pid)
         leftovers = server.stop()
         if leftovers:
-            outcome.problems.append(f"LMCache server processes {leftovers} survived teardown")
+            outcome.problems.append(Failed(f"LMCache server processes {leftovers} survived "
+                                           "teardown"))
     if delay_cycles:
         outcome.delayed_calls = dict(read_log(inject_log(workdir)))
     if outcome.void and not outcome.problems:
-        outcome.problems.append(outcome.void)
+        outcome.problems.append(Void(outcome.void))
     elif not outcome.problems:
         outcome.problems.extend(judge(outcome.store, outcome.fetch))
         void = void_problem(outcome.delayed_calls, "check") if delay_cycles else None
         if void:
             outcome.void = void
-            outcome.problems.insert(0, void)
+            outcome.problems.insert(0, Void(void))
     return outcome
+
+
+def _launch_record(server: LMCacheServer, replicas: Mapping[str, ManagedProcess],
+                   device: str, delay_cycles: int, workdir: Path) -> LaunchRecord:
+    """What run_pair launched: the server and the two replica processes (no engine)."""
+    processes = [server.process, *replicas.values()]
+    return LaunchRecord(
+        provider=f"transfer ({device})", description=f"transfer x2 + {server.url}",
+        replicas=tuple(ReplicaLaunch("A" if role == "store" else "B", None,
+                                     log=process.log_path)
+                       for role, process in replicas.items()),
+        allocator=server.effective_allocator(), delay_cycles=delay_cycles, arm="ON",
+        processes=tuple(launched(p.name, p.argv, p.env) for p in processes),
+        server=server.config, paths=LaunchPaths(log_dir=workdir))
 
 
 def _lmcache_version() -> str:
@@ -447,30 +504,32 @@ def _lmcache_version() -> str:
     return dist_version("lmcache") or "(version unknown)"
 
 
-def unsupported_void(result: dict[str, Any]) -> str:
+def unsupported_void(result: dict[str, Any]) -> Void:
     """Why a replica that found LMCache's client API incomplete proves nothing."""
-    return (f"VOID: LMCache {result.get('lmcache')} lacks what the transfer provider calls "
+    return Void(f"VOID: LMCache {result.get('lmcache')} lacks what the transfer provider calls "
             f"({', '.join(result['unsupported'])}): it cannot drive this version, so no byte "
             "was moved or judged")
 
 
 def judge(store: dict[str, Any], fetch: dict[str, Any]) -> list[str]:
-    problems = []
+    """What A's store and B's fetch results show wrong, each of its kind."""
+    problems: list[str] = []
     if not store.get("stored") or store.get("visible_hit_tokens") != NUM_TOKENS:
-        problems.append(f"replica A's store did not become visible: {store}")
+        problems.append(NotMoved(f"replica A's store did not become visible: {store}"))
     if fetch.get("control_hit_tokens"):
-        problems.append(f"a fresh cache_salt hit {fetch['control_hit_tokens']} tokens: "
-                        "salts do not separate namespaces")
+        problems.append(SaltLeak(f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                 "tokens: salts do not separate namespaces"))
     if fetch.get("hit_tokens") != NUM_TOKENS:
-        problems.append(f"replica B hit {fetch.get('hit_tokens')} of {NUM_TOKENS} tokens")
+        problems.append(NotMoved(f"replica B hit {fetch.get('hit_tokens')} of {NUM_TOKENS} "
+                                 "tokens"))
     if fetch.get("hit_tokens") and not fetch.get("retrieved"):
-        problems.append("replica B's retrieve reported failure")
+        problems.append(NotMoved("replica B's retrieve reported failure"))
     if fetch.get("mismatched_pages") or fetch.get("untouched_pages_changed"):
-        problems.append(
+        problems.append(WrongBytes(
             f"{BYTES_WRONG}: {fetch['mismatched_pages']} of {fetch.get('pages_compared')} "
             f"retrieved page(s) differ from replica A's and "
             f"{fetch['untouched_pages_changed']} other page(s) changed; first: "
-            + "; ".join(fetch.get("mismatches", [])[:2]))
+            + "; ".join(fetch.get("mismatches", [])[:2])))
     return problems
 
 
@@ -496,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="wait for this file (the server-ready file, or the store's "
                         "result) before connecting")
     parser.add_argument("--after-timeout", type=float, default=300.0)
+    parser.add_argument("--off-by-one", action="store_true",
+                        help="fetch: retrieve each block into the one after it (a fault the "
+                        "self-tests plant: the page comparison must see it)")
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
 
@@ -508,9 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         client = Client(args.url, args.model)
         try:
-            run = store_role if args.role == "store" else fetch_role
-            result = {"role": args.role, "chunk": client.chunk,
-                      **run(client, args.workdir, args.salt, args.device)}
+            if args.role == "store":
+                found = store_role(client, args.workdir, args.salt, args.device)
+            else:
+                found = fetch_role(client, args.workdir, args.salt, args.device,
+                                   off_by_one=args.off_by_one)
+            result = {"role": args.role, "chunk": client.chunk, **found}
         finally:
             client.close()
     out = args.workdir / f"{args.role}.json"  # whole or absent: B waits for the store's

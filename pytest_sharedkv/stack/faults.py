@@ -1,0 +1,84 @@
+"""Faults the self-tests plant in the suite's test doubles: the stub replicas and the
+transfer provider's fetching replica. A self-test hands them in as typed values, from a
+plugin that implements ``pytest_sharedkv_launch_faults`` (``hookspecs``); the provider
+turns them into the double's own command-line flags. Nothing here reads the environment,
+and no report key names a fault: a faulted pair is keyed as a clean one would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
+
+
+@dataclass(frozen=True)
+class StubFaults:
+    """What the stub replicas get wrong on purpose (``stub_openai``'s flags)."""
+
+    corrupt_external: bool = False  # B changes every answer that hit the pool
+    # the same, unless the replicas' environment sets this variable: a fault a triage
+    # control removes (the stand-in of a race CUDA_LAUNCH_BLOCKING=1 hides)
+    corrupt_external_unless: str | None = None
+    crash_after: int | None = None  # B exits after this many completions
+    ignore_salt: bool = False  # both: every namespace shares blocks (a leak)
+    pool_blocks: int | None = None  # a pool keeps this many blocks, oldest out
+    fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
+    diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
+    no_gate: bool = False  # B has no gate hook: the gate's corruption never happens
+
+    def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
+        """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
+        the launch sets in the replicas' environment."""
+        argv: list[str] = []
+        b = replica == "B"
+        if b and (self.corrupt_external or (self.corrupt_external_unless is not None
+                                            and self.corrupt_external_unless not in replica_env)):
+            argv.append("--corrupt-external")
+        if b and self.crash_after is not None:
+            argv += ["--crash-after", str(self.crash_after)]
+        if self.ignore_salt:
+            argv.append("--ignore-salt")
+        if self.pool_blocks is not None and arm != "OFF":  # OFF has no pool
+            argv += ["--pool-blocks", str(self.pool_blocks)]
+        if b and self.fail_metrics:
+            argv += ["--fail-metrics", ",".join(str(n) for n in self.fail_metrics)]
+        if b and self.diverge:
+            argv.append("--diverge")
+        return argv
+
+
+@dataclass(frozen=True)
+class TransferFaults:
+    """What the transfer provider's fetching replica gets wrong on purpose."""
+
+    off_by_one: bool = False  # B retrieves each block into the one after it
+
+    def argv(self) -> list[str]:
+        """The flags the fetching replica starts with."""
+        return ["--off-by-one"] if self.off_by_one else []
+
+
+@dataclass(frozen=True)
+class LaunchFaults:
+    """Every test double's planted faults; the default plants none."""
+
+    stub: StubFaults = StubFaults()
+    transfer: TransferFaults = TransferFaults()
+
+
+NO_FAULTS = LaunchFaults()
+
+
+def planted(config: pytest.Config) -> LaunchFaults:
+    """The faults a self-test's plugin planted for this run, else none."""
+    found = config.hook.pytest_sharedkv_launch_faults(config=config)
+    if found is None:
+        return NO_FAULTS
+    if not isinstance(found, LaunchFaults):
+        raise TypeError(f"pytest_sharedkv_launch_faults returned {type(found).__name__}, "
+                        "not LaunchFaults")
+    return found
