@@ -14,6 +14,11 @@ from tests.conftest import keep_loaded
 from tests.launch_faults import LaunchFaults, Planted, StubFaults, TransferFaults, plant
 from tests.process_tags import tagged
 
+# Loaded at import, outside any pytester snapshot: loaded inside a test, pytester's teardown
+# drops them again, and lmcache's importlib_metadata then leaves later in-process runs of the
+# same worker without any plugin entry point (the sharedkv plugin unloaded).
+keep_loaded("torch", "lmcache")
+
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross_replica",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
 
@@ -202,11 +207,10 @@ def test_transfer_locations() -> None:
 def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The inner runs are in-process (the server and both replicas are processes of their
-    own, on CPU: nothing here touches a device): lmcache, which the test's gate imports,
-    is loaded here first (an inner run drops what it first imports, and lmcache does not
-    import twice); each run then costs no interpreter start and no lmcache import."""
+    own, on CPU: nothing here touches a device): lmcache, which the test's gate imports, is
+    loaded at this module's import (an inner run drops what it first imports, and lmcache
+    does not import twice); each run then costs no interpreter start and no lmcache import."""
     pytest.importorskip("lmcache")
-    keep_loaded("torch", "lmcache")
     args = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k",
             "transfer and cpu", "-p", "no:cacheprovider"]
     result = pytester.runpytest(*args)
