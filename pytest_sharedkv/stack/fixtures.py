@@ -3,8 +3,9 @@ service_regression, perf): the served model, the LMCache server, replica pairs a
 namespaces as fixtures, and the (allocator x delay) matrix of the tests that use a pair.
 Every fixture is named ``sharedkv_*`` and the matrix parametrizes only tests of the
 replica and service tiers (``tiers.parametrizes``), so a project's own ``replica_pair``
-fixture is never parametrized or shadowed by the plugin. Imports stay
-light: this module loads with the plugin in every pytest run."""
+fixture is never parametrized or shadowed by the plugin. Imports stay light: this module
+loads with the plugin in every pytest run, and until the run is active it reads no
+environment into an error and writes nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.config.provider import Provider, Resolved, resolve
-from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.config.tiers import is_sharedkv_item, parametrizes
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:  # runtime imports stay lazy
@@ -28,19 +29,61 @@ if TYPE_CHECKING:  # runtime imports stay lazy
 
 
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
+# an xdist worker's bad SHAREDKV_INJECT_TARGETS, for the controller to raise (a worker
+# cannot stop the run itself)
+TARGETS_PROBLEM = "sharedkv_inject_targets_problem"
+TARGETS_CHECKED = pytest.StashKey[bool]()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """A bad SHAREDKV_INJECT_TARGETS stops the run now, not as a VOID result at the end."""
+def targets_problem() -> str | None:
+    """What is wrong with SHAREDKV_INJECT_TARGETS, or None (unset or good)."""
     text = os.environ.get(TARGETS_ENV)
-    if text:
-        from pytest_sharedkv.engine_hooks.delay_hook import check_targets
+    if not text:
+        return None
+    from pytest_sharedkv.engine_hooks.delay_hook import check_targets
 
-        problems = check_targets(text)
-        if problems:
-            raise pytest.UsageError(
-                f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
-                "naming the functions the fault-sensitivity delay wraps)")
+    problems = check_targets(text)
+    if not problems:
+        return None
+    return (f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
+            "naming the functions the fault-sensitivity delay wraps)")
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin's own, which puts the run state in place
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad SHAREDKV_INJECT_TARGETS stops an active run now, not as a VOID result at the
+    end; a run that is not (yet) active leaves a stale shell variable alone."""
+    if state_of(config).active:
+        _check_targets(config)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The run becomes active with its first sharedkv item: the check comes before any test."""
+    if any(is_sharedkv_item(item) for item in items):
+        _check_targets(config, items)
+
+
+def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None) -> None:
+    if config.stash.get(TARGETS_CHECKED, False):
+        return
+    config.stash[TARGETS_CHECKED] = True
+    problem = targets_problem()
+    if problem is None:
+        return
+    if state_of(config).is_worker and items is not None:
+        config.workeroutput[TARGETS_PROBLEM] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: a worker found SHAREDKV_INJECT_TARGETS unusable (see above)."""
+    problem = getattr(node, "workeroutput", {}).get(TARGETS_PROBLEM)
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 def resolve_provider(settings: Settings) -> Resolved:
@@ -83,9 +126,10 @@ def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFact
               kind: str, maker: Callable[[], tuple[str, Callable[[Path], object]]],
               done: str = "model.safetensors") -> Path:
     """--sharedkv-model (it must hold a config.json), or the KIND model that MAKER's
-    (key, make) writes, once per run: under the run's base temp and a file lock, so xdist
-    workers share one (DONE: the file that says a directory is complete). MAKER imports
-    what it needs; missing torch etc. is a skip."""
+    (key, make) writes, once per run: in the run's own temp directory (under xdist the
+    workers' common parent) and a file lock, so xdist workers share one (DONE: the file
+    that says a directory is complete). MAKER imports what it needs; missing torch etc. is
+    a skip."""
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
@@ -98,7 +142,10 @@ def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFact
         pytest.skip(f"the {kind} model needs torch, transformers and safetensors: {exc}")
     from filelock import FileLock
 
-    path = tmp_path_factory.getbasetemp().parent / f"sharedkv-{kind}-model-{key}"
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(pytestconfig, "workerinput"):  # pytest-N/popen-gwK: pytest-N is the run's
+        root = root.parent
+    path = root / f"sharedkv-{kind}-model-{key}"
     with FileLock(str(path) + ".lock"):
         if not (path / done).exists():
             make(path)
