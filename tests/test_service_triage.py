@@ -223,3 +223,24 @@ def test_a_pair_that_answered_right_has_nothing_to_triage(
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*nothing to triage: stub x2 (test double) answered every "
                                  "cross-replica request right*"])
+
+
+def test_a_cell_relaunches_the_pass_launch_with_its_control_on_top(tmp_path: Path) -> None:
+    """The typed changes a control makes: the pass's devices, allocator and environment
+    (the lease's device order) stay; the control's variables go on top; no gate, no delay,
+    the audit on, logs of its own."""
+    from pytest_sharedkv.stack.providers import LaunchSpec
+
+    order = (("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),)
+    spec = LaunchSpec(tmp_path / "pass", allocator="lazy", devices=("0",), server_env=order,
+                      replica_env=order, inject_delay_cycles=5)
+    controls = {c.name: c for c in controls_for("lazy")}
+    cell = controls["launch-blocking-server"].relaunch(tmp_path / "cell").apply(spec)
+    assert cell.server_env == (*order, ("CUDA_LAUNCH_BLOCKING", "1"))
+    assert cell.replica_env == order
+    assert (cell.log_dir, cell.gate, cell.kv_audit, cell.inject_delay_cycles, cell.devices,
+            cell.allocator, cell.sync_transfers) == (tmp_path / "cell", False, True, 0,
+                                                     ("0",), "lazy", False)
+    other = controls["other-allocator"].relaunch(tmp_path / "o").apply(spec)
+    assert other.allocator == "mixed" and other.server_env == order
+    assert controls["sync-transfers"].relaunch(tmp_path / "s").apply(spec).sync_transfers

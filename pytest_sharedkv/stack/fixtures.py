@@ -22,10 +22,15 @@ from pytest_sharedkv.config.tiers import is_sharedkv_item, parametrizes
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:  # runtime imports stay lazy
+    from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.providers import LaunchSpec
+
+    Edit = Callable[[LaunchSpec], LaunchSpec]
 
 
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
@@ -98,11 +103,12 @@ def provider_marks(resolved: Resolved, gpus: int = 1) -> list[Any]:
 
 
 PAIR = "sharedkv_replica_pair"
+SLOT = "sharedkv_pair_slot"  # what the matrix parametrizes: the pair behind PAIR
 PAIR_TIERS = ("replica_pair", "service_regression")  # the tiers that send through a pair
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not any(parametrizes(metafunc, PAIR, tier) for tier in PAIR_TIERS):
+    if not any(parametrizes(metafunc, SLOT, tier) for tier in PAIR_TIERS):
         return
     from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
 
@@ -112,7 +118,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
     metafunc.parametrize(
-        PAIR,
+        SLOT,
         [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
                                      pytest.mark.xdist_group(
             f"sharedkv-pair-{a}-{d}")],
@@ -195,11 +201,115 @@ def sharedkv_lmcache_server(request: pytest.FixtureRequest, tmp_path: Path
         pytest.fail(f"LMCache server processes {leftovers} survived teardown", pytrace=False)
 
 
+Launcher = Callable[["Lease | None", "Edit | None"], "ReplicaPair"]
+
+
+class PairSlot:
+    """One matrix cell's replica pair, shared by every test of the session that uses it;
+    no test closes it. ``pair`` starts it on first use, and again after ``release``, under
+    a GPU lease of its own that lives as long as its engines (the tests' leases end with
+    each test); ``release`` stops it and frees that lease, for work that needs its GPU (the
+    triage's cells); ``launch`` starts another pair from the same spec, edited, on the
+    running test's devices, which its caller closes."""
+
+    def __init__(self, what: str, launcher: Launcher, relaunchable: bool,
+                 gate: Callable[[], Gate | None]) -> None:
+        self.what = what  # the lease holder's name for it
+        self.relaunchable = relaunchable  # False: external endpoints, nothing launched
+        self._launcher = launcher
+        self._gate = gate  # this process's, once a test leased a device
+        self._pair: ReplicaPair | None = None
+        self._lease: Lease | None = None
+        self._failed: Exception | None = None
+
+    @property
+    def pair(self) -> ReplicaPair:
+        if self._failed is not None:  # every later user sees why, as for a session fixture
+            raise self._failed
+        if self._pair is None:
+            gate = self._gate()
+            lease = None if gate is None else gate.hold(f"{self.what} (until the pair stops)")
+            try:
+                self._pair = self._launcher(lease, None)
+            except Exception as exc:  # a start that failed is not tried again for each test
+                self._failed = exc
+                self._free(lease)
+                raise
+            except BaseException:
+                self._free(lease)
+                raise
+            self._lease = lease
+        return self._pair
+
+    @property
+    def live(self) -> bool:
+        return self._pair is not None
+
+    @property
+    def lease(self) -> Lease | None:
+        """The GPU lease the live pair holds (None: no pair, or one on no leased GPU)."""
+        return self._lease
+
+    def release(self) -> list[int]:
+        """Stop the pair (replicas, then the server) and free its lease; the next ``pair``
+        starts it again. Returns the PIDs that survived (must be none); survivors may hold
+        the GPU, so their lease is kept."""
+        pair, lease = self._pair, self._lease
+        self._pair = self._lease = None
+        leftovers = pair.close() if pair is not None else []
+        if not leftovers:
+            self._free(lease)
+        return leftovers
+
+    def launch(self, edit: Edit) -> ReplicaPair:
+        """A pair of its own from this slot's spec with EDIT applied (the triage's cells),
+        on the running test's devices; the caller closes it."""
+        if not self.relaunchable:
+            raise ValueError(f"{self.what}: the suite launched nothing it could launch again")
+        gate = self._gate()
+        return self._launcher(gate.current if gate is not None else None, edit)
+
+    def _free(self, lease: Lease | None) -> None:
+        gate = self._gate()
+        if lease is not None and gate is not None:
+            gate.release(lease)
+
+
 @pytest.fixture(scope="session")
-def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPair]:
-    """Two replicas over one LMCache pool: launched (vllm), external endpoints, or the
-    stub test double; torn down (replicas, then the server) with no process left."""
+def sharedkv_pair_slot(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[PairSlot]:
+    """The (allocator x delay) cell's pair for the session (``PairSlot``): launched (vllm),
+    external endpoints, or the stub test double; torn down (replicas, then the server)
+    with no process left."""
+    settings = state_of(pytestconfig).settings
+    provider = resolve_provider(settings)
+    if getattr(request, "param", None) is None:
+        pytest.fail(f"{PAIR} is parametrized only for tests marked "
+                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
+    allocator, delay = request.param
+    no_pair = provider.serves_no_pair()
+    if no_pair is not None:
+        pytest.skip(no_pair)
+    cases = None if provider.provider is Provider.EXTERNAL else \
+        request.getfixturevalue("sharedkv_case_set")
+    model = request.getfixturevalue("sharedkv_model_dir") if provider.launched else None
+    label = f"{provider}-{allocator.replace('/', '')}-{delay}"
+    slot = PairSlot(f"{SLOT}[{label}]",
+                    _launcher(settings, provider, allocator, delay, cases, model,
+                              lambda: tmp_path_factory.mktemp(f"replicas-{label}")),
+                    relaunchable=provider.provider is not Provider.EXTERNAL,
+                    gate=lambda: state_of(pytestconfig).gate)
+    yield slot
+    leftovers = slot.release()
+    if leftovers:
+        pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
+
+
+def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int,
+              cases: CaseSet | None, model: Path | None, log_dir: Callable[[], Path]
+              ) -> Launcher:
+    """How the slot starts a pair: a LaunchSpec per launch (a fresh log directory; a
+    launched pair's engines on the lease's devices, with the lease's environment)."""
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import (
         EngineSettings,
@@ -210,40 +320,39 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         stub_pair,
     )
 
-    settings = state_of(pytestconfig).settings
-    provider = resolve_provider(settings)
-    if getattr(request, "param", None) is None:
-        pytest.fail(f"{PAIR} is parametrized only for tests marked "
-                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
-    allocator, delay = request.param
-    no_pair = provider.serves_no_pair()
-    if no_pair is not None:
-        pytest.skip(no_pair)
-    log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
-    if provider.provider is Provider.EXTERNAL:
-        pair = external_pair(settings.endpoints or ())
-    elif provider.provider is Provider.STUB:
-        cases = request.getfixturevalue("sharedkv_case_set")
-        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
-                                    kv_audit=settings.kv_audit,
-                                    engine=EngineSettings(extra_args=settings.vllm_args)))
-    else:
-        model = request.getfixturevalue("sharedkv_model_dir")
-        cases = request.getfixturevalue("sharedkv_case_set")
-        from pytest_sharedkv.host.devices import visible_tokens
+    engine = EngineSettings(extra_args=settings.vllm_args)
 
-        devices = visible_tokens()
-        pair = launch_vllm_pair(LaunchSpec(
-            log_dir=log_dir, allocator=allocator, model=model, devices=devices,
-            inject_delay_cycles=delay,
+    def launch(lease: Lease | None, edit: Edit | None) -> ReplicaPair:
+        if provider.provider is Provider.EXTERNAL:
+            return external_pair(settings.endpoints or ())
+        assert cases is not None
+        if provider.provider is Provider.STUB:
+            spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
+                              kv_audit=settings.kv_audit, engine=engine)
+            return stub_pair(edit(spec) if edit is not None else spec)
+        assert model is not None
+        if lease is None:
+            pytest.fail(f"{PAIR}: a launched pair runs on leased GPUs and the test that starts"
+                        " it leased none (it needs @pytest.mark.sharedkv_gpu)", pytrace=False)
+        env = lease.env()
+        devices = tuple(env.pop("CUDA_VISIBLE_DEVICES").split(","))  # one per replica, or one
+        order = tuple(env.items())
+        spec = LaunchSpec(
+            log_dir=log_dir(), allocator=allocator, model=model, devices=devices,
+            server_env=order, replica_env=order, inject_delay_cycles=delay,
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=settings.kv_audit,
-            engine=EngineSettings(extra_args=settings.vllm_args)))
-    yield pair
-    leftovers = pair.close()
-    if leftovers:
-        pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
+            kv_audit=settings.kv_audit, engine=engine)
+        return launch_vllm_pair(edit(spec) if edit is not None else spec)
+
+    return launch
+
+
+@pytest.fixture
+def sharedkv_replica_pair(sharedkv_pair_slot: PairSlot) -> ReplicaPair:
+    """Two replicas over one LMCache pool, live (``PairSlot.pair``): the session's pair of
+    this test's (allocator, delay) cell. A test never closes it."""
+    return sharedkv_pair_slot.pair
 
 
 def longest_prompt(cases: CaseSet) -> int:
