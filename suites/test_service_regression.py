@@ -13,7 +13,7 @@ depend on. Stored references (syrupy) separate engine drift from cache-induced d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -117,8 +117,14 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
-    from pytest_sharedkv.service.checks import step_problems, totals_problems, totals_unknown
+    from pytest_sharedkv.service.checks import (
+        failed_requests,
+        step_problems,
+        totals_problems,
+        totals_unknown,
+    )
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
@@ -132,6 +138,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                  or (totals.group == "warm-up" and c.role == "warmup")]
         exact = sum(not step_problems(run, c, steps[totals.step], check_hits=False)
                     for c in group)
+        failed = failed_requests(run, group, totals.step)  # no answer: none to judge
         shareable = sum(c.shareable or 0 for c in group) if all(
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable)
@@ -140,8 +147,9 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         if not warmup:
             problems += found
             unknown += [why_unknown] if why_unknown else []
-        kind = worst_kind(kinds_of(found), "divergence" if exact < totals.requests else
-                          "leak" if totals.step == "cold" else "hits")
+        kind = worst_kind(kinds_of(found), "divergence" if exact + failed < totals.requests
+                          else "error" if failed else "leak" if totals.step == "cold"
+                          else "hits")
         if why_unknown and not found:
             kind = "hits-unknown"
         status = ("info" if warmup else "fail" if found or exact < totals.requests
@@ -151,20 +159,14 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             exact, totals.requests, message=("; ".join(found) or why_unknown or "")[:400],
             kind=kind, status=status,
             detail={"replica": totals.replica, "cached": totals.cached, "local": totals.local,
-                    "external": totals.external, "other_local": totals.other_local,
+                    "external": totals.external, "errors": failed,
+                    "other_local": totals.other_local,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
                     "shareable": shareable})
-    sharedkv_results.note(TIER, _wall_line(run, pair.labels))
+    sharedkv_results.note(TIER, wall_line(run, pair.labels))
     _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
     if unknown:  # neither a pass nor a hit failure: the evidence is missing
         pytest.skip("UNKNOWN: " + "; ".join(unknown))
-
-
-def _wall_line(run: ServiceRun, labels: dict[str, Any]) -> str:
-    per = run.request_seconds / run.requests if run.requests else 0.0
-    return (f"wall time {labels.get('allocator', '')}: {run.wall_s:.1f} s for {run.requests} "
-            f"requests ({run.wall_s / max(run.requests, 1):.3f} s each, {per:.3f} s mean "
-            "latency), settles included")
 
 
 def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: str,

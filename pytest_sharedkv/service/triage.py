@@ -364,10 +364,30 @@ def diverging_group(run: ServiceRun) -> str | None:
     return None
 
 
+def cross_line(run: ServiceRun, description: str) -> str:
+    """What the pass's cross-replica step sent and got back, from its answers: never an
+    answer that was not received."""
+    sent = [(c, a) for c in run.cases.cases if c.role == "measured"
+            for a in [run.answer(c.id, "cross")] if a is not None]
+    failed = [a for _, a in sent if a.error]
+    right = sum(right_answer(run, c) is True for c, _ in sent)
+    if not sent:
+        return f"{description} was sent no cross-replica request"
+    line = (f"{description} answered {len(sent) - len(failed)} of {len(sent)} cross-replica "
+            "requests")
+    if failed:
+        line += f" ({len(failed)} failed, first: {failed[0].error})"
+    answered = len(sent) - len(failed)
+    if answered:
+        line += (f", all {answered} answers right" if right == answered
+                 else f", {right} of the {answered} answers right")
+    return line
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """What the pass leaves the triage: its diverging size group, or the reason there is
-    nothing to triage (the pass stopped, or no answer was wrong)."""
+    nothing to triage (the pass stopped, or no answer was wrong), said from its data."""
 
     group: str | None
     error: str | None
@@ -380,8 +400,8 @@ def diagnose(service_pass: Pass) -> Diagnosis:
 
     run = service_pass.ensure(PROTOCOL)
     group = None if run.error else diverging_group(run)
-    return Diagnosis(group, run.error, f"nothing to triage: {service_pass.pair.description} "
-                     "answered every cross-replica request right")
+    return Diagnosis(group, run.error,
+                     f"nothing to triage: {cross_line(run, service_pass.pair.description)}")
 
 
 @dataclass(frozen=True)
