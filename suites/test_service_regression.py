@@ -13,7 +13,7 @@ depend on. Stored references (syrupy) separate engine drift from cache-induced d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.report.records import ResultSink
     from pytest_sharedkv.service.answers import ServiceRun
     from pytest_sharedkv.service.execute import Pass
-    from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.fixtures import PairSlot
 
 pytestmark = pytest.mark.service_regression
 TIER = "service_regression"
@@ -58,15 +58,15 @@ def _case(service_pass: Pass, case_id: str) -> Case:
     return case
 
 
-def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
-                          sharedkv_results: ResultSink) -> None:
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_results: ResultSink) -> None:
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import GATE
     from pytest_sharedkv.service.sensitivity import PROVEN, UNPROVEN, record_status
 
     gate = sharedkv_service_pass.ensure(GATE).gate
     sharedkv_results.check(
-        TIER, {**sharedkv_replica_pair.labels, "size": "gate", "step": "zeroed chunk"},
+        TIER, {**pair.labels, "size": "gate", "step": "zeroed chunk"},
         gate.changed, max(gate.copying, 1) if gate.status != UNPROVEN else 0,
         role="negative-control", message=gate.message, kind="gate",
         status=record_status(gate.status),
@@ -81,9 +81,10 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_replica_pair: Re
 
 
 def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
-                       sharedkv_replica_pair: ReplicaPair, sharedkv_settings: Settings,
+                       sharedkv_pair_slot: PairSlot, sharedkv_settings: Settings,
                        sharedkv_results: ResultSink) -> None:
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import GATE
@@ -99,25 +100,31 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
         answers = {step: a.to_data() for (cid, step), a in run.answers.items()
                    if cid == case.id}
         sharedkv_results.check(
-            TIER, {**sharedkv_replica_pair.labels, "size": case.size, "step": "chain"}, 0, 1,
+            TIER, {**pair.labels, "size": case.size, "step": "chain"}, 0, 1,
             message=failures[0][:600], kind=worst_kind(kinds_of(failures), "error"),
             detail={"case": case.id, "sha256": case.sha256, "answers": answers,
                     "expected": list(case.expected or ())})
         if "divergence" in kinds_of(failures) and not sharedkv_settings.triage \
-                and sharedkv_replica_pair.relaunch is not None:
+                and sharedkv_pair_slot.relaunchable:
             hint.append(TRIAGE_HINT)
     _verdict(run, [*failures, *hint])
 
 
 def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
-                                     sharedkv_replica_pair: ReplicaPair,
                                      sharedkv_results: ResultSink) -> None:
     """One record per size x step (exact answers, the engines' hit counters, wall time);
     fails when a step's hits are not the one kind that step may have."""
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import kinds_of, worst_kind
-    from pytest_sharedkv.service.checks import step_problems, totals_problems, totals_unknown
+    from pytest_sharedkv.service.checks import (
+        failed_requests,
+        step_problems,
+        totals_problems,
+        totals_unknown,
+    )
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
@@ -131,6 +138,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                  or (totals.group == "warm-up" and c.role == "warmup")]
         exact = sum(not step_problems(run, c, steps[totals.step], check_hits=False)
                     for c in group)
+        failed = failed_requests(run, group, totals.step)  # no answer: none to judge
         shareable = sum(c.shareable or 0 for c in group) if all(
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable)
@@ -139,39 +147,34 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         if not warmup:
             problems += found
             unknown += [why_unknown] if why_unknown else []
-        kind = worst_kind(kinds_of(found), "divergence" if exact < totals.requests else
-                          "leak" if totals.step == "cold" else "hits")
+        kind = worst_kind(kinds_of(found), "divergence" if exact + failed < totals.requests
+                          else "error" if failed else "leak" if totals.step == "cold"
+                          else "hits")
         if why_unknown and not found:
             kind = "hits-unknown"
         status = ("info" if warmup else "fail" if found or exact < totals.requests
                   else "unknown" if why_unknown else "pass")
         sharedkv_results.check(
-            TIER, {**sharedkv_replica_pair.labels, "size": totals.group, "step": totals.step},
+            TIER, {**pair.labels, "size": totals.group, "step": totals.step},
             exact, totals.requests, message=("; ".join(found) or why_unknown or "")[:400],
             kind=kind, status=status,
             detail={"replica": totals.replica, "cached": totals.cached, "local": totals.local,
-                    "external": totals.external, "other_local": totals.other_local,
+                    "external": totals.external, "errors": failed,
+                    "other_local": totals.other_local,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
                     "shareable": shareable})
-    sharedkv_results.note(TIER, _wall_line(run, sharedkv_replica_pair.labels))
+    sharedkv_results.note(TIER, wall_line(run, pair.labels))
     _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
     if unknown:  # neither a pass nor a hit failure: the evidence is missing
         pytest.skip("UNKNOWN: " + "; ".join(unknown))
 
 
-def _wall_line(run: ServiceRun, labels: dict[str, Any]) -> str:
-    per = run.request_seconds / run.requests if run.requests else 0.0
-    return (f"wall time {labels.get('allocator', '')}: {run.wall_s:.1f} s for {run.requests} "
-            f"requests ({run.wall_s / max(run.requests, 1):.3f} s each, {per:.3f} s mean "
-            "latency), settles included")
-
-
 def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: str,
-                       sharedkv_replica_pair: ReplicaPair,
                        sharedkv_results: ResultSink) -> None:
     """Six turns alternating replicas: each exact answer lives only in the distant prefix,
     which must have come from a cache (cached tokens beyond the source)."""
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import Problem, worst_kind
     from pytest_sharedkv.service.execute import SESSIONS
 
@@ -201,7 +204,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
         problems.append(Problem(f"{session.id}: {len(answers)} of {len(session.turns)} turns "
                                 "ran", "error"))
     sharedkv_results.check(
-        TIER, {**sharedkv_replica_pair.labels, "size": "session", "step": "6 turns"},
+        TIER, {**pair.labels, "size": "session", "step": "6 turns"},
         len(session.turns) - len(problems), len(session.turns), message="; ".join(problems),
         kind=worst_kind((p.kind for p in problems), "session"),
         detail={"session": session.id,
@@ -210,8 +213,9 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
 
 
 def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
-                  sharedkv_replica_pair: ReplicaPair, sharedkv_results: ResultSink) -> None:
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+                  sharedkv_results: ResultSink) -> None:
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import PROTOCOL
 
     run = sharedkv_service_pass.ensure(PROTOCOL)
@@ -219,7 +223,7 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
     if result is None:
         pytest.fail(f"protocol check {sharedkv_protocol_check} did not run", pytrace=False)
     sharedkv_results.check(
-        TIER, {**sharedkv_replica_pair.labels, "size": "protocol", "step": result.name},
+        TIER, {**pair.labels, "size": "protocol", "step": result.name},
         int(result.ok), 1, message="" if result.ok else result.message, kind="protocol",
         detail={"message": result.message})
     if not result.ok:
@@ -230,7 +234,7 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
 # warns that it "can not relate" such a location to the test (528 lines on an H200 run).
 @pytest.mark.filterwarnings(r"ignore:\s*Can not relate snapshot:UserWarning")
 def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: str,
-                          sharedkv_replica_pair: ReplicaPair, sharedkv_settings: Settings,
+                          sharedkv_settings: Settings,
                           sharedkv_lmcache_status: LMCacheStatus | str,
                           request: pytest.FixtureRequest) -> None:
     """Replica A's cold answer (tokens, text, chosen-token logprobs) and every step's hits
@@ -240,7 +244,7 @@ def test_stored_reference(sharedkv_service_pass: Pass, sharedkv_service_case: st
 
     from pytest_sharedkv.service import references
     pytest.importorskip("syrupy", reason="stored references are syrupy snapshots")
-    pair = sharedkv_replica_pair
+    pair = sharedkv_service_pass.pair
     case = _case(sharedkv_service_pass, sharedkv_service_case)
     run = sharedkv_service_pass.ensure(case.size)
     found = references.record(run, case)
@@ -301,20 +305,19 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
                     pytrace=False)
 
 
-def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
-                  sharedkv_settings: Settings, sharedkv_results: ResultSink,
-                  request: pytest.FixtureRequest) -> None:
+def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
+                  sharedkv_results: ResultSink, request: pytest.FixtureRequest) -> None:
     """--sharedkv-kv-audit: every chunk, KV group and layer B loaded from the pool equals,
     byte for byte, what A stored (digests taken inside both engines). The sensitivity gate
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
     matched against the chunks the audit caught."""
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import SESSIONS
     from pytest_sharedkv.stack import kv_audit
 
-    pair = sharedkv_replica_pair
     if not sharedkv_settings.kv_audit:
         skip_not_asked(request.node, "the in-engine KV audit is off (--sharedkv-kv-audit "
                        "turns it on)")
@@ -362,70 +365,31 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPai
         pytest.fail("\n".join(shown) + more, pytrace=False)
 
 
-def test_triage(sharedkv_service_pass: Pass, sharedkv_replica_pair: ReplicaPair,
+def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
                 sharedkv_settings: Settings, sharedkv_results: ResultSink,
                 tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
                 ) -> None:
     """--sharedkv-triage: a pair that answered wrong after cross-replica hits sends its
     diverging size group again under each control, a cell with the KV audit each, and the
     controls that removed the fault name its class (one record per cell, one verdict)."""
-    sharedkv_replica_pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service import triage
-    from pytest_sharedkv.service.execute import PROTOCOL
-    from pytest_sharedkv.service.runner import Runner, Salts
 
-    service_pass, pair = sharedkv_service_pass, sharedkv_replica_pair
-    run = service_pass.ensure(PROTOCOL)
-    group = None if run.error else triage.diverging_group(run)
-    nothing = (f"nothing to triage: {pair.description} answered every cross-replica request "
-               "right")
+    sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
+    found = triage.diagnose(sharedkv_service_pass)
     if not sharedkv_settings.triage:  # said only where there was something to triage
         skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
-                       "pair under controls)" if group is not None or run.error else nothing)
-    if run.error:
-        pytest.fail(f"nothing to triage: the pass stopped ({run.error})", pytrace=False)
-    if group is None:
-        skip_not_asked(request.node, nothing)
-    base, cases = triage.base_of(run, pair, group)
-    allocator = base.allocator
-    runner = service_pass.runner
-
-    def runner_of(target: ReplicaPair, salts: Salts, concurrency: int) -> Runner:
-        return Runner(target, run.cases, salts, runner.settle_s, concurrency, runner.log,
-                      runner.store_s_per_token)
-
-    cells = []
-    stopped = False
-    for control in triage.controls_for(allocator):
-        if not control.one_in_flight and not stopped and pair.has_server \
-                and pair.labels.get("provider") == "vllm":
-            # the cells' engines take the GPU memory this pair holds: the triage is the
-            # last test of its pair (test order), so the pair stops here
-            stopped = True
-            leftovers = pair.close()
-            runner.log("triage: stopped the pass's pair (its cells need its GPU)"
-                       + (f"; processes {leftovers} survived" if leftovers else ""))
-        cell = triage.run_cell(control, pair, cases, run.cases.by_role("warmup"), runner_of,
-                               runner.salts, runner.concurrency,
-                               tmp_path_factory.mktemp(f"triage-{control.name}"), runner.log)
-        cells.append(cell)
-        sharedkv_results.check(
-            TIER, {**pair.labels, "size": "triage", "step": control.name}, cell.exact,
-            cell.requests, kind="triage", status=cell.status,
-            message=cell.not_applicable or cell.why_unknown or cell.first_wrong,
-            detail={"control": control.what, "family": control.family, "group": group,
-                    "wrong": cell.wrong, "errors": cell.errors,
-                    "mismatches": cell.mismatches, "compared": cell.compared,
-                    "removed": cell.removed, "remedy": control.remedy,
-                    "suggestion": control.suggestion, "counts": cell.counts(),
-                    "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
-    verdict = triage.classify(base, cells)
-    sharedkv_results.note(TIER, verdict.line(base), kind="triage-verdict",
-                          status="unknown" if verdict.klass == "undecided" else "info")
-    unknown = [c for c in cells if c.removed is None and c.not_applicable is None]
-    if verdict.klass == "undecided":
-        pytest.fail(verdict.line(base), pytrace=False)
-    if unknown:
-        pytest.fail(verdict.line(base) + "\n" + "\n".join(
-            f"cell {c.control.name}: {c.why_unknown or c.counts()}" for c in unknown),
-            pytrace=False)
+                       "pair under controls)" if found.group is not None or found.error
+                       else found.nothing)
+    if found.error:
+        pytest.fail(f"nothing to triage: the pass stopped ({found.error})", pytrace=False)
+    if found.group is None:
+        skip_not_asked(request.node, found.nothing)
+    result = triage.triage(sharedkv_service_pass, sharedkv_pair_slot, found.group,
+                           lambda name: tmp_path_factory.mktemp(f"triage-{name}"))
+    triage.record(sharedkv_results, sharedkv_service_pass.pair.labels, result)
+    line = result.verdict.line(result.base)
+    if result.verdict.klass == "undecided":
+        pytest.fail(line, pytrace=False)
+    if result.unknown:
+        pytest.fail(line + "\n" + "\n".join(f"cell {c.control.name}: {c.why_unknown or c.counts()}"
+                                            for c in result.unknown), pytrace=False)

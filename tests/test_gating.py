@@ -145,3 +145,25 @@ def test_gated_skips_point_at_the_tests(pytester: pytest.Pytester,
         "SKIPPED [[]1[]] test_gated.py:15: sharedkv_no_such_module not importable*",
     ], consecutive=False)
     assert "gating.py" not in result.stdout.str()
+
+
+def test_a_lease_points_only_its_own_test_at_its_devices(
+        pytester: pytest.Pytester, fake_gpus: Callable[[str], None]) -> None:
+    """The test's CUDA_VISIBLE_DEVICES (and device order) are its lease's while it runs,
+    and the process's own again after: no binding outlives the test that needed it."""
+    fake_gpus("0,1")
+    pytester.makepyfile("""
+        import os
+        import pytest
+
+        @pytest.mark.sharedkv_gpu(count=2)
+        def test_leased(sharedkv_gpu_lease):
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+            assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+        def test_after():
+            assert "CUDA_VISIBLE_DEVICES" not in os.environ
+            assert "CUDA_DEVICE_ORDER" not in os.environ
+    """)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

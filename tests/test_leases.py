@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,16 +124,35 @@ def test_all_or_nothing_and_holder_in_timeout(tmp_path: Path) -> None:
     assert both.tokens == ("0", "1")
 
 
-def test_binding_pins_later_leases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setitem(sys.modules, "torch", None)
+def _fake_torch(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """A torch whose CUDA starts when the test says (``started["cuda"] = True``)."""
+    started = {"cuda": False}
+    cuda = types.SimpleNamespace(is_initialized=lambda: started["cuda"],
+                                 _cached_device_count=None)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    return started
+
+
+def test_a_binding_lasts_its_test_and_cuda_started_under_it_pins_later_leases(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    started = _fake_torch(monkeypatch)
     manager = LeaseManager(tmp_path, _gpus(3), owner="gw0")
     blocker = LeaseManager(tmp_path, _gpus(3), owner="gw1")
     first_block = blocker.acquire(1, timeout=0.2)  # holds device 0
     lease = manager.acquire(1, timeout=0.2)
     assert lease.tokens == ("1",)
-    manager.bind(lease)
+    binding = manager.bind(lease)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    manager.unbind(binding)  # CUDA did not start: nothing pins this process
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+    assert "CUDA_DEVICE_ORDER" not in os.environ, "the environment is as it was"
+    assert manager.bound is None
+    binding = manager.bind(lease)
+    started["cuda"] = True  # the test touched CUDA under the lease
+    manager.unbind(binding)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2" and manager.bound == ("1",)
     manager.release(lease)
     blocker.release(first_block)
     again = manager.acquire(1, timeout=0.2)
@@ -140,6 +160,42 @@ def test_binding_pins_later_leases(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     manager.release(again)
     pair = manager.acquire(2, timeout=0.2)
     assert pair.tokens[0] == "1" and len(set(pair.tokens)) == 2
+
+
+def test_cuda_started_before_the_lease_binds_nothing(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA already saw every device: the lease cannot narrow it, so nothing is pinned."""
+    _fake_torch(monkeypatch)["cuda"] = True
+    manager = LeaseManager(tmp_path, _gpus(2), owner="gw0")
+    lease = manager.acquire(1, timeout=0.2)
+    manager.unbind(manager.bind(lease))
+    assert manager.bound is None
+
+
+def test_a_process_shares_its_own_lock_and_other_processes_wait(tmp_path: Path) -> None:
+    """A test's lease and the pair's lease of it share one lock in their process (a second
+    flock there would wait for the first forever); another process waits for both."""
+    worker = LeaseManager(tmp_path, _gpus(1), owner="gw0")
+    other = LeaseManager(tmp_path, _gpus(1), owner="gw1")  # its own open file: a process
+    test = worker.acquire(1, timeout=0.2, what="t::first")
+    pair = worker.share(test, "the pair")
+    worker.release(test)
+    holder = (tmp_path / "gpu-index-0.holder").read_text()
+    assert holder == f"gw0 pid={os.getpid()} the pair\n"
+    with pytest.raises(LeaseTimeout, match=r"gw0 pid=\d+ the pair"):
+        other.acquire(1, timeout=0.2)
+    second = worker.acquire(1, timeout=0.2, what="t::second")  # at once: no deadlock
+    assert (tmp_path / "gpu-index-0.holder").read_text().splitlines() == [
+        f"gw0 pid={os.getpid()} the pair", f"gw0 pid={os.getpid()} t::second"]
+    worker.release(second)
+    worker.release(second)  # twice is once
+    with pytest.raises(LeaseTimeout):
+        other.acquire(1, timeout=0.2)
+    worker.release(pair)
+    assert not (tmp_path / "gpu-index-0.holder").exists()
+    other.release(other.acquire(1, timeout=0.2))
+    with pytest.raises(ValueError, match="released"):
+        worker.share(pair, "too late")
 
 
 def test_lock_of_a_killed_process_does_not_block(tmp_path: Path) -> None:
@@ -204,10 +260,13 @@ def test_a_lease_orders_devices_as_nvidia_smi_does(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)
     manager = LeaseManager(tmp_path, _gpus(2), owner="gw0")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     lease = manager.acquire(1, timeout=0.2)
     assert lease.env() == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    manager.bind(lease)
+    binding = manager.bind(lease)
     assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    manager.unbind(binding)
+    assert "CUDA_DEVICE_ORDER" not in os.environ
     manager.release(lease)
 
 

@@ -2,7 +2,7 @@
 ordering tier probes each for both allocators and the fault-sensitivity hook delays each.
 A newer LMCache is stood in for by a fake package with an ``h2d_range`` helper (the shape
 of upstream's ``lmcache_memcpy_async_h2d_range``); discovery reads source, never imports.
-A garbage SHAREDKV_INJECT_TARGETS is a usage error at start."""
+A garbage SHAREDKV_INJECT_TARGETS is a usage error at the start of a run that uses sharedkv."""
 
 from __future__ import annotations
 
@@ -147,7 +147,8 @@ def test_garbage_inject_targets_are_a_usage_error(pytester: pytest.Pytester,
         pytest.skip("existence is checked where lmcache is importable")
     monkeypatch.setenv(delay_hook.TARGETS_ENV, value)
     pytester.makepyfile("def test_x():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # a sharedkv option makes the run active (tests/test_stack_fixtures.py: other runs)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sharedkv-settle-s=1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {delay_hook.TARGETS_ENV}={value}: *{message}*"])
     result.stdout.no_fnmatch_line("*passed*")

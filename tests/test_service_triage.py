@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
+from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.service import summary
+from pytest_sharedkv.service.answers import Answer, ServiceRun
 from pytest_sharedkv.service.baseline import Baseline, BaselinePair, read_baseline, remedies
-from pytest_sharedkv.service.triage import Base, Cell, classify, controls_for
+from pytest_sharedkv.service.triage import Base, Cell, classify, controls_for, cross_line
 from tests.launch_faults import StubFaults, plant
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
@@ -222,5 +224,89 @@ def test_a_pair_that_answered_right_has_nothing_to_triage(
     monkeypatch.setenv(MEASURED_ENV, "2")
     result = pytester.runpytest_subprocess(*BASE)
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*nothing to triage: stub x2 (test double) answered every "
-                                 "cross-replica request right*"])
+    result.stdout.fnmatch_lines(["*nothing to triage: stub x2 (test double) answered 2 of 2 "
+                                 "cross-replica requests, all 2 answers right*"])
+
+
+def _run_with(answers: dict[tuple[str, str], Answer]) -> ServiceRun:
+    cases = [Case(f"3k-00{i}", "measured", "3k", "w", "0" * 64, expected=(1, 2))
+             for i in range(3)]
+    run = ServiceRun(CaseSet("copy", 32, cases), "pair")
+    run.answers.update(answers)
+    return run
+
+
+def test_nothing_to_triage_says_what_was_sent_and_answered() -> None:
+    """Issue 36: endpoints that answered nothing are never said to have answered right."""
+    refused = "replica B (http://127.0.0.1:10): request failed: Connection refused"
+    none = _run_with({(f"3k-00{i}", "cross"): Answer(f"3k-00{i}", "cross", "B", error=refused)
+                      for i in range(3)})
+    assert cross_line(none, "external") == (
+        f"external answered 0 of 3 cross-replica requests (3 failed, first: {refused})")
+    some = _run_with({("3k-000", "cross"): Answer("3k-000", "cross", "B", ids=(1, 2)),
+                      ("3k-001", "cross"): Answer("3k-001", "cross", "B", error=refused)})
+    assert cross_line(some, "stub") == ("stub answered 1 of 2 cross-replica requests (1 "
+                                        f"failed, first: {refused}), all 1 answers right")
+    assert cross_line(_run_with({}), "stub") == "stub was sent no cross-replica request"
+
+
+def test_external_endpoints_that_answer_nothing_are_said_to_answer_nothing(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed ports (issue 36): the triage's skip, the wall-time note and the verdict say
+    what was sent and that nothing came back, never answers that were not received."""
+    from pytest_sharedkv.processes.managed import free_port
+
+    monkeypatch.setenv(MEASURED_ENV, "2")
+    closed = ",".join(f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    # its own process: the text corpus builds an order of magnitude slower in this one
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "pytest_sharedkv.suites", "-m", "service_regression", "-p",
+        "no:cacheprovider", f"--sharedkv-endpoints={closed}", "--sharedkv-settle-s=0.01",
+        "--sharedkv-service-sizes=3k", "-k", "triage or steps_account", "-rs")
+    result.assert_outcomes(skipped=2)  # the steps' hits: UNKNOWN (no counter was read)
+    result.stdout.fnmatch_lines_random([
+        f"*nothing to triage: external {closed.replace(',', ', ')} answered 0 of 2 "
+        "cross-replica requests (2 failed, first: replica B *",
+        "*wall time external: * s for * requests sent, none answered, settles included*",
+        "*VERDICT external: none of 2 cross-replica requests got an answer (errors): nothing "
+        "was judged*"])
+    result.stdout.no_fnmatch_line("*answered every*")
+    result.stdout.no_fnmatch_line("*answered wrong*")
+
+
+def test_a_cell_relaunches_the_pass_launch_with_its_control_on_top(tmp_path: Path) -> None:
+    """The typed changes a control makes: the pass's devices, allocator and environment
+    (the lease's device order) stay; the control's variables go on top; no gate, no delay,
+    the audit on, logs of its own."""
+    from pytest_sharedkv.stack.providers import LaunchSpec
+
+    order = (("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),)
+    spec = LaunchSpec(tmp_path / "pass", allocator="lazy", devices=("0",), server_env=order,
+                      replica_env=order, inject_delay_cycles=5)
+    controls = {c.name: c for c in controls_for("lazy")}
+    cell = controls["launch-blocking-server"].relaunch(tmp_path / "cell").apply(spec)
+    assert cell.server_env == (*order, ("CUDA_LAUNCH_BLOCKING", "1"))
+    assert cell.replica_env == order
+    assert (cell.log_dir, cell.gate, cell.kv_audit, cell.inject_delay_cycles, cell.devices,
+            cell.allocator, cell.sync_transfers) == (tmp_path / "cell", False, True, 0,
+                                                     ("0",), "lazy", False)
+    other = controls["other-allocator"].relaunch(tmp_path / "o").apply(spec)
+    assert other.allocator == "mixed" and other.server_env == order
+    assert controls["sync-transfers"].relaunch(tmp_path / "s").apply(spec).sync_transfers
+
+
+def test_a_verdict_counts_requests_without_an_answer_apart_from_wrong_answers() -> None:
+    def cross(passed: int, errors: int | None) -> Check:
+        return Check("service_regression", {"provider": "external", "allocator": "unknown",
+                                            "delay": "0", "size": "3k", "step": "cross"},
+                     passed, 10, kind="divergence", status="fail",
+                     detail={} if errors is None else {"errors": errors})
+
+    assert summary.verdicts([cross(6, 4)]) == [
+        "VERDICT external: 4 of 10 cross-replica requests got no answer (errors); the 6 "
+        "answered were exact"]
+    [line] = summary.verdicts([cross(5, 4)])
+    assert line.startswith("VERDICT external: 1 of 10 requests answered wrong after ")
+    assert line.endswith("; 4 got no answer")
+    [older] = summary.verdicts([cross(5, None)])  # a report without the count: as before
+    assert older.startswith("VERDICT external: 5 of 10 requests answered wrong")

@@ -1,9 +1,10 @@
 """Turning what a test needs (GPUs, free memory, lmcache, vllm) into a lease or a precise skip.
 
-Runs in ``pytest_runtest_setup`` before any fixture, so the worker's
-``CUDA_VISIBLE_DEVICES`` is set before a session fixture could touch CUDA. Devices are
+Runs in ``pytest_runtest_setup`` before any fixture, so the test's ``CUDA_VISIBLE_DEVICES``
+is set before a fixture could touch CUDA (and restored at its teardown). Devices are
 checked and leased before any required package is imported, because importing lmcache or
-vllm may initialise CUDA.
+vllm may initialise CUDA. What a test starts and outlives it (the session's replica pair)
+takes a lease of the test's devices of its own (``Gate.hold``), released with it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ import pytest
 from pytest_sharedkv.config.markers import GpuNeed, gpu_need, required_distributions
 from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.host.devices import Discovery, DiscoveryError, discover, free_gib
-from pytest_sharedkv.host.leases import LEASE_DIR_NAME, Lease, LeaseManager, LeaseTimeout
+from pytest_sharedkv.host.leases import (
+    LEASE_DIR_NAME,
+    Binding,
+    Lease,
+    LeaseManager,
+    LeaseTimeout,
+)
 from pytest_sharedkv.host.runtime_dir import RuntimeDirError, subdir
 
 ITEM_LEASE = pytest.StashKey[Lease]()
+ITEM_BINDING = pytest.StashKey[Binding]()
 
 
 def _plural(n: int, word: str) -> str:
@@ -46,6 +54,7 @@ class Gate:
         self.owner = owner
         self._discovery: Discovery | str | None = None
         self._leases: LeaseManager | None = None
+        self.current: Lease | None = None  # the running test's
 
     @property
     def discovery(self) -> Discovery | str:
@@ -71,7 +80,10 @@ class Gate:
     def setup(self, item: pytest.Item) -> None:
         need = gpu_need(item)
         if need is not None:
-            item.stash[ITEM_LEASE] = self._lease(item, need)
+            lease = self._lease(item, need)
+            assert self._leases is not None
+            item.stash[ITEM_LEASE] = self.current = lease
+            item.stash[ITEM_BINDING] = self._leases.bind(lease)
         for module in required_distributions(item):
             reason = import_error(module)
             if reason is not None:
@@ -100,14 +112,29 @@ class Gate:
                         f"needs {need.min_free_gib:g} GiB free on each device; device "
                         f"{gpu.token} ({gpu.name}) has {free:.1f} GiB free"
                     )
-        manager.bind(lease)
         return lease
 
     def teardown(self, item: pytest.Item) -> None:
         lease = item.stash.get(ITEM_LEASE, None)
         if lease is not None and self._leases is not None:
+            binding = item.stash.get(ITEM_BINDING, None)
+            if binding is not None:
+                self._leases.unbind(binding)
+                del item.stash[ITEM_BINDING]
             self._leases.release(lease)
             del item.stash[ITEM_LEASE]
+        self.current = None
+
+    def hold(self, what: str) -> Lease | None:
+        """A lease of the running test's devices for WHAT, which the test starts and which
+        outlives it (the replica pair's engines); None where the test leased none."""
+        if self.current is None or self._leases is None:
+            return None
+        return self._leases.share(self.current, what)
+
+    def release(self, lease: Lease) -> None:
+        if self._leases is not None:
+            self._leases.release(lease)
 
 
 def worker_id() -> str:

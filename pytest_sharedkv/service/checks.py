@@ -72,6 +72,11 @@ def hit_problem(case: Case, step: Step, answer: Answer) -> Problem | None:
     return None
 
 
+def failed_requests(run: ServiceRun, cases: list[Case], step: str) -> int:
+    """CASES whose request at STEP got no answer (an error, or none recorded)."""
+    return sum(1 for c in cases if (a := run.answer(c.id, step)) is None or a.error)
+
+
 def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True
                   ) -> list[Problem]:
     answer = run.answer(case.id, step.name)

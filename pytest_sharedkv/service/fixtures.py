@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.service.baseline import Baseline
     from pytest_sharedkv.service.execute import Pass
-    from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.fixtures import PairSlot
 
 CASE = "sharedkv_service_case"
 SESSION = "sharedkv_service_session"
@@ -52,16 +52,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-                          sharedkv_replica_pair: ReplicaPair, sharedkv_case_set: CaseSet
+                          sharedkv_pair_slot: PairSlot, sharedkv_case_set: CaseSet
                           ) -> Pass:
-    """The corpus through this pair, once, in stages the tests ask for (``ensure``):
-    warm-ups and the sensitivity gate, each size by step, sessions, protocol checks."""
+    """The corpus through the session's pair, once, in stages the tests ask for
+    (``ensure``): warm-ups and the sensitivity gate, each size by step, sessions, protocol
+    checks. ``Pass.pair`` is the pair it ran on, for the tests to read (labels, logs)."""
     from pytest_sharedkv.service.execute import Pass
     from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 
     settings = state_of(pytestconfig).settings
-    pair = sharedkv_replica_pair
+    pair = sharedkv_pair_slot.pair
     namespaces = Namespaces(run_id(pytestconfig), f"service/{pair.description}/"
                             f"{'-'.join(pair.labels.values())}")
     log_dir: Path = request.getfixturevalue("tmp_path_factory").mktemp("service")

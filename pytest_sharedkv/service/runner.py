@@ -133,9 +133,8 @@ class Runner:
             self.step(group, step, cases)
 
     def settle_for(self, cases: Sequence[Case]) -> float:
-        """The settle before B's step: the option, plus LMCache's store time for the group
-        (it stores after A answers: ~34 us per token on an H200, 864 tokens in 0.029 s;
-        with 2 s per million tokens, 32k and 128k groups reached B only 24-28% stored)."""
+        """The settle before B's step: the option, plus LMCache's store time for the
+        group's tokens (it stores A's KV after A answers, and B must find it stored)."""
         tokens = sum(prompt_size(c.prompt_tokens, c.text) for c in cases)
         return self.settle_s + self.store_s_per_token * tokens
 

@@ -11,9 +11,12 @@ report given with ``--sharedkv-baseline``; otherwise it is a suggestion, said as
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
+from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
 from pytest_sharedkv.service.triage import (
     ALLOCATOR_REMEDY,
@@ -31,6 +34,29 @@ SUGGESTION = ("suggestion (not proven by this run; --sharedkv-triage or --shared
 
 def _pair(check: Check) -> tuple[str, ...]:
     return tuple(check.key.get(k, "") for k in PAIR_KEYS)
+
+
+def pair_name(provider: str, allocator: str) -> str:
+    """How the summary names a pair: its allocator, else its provider."""
+    return allocator if allocator not in ("", "n/a", "unknown") else provider
+
+
+def wall_line(run: ServiceRun, labels: Mapping[str, str]) -> str:
+    """The pass's wall time and what it went to, from its answers: the requests sent and
+    how many were answered; latencies only of answers received."""
+    sent = [*run.answers.values(), *run.controls.values(),
+            *(a for turns in run.sessions.values() for a in turns)]
+    answered = run.requests
+    name = pair_name(labels.get("provider", ""), labels.get("allocator", ""))
+    line = f"wall time {name}: {run.wall_s:.1f} s for {len(sent)} requests sent"
+    if not answered:
+        return line + (", none answered" if sent else "") + ", settles included"
+    per = run.request_seconds / answered
+    if answered < len(sent):
+        return (line + f", {answered} answered ({len(sent) - answered} failed; {per:.3f} s "
+                "mean latency of the answered), settles included")
+    return (line + f", all answered ({run.wall_s / answered:.3f} s each, {per:.3f} s mean "
+            "latency), settles included")
 
 
 def _n(value: object) -> str:
@@ -110,12 +136,13 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
     lines = []
     for pair in dict.fromkeys(_pair(c) for c in checks if c.key.get("size") != "model"):
         mine = [c for c in checks if _pair(c) == pair]
-        name = pair[1] if pair[1] not in ("", "n/a", "unknown") else pair[0]
+        name = pair_name(pair[0], pair[1])
         gate = next((c for c in mine if c.key.get("size") == "gate"), None)
         steps = _steps(mine)
         cross = [c for c in steps if c.key.get("step") == "cross"]
         total = sum(c.trials for c in cross)
-        wrong = sum(c.trials - c.passed for c in cross)
+        failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
+        wrong = sum(c.trials - c.passed for c in cross) - failed
         chains = [c for c in mine if c.key.get("step") == "chain"]
         all_ok = all(c.ok for c in steps) and not chains
         sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
@@ -139,11 +166,16 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
             remedy = f"; {remedy_line(checks, pair[1], baseline, kernel_path)}" \
                 if pair[0] == "vllm" else ""
-            voids = (f"; the {total - wrong} exact answers prove nothing: {void.message}"
-                     if void is not None else "")
+            voids = (f"; the {total - wrong - failed} exact answers prove nothing: "
+                     f"{void.message}" if void is not None else "")
             lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
                          "cross-replica pool hits (HTTP 200, the prompt served from the pool)"
-                         + remedy + voids)
+                         + (f"; {failed} got no answer" if failed else "") + remedy + voids)
+        elif failed:
+            lines.append(f"VERDICT {name}: {failed} of {total} cross-replica requests got no "
+                         f"answer (errors); the {total - failed} answered were exact"
+                         if failed < total else f"VERDICT {name}: none of {total} "
+                         "cross-replica requests got an answer (errors): nothing was judged")
         else:
             bad = [f"{c.key.get('size')} {c.key.get('step')}" for c in steps
                    if c.status == "fail"]

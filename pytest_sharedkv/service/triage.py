@@ -6,22 +6,31 @@ A control *removes* the fault when its cell answers every cross-replica request 
 constructed and the audit finds no mismatching digest; it *leaves* it when either shows
 again. A cell that could not start, lost requests, or whose control never acted (the
 server's sync log is empty, the pair has no server or allocator to change) is unknown and
-decides nothing. Cells run one after the other, each alone on the GPU as the pair was.
+decides nothing. Cells run one after the other, each alone on the GPU as the pass was: the
+session's pair is released (``PairSlot.release``) before the first cell that launches a
+pair of its own, and the next test that needs it gets it launched again, so the triage's
+place in the test order changes nothing.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
+from pytest_sharedkv.stack.providers import LaunchSpec
 from pytest_sharedkv.stack.steps import Step
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.report.records import ResultSink
+    from pytest_sharedkv.service.execute import Pass
+    from pytest_sharedkv.stack.fixtures import PairSlot
 
 # the cells' own step names: their requests (and audit digests) never mix with the pass's
 COLD = Step("triage-cold", "A", "none")
@@ -31,6 +40,7 @@ OTHER_ALLOCATOR = {"lazy": "mixed", "mixed": "lazy"}
 ALLOCATOR_REMEDY = {"mixed": "start the LMCache server with --no-l1-use-lazy",
                     "lazy": "start the LMCache server with --l1-use-lazy"}
 ORDERING, CONCURRENCY, ALLOCATOR = "ordering", "concurrency", "allocator"
+TIER = "service_regression"
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,45 @@ class Control:
         """Whether it changes only the LMCache server (a pair without one: not applicable)."""
         return (bool(self.server_env) and not self.replica_env) or self.sync_transfers \
             or self.allocator is not None
+
+    def not_applicable(self, relaunchable: bool, has_server: bool, allocator: str
+                       ) -> str | None:
+        """Why this control has nothing to change on the pass's pair, or None."""
+        if self.one_in_flight:
+            return None
+        if not relaunchable:
+            return "the suite did not launch this pair: it cannot relaunch it"
+        if self.needs_server and not has_server:
+            return "this pair has no LMCache server for the control to change"
+        if self.allocator == "":
+            return f"the allocator {allocator!r} has no other to compare"
+        return None
+
+    def relaunch(self, log_dir: Path) -> Relaunch:
+        return Relaunch(log_dir, self.server_env, self.replica_env, self.sync_transfers,
+                        self.allocator or None)
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """What a control's cell changes in the pass's launch: its own logs, its control, and
+    the KV audit on; no sensitivity gate and no injected delay (the cell judges the fault
+    the pass saw, not the gate or the delay)."""
+
+    log_dir: Path
+    server_env: tuple[tuple[str, str], ...] = ()
+    replica_env: tuple[tuple[str, str], ...] = ()
+    sync_transfers: bool = False
+    allocator: str | None = None  # None: the pass's
+
+    def apply(self, spec: LaunchSpec) -> LaunchSpec:
+        """SPEC with these changes; the environment the pass's launch set stays, with the
+        control's on top."""
+        return replace(spec, log_dir=self.log_dir, gate=False, kv_audit=True,
+                       inject_delay_cycles=0, server_env=spec.server_env + self.server_env,
+                       replica_env=spec.replica_env + self.replica_env,
+                       sync_transfers=self.sync_transfers,
+                       allocator=self.allocator or spec.allocator)
 
 
 def controls_for(allocator: str) -> tuple[Control, ...]:
@@ -247,35 +296,27 @@ def base_of(run: ServiceRun, pair: ReplicaPair, group: str) -> tuple[Base, list[
                 mismatches), cases
 
 
+Relauncher = Callable[[Relaunch], ReplicaPair]
+
+
 def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups: Sequence[Case],
              runner_of: Callable[[ReplicaPair, Salts, int], Runner], salts: Salts,
-             concurrency: int, log_dir: Path, log: Callable[[str], None]) -> Cell:
-    """One control's cell: its pair (the same one for one-in-flight, else relaunched with
-    the control's change), COLD on A and CROSS on B for every case, then its audit."""
+             concurrency: int, log_dir: Path, log: Callable[[str], None],
+             relaunch: Relauncher | None, has_server: bool) -> Cell:
+    """One control's cell: PAIR (the pass's, for one-in-flight) or a pair of its own that
+    RELAUNCH starts with the control's change (None: the suite launched nothing it could
+    start again), COLD on A and CROSS on B for every case, then its audit."""
     started = time.perf_counter()
     cell = Cell(control)
-    allocator = pair.labels.get("allocator", "")
     target = pair
-    if not control.one_in_flight:
-        if pair.relaunch is None:
-            cell.not_applicable = "the suite did not launch this pair: it cannot relaunch it"
-            return cell
-        if control.needs_server and not pair.has_server:
-            cell.not_applicable = "this pair has no LMCache server for the control to change"
-            return cell
-        if control.allocator == "":
-            cell.not_applicable = f"the allocator {allocator!r} has no other to compare"
-            return cell
-        changes: dict[str, Any] = {"log_dir": log_dir, "gate": False, "kv_audit": True,
-                                   "server_env": control.server_env,
-                                   "replica_env": control.replica_env,
-                                   "sync_transfers": control.sync_transfers,
-                                   "inject_delay_cycles": 0}
-        if control.allocator:
-            changes["allocator"] = control.allocator
+    cell.not_applicable = control.not_applicable(relaunch is not None, has_server,
+                                                 pair.labels.get("allocator", ""))
+    if cell.not_applicable is not None:
+        return cell
+    if relaunch is not None and not control.one_in_flight:
         log(f"triage {control.name}: starting a pair with {control.what}")
         try:
-            target = pair.relaunch(**changes)
+            target = relaunch(control.relaunch(log_dir))
         except (ReplicaError, RuntimeError, OSError) as exc:
             cell.why_unknown = f"its pair did not start: {str(exc).splitlines()[0][:300]}"
             cell.wall_s = time.perf_counter() - started
@@ -321,3 +362,102 @@ def diverging_group(run: ServiceRun) -> str | None:
                for c in run.cases.cases):
             return size
     return None
+
+
+def cross_line(run: ServiceRun, description: str) -> str:
+    """What the pass's cross-replica step sent and got back, from its answers: never an
+    answer that was not received."""
+    sent = [(c, a) for c in run.cases.cases if c.role == "measured"
+            for a in [run.answer(c.id, "cross")] if a is not None]
+    failed = [a for _, a in sent if a.error]
+    right = sum(right_answer(run, c) is True for c, _ in sent)
+    if not sent:
+        return f"{description} was sent no cross-replica request"
+    line = (f"{description} answered {len(sent) - len(failed)} of {len(sent)} cross-replica "
+            "requests")
+    if failed:
+        line += f" ({len(failed)} failed, first: {failed[0].error})"
+    answered = len(sent) - len(failed)
+    if answered:
+        line += (f", all {answered} answers right" if right == answered
+                 else f", {right} of the {answered} answers right")
+    return line
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the pass leaves the triage: its diverging size group, or the reason there is
+    nothing to triage (the pass stopped, or no answer was wrong), said from its data."""
+
+    group: str | None
+    error: str | None
+    nothing: str
+
+
+def diagnose(service_pass: Pass) -> Diagnosis:
+    """The pass (every stage of it, whatever ran before) and what it leaves to triage."""
+    from pytest_sharedkv.service.execute import PROTOCOL
+
+    run = service_pass.ensure(PROTOCOL)
+    group = None if run.error else diverging_group(run)
+    return Diagnosis(group, run.error,
+                     f"nothing to triage: {cross_line(run, service_pass.pair.description)}")
+
+
+@dataclass(frozen=True)
+class Triage:
+    base: Base
+    cells: tuple[Cell, ...]
+    verdict: Verdict
+
+    @property
+    def unknown(self) -> list[Cell]:
+        """Cells that decided nothing although their control applied."""
+        return [c for c in self.cells if c.removed is None and c.not_applicable is None]
+
+
+def triage(service_pass: Pass, slot: PairSlot, group: str,
+           log_dir: Callable[[str], Path]) -> Triage:
+    """GROUP of the pass again under each control, a cell each (LOG_DIR: a directory per
+    control). One in flight runs on the session's pair; before the first cell that starts
+    a pair of its own, the session's pair is released (the next test to need it gets it
+    started again), so each cell runs alone on the GPU, as the pass did."""
+    run, pair, runner = service_pass.run, service_pass.pair, service_pass.runner
+    base, cases = base_of(run, pair, group)
+
+    def runner_of(target: ReplicaPair, salts: Salts, concurrency: int) -> Runner:
+        return Runner(target, run.cases, salts, runner.settle_s, concurrency, runner.log,
+                      runner.store_s_per_token)
+
+    relaunch = (lambda changes: slot.launch(changes.apply)) if slot.relaunchable else None
+    cells = []
+    for control in controls_for(base.allocator):
+        alone = control.not_applicable(slot.relaunchable, pair.has_server,
+                                       base.allocator) is None and not control.one_in_flight
+        if alone and slot.live:
+            leftovers = slot.release()
+            runner.log("triage: released the session's pair (each cell runs alone, as the "
+                       "pass did)" + (f"; processes {leftovers} survived" if leftovers else ""))
+        cells.append(run_cell(control, slot.pair if control.one_in_flight else pair, cases,
+                              run.cases.by_role("warmup"), runner_of, runner.salts,
+                              runner.concurrency, log_dir(control.name), runner.log,
+                              relaunch, pair.has_server))
+    return Triage(base, tuple(cells), classify(base, cells))
+
+
+def record(results: ResultSink, labels: dict[str, str], found: Triage) -> None:
+    """One record per cell and the verdict as a note (the summary's TRIAGE line)."""
+    for cell in found.cells:
+        control = cell.control
+        results.check(
+            TIER, {**labels, "size": "triage", "step": control.name}, cell.exact,
+            cell.requests, kind="triage", status=cell.status,
+            message=cell.not_applicable or cell.why_unknown or cell.first_wrong,
+            detail={"control": control.what, "family": control.family,
+                    "group": found.base.group, "wrong": cell.wrong, "errors": cell.errors,
+                    "mismatches": cell.mismatches, "compared": cell.compared,
+                    "removed": cell.removed, "remedy": control.remedy,
+                    "suggestion": control.suggestion, "counts": cell.counts(),
+                    "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
+    results.note(TIER, found.verdict.line(found.base), kind="triage-verdict",
+                 status="unknown" if found.verdict.klass == "undecided" else "info")

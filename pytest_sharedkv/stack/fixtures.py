@@ -3,8 +3,9 @@ service_regression, perf): the served model, the LMCache server, replica pairs a
 namespaces as fixtures, and the (allocator x delay) matrix of the tests that use a pair.
 Every fixture is named ``sharedkv_*`` and the matrix parametrizes only tests of the
 replica and service tiers (``tiers.parametrizes``), so a project's own ``replica_pair``
-fixture is never parametrized or shadowed by the plugin. Imports stay
-light: this module loads with the plugin in every pytest run."""
+fixture is never parametrized or shadowed by the plugin. Imports stay light: this module
+loads with the plugin in every pytest run, and until the run is active it reads no
+environment into an error and writes nothing."""
 
 from __future__ import annotations
 
@@ -17,30 +18,78 @@ import pytest
 
 from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.config.provider import Provider, Resolved, resolve
-from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.config.tiers import is_sharedkv_item, parametrizes
 from pytest_sharedkv.state import state_of
 
 if TYPE_CHECKING:  # runtime imports stay lazy
+    from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.host.leases import Lease
+    from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
+    from pytest_sharedkv.stack.providers import LaunchSpec
+
+    Edit = Callable[[LaunchSpec], LaunchSpec]
 
 
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
+# an xdist worker's bad SHAREDKV_INJECT_TARGETS, for the controller to raise (a worker
+# cannot stop the run itself)
+TARGETS_PROBLEM = "sharedkv_inject_targets_problem"
+TARGETS_CHECKED = pytest.StashKey[bool]()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """A bad SHAREDKV_INJECT_TARGETS stops the run now, not as a VOID result at the end."""
+def targets_problem() -> str | None:
+    """What is wrong with SHAREDKV_INJECT_TARGETS, or None (unset or good)."""
     text = os.environ.get(TARGETS_ENV)
-    if text:
-        from pytest_sharedkv.engine_hooks.delay_hook import check_targets
+    if not text:
+        return None
+    from pytest_sharedkv.engine_hooks.delay_hook import check_targets
 
-        problems = check_targets(text)
-        if problems:
-            raise pytest.UsageError(
-                f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
-                "naming the functions the fault-sensitivity delay wraps)")
+    problems = check_targets(text)
+    if not problems:
+        return None
+    return (f"{TARGETS_ENV}={text}: {'; '.join(problems)} (it takes module:function,... "
+            "naming the functions the fault-sensitivity delay wraps)")
+
+
+@pytest.hookimpl(trylast=True)  # after the plugin's own, which puts the run state in place
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad SHAREDKV_INJECT_TARGETS stops an active run now, not as a VOID result at the
+    end; a run that is not (yet) active leaves a stale shell variable alone."""
+    if state_of(config).active:
+        _check_targets(config)
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The run becomes active with its first sharedkv item: the check comes before any test."""
+    if any(is_sharedkv_item(item) for item in items):
+        _check_targets(config, items)
+
+
+def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None) -> None:
+    if config.stash.get(TARGETS_CHECKED, False):
+        return
+    config.stash[TARGETS_CHECKED] = True
+    problem = targets_problem()
+    if problem is None:
+        return
+    if state_of(config).is_worker and items is not None:
+        config.workeroutput[TARGETS_PROBLEM] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: a worker found SHAREDKV_INJECT_TARGETS unusable (see above)."""
+    problem = getattr(node, "workeroutput", {}).get(TARGETS_PROBLEM)
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 def resolve_provider(settings: Settings) -> Resolved:
@@ -55,11 +104,12 @@ def provider_marks(resolved: Resolved, gpus: int = 1) -> list[Any]:
 
 
 PAIR = "sharedkv_replica_pair"
+SLOT = "sharedkv_pair_slot"  # what the matrix parametrizes: the pair behind PAIR
 PAIR_TIERS = ("replica_pair", "service_regression")  # the tiers that send through a pair
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not any(parametrizes(metafunc, PAIR, tier) for tier in PAIR_TIERS):
+    if not any(parametrizes(metafunc, SLOT, tier) for tier in PAIR_TIERS):
         return
     from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
 
@@ -69,7 +119,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
     metafunc.parametrize(
-        PAIR,
+        SLOT,
         [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
                                      pytest.mark.xdist_group(
             f"sharedkv-pair-{a}-{d}")],
@@ -83,9 +133,10 @@ def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFact
               kind: str, maker: Callable[[], tuple[str, Callable[[Path], object]]],
               done: str = "model.safetensors") -> Path:
     """--sharedkv-model (it must hold a config.json), or the KIND model that MAKER's
-    (key, make) writes, once per run: under the run's base temp and a file lock, so xdist
-    workers share one (DONE: the file that says a directory is complete). MAKER imports
-    what it needs; missing torch etc. is a skip."""
+    (key, make) writes, once per run: in the run's own temp directory (under xdist the
+    workers' common parent) and a file lock, so xdist workers share one (DONE: the file
+    that says a directory is complete). MAKER imports what it needs; missing torch etc. is
+    a skip."""
     settings = state_of(pytestconfig).settings
     if settings.model is not None:
         if not (settings.model / "config.json").exists():
@@ -98,7 +149,10 @@ def model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFact
         pytest.skip(f"the {kind} model needs torch, transformers and safetensors: {exc}")
     from filelock import FileLock
 
-    path = tmp_path_factory.getbasetemp().parent / f"sharedkv-{kind}-model-{key}"
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(pytestconfig, "workerinput"):  # pytest-N/popen-gwK: pytest-N is the run's
+        root = root.parent
+    path = root / f"sharedkv-{kind}-model-{key}"
     with FileLock(str(path) + ".lock"):
         if not (path / done).exists():
             make(path)
@@ -148,11 +202,118 @@ def sharedkv_lmcache_server(request: pytest.FixtureRequest, tmp_path: Path
         pytest.fail(f"LMCache server processes {leftovers} survived teardown", pytrace=False)
 
 
+Launcher = Callable[["Lease | None", "Edit | None"], "ReplicaPair"]
+
+
+class PairSlot:
+    """One matrix cell's replica pair, shared by every test of the session that uses it;
+    no test closes it. ``pair`` starts it on first use, and again after ``release``, under
+    a GPU lease of its own that lives as long as its engines (the tests' leases end with
+    each test); ``release`` stops it and frees that lease, for work that needs its GPU (the
+    triage's cells); ``launch`` starts another pair from the same spec, edited, on the
+    running test's devices, which its caller closes."""
+
+    def __init__(self, what: str, launcher: Launcher, relaunchable: bool,
+                 gate: Callable[[], Gate | None]) -> None:
+        self.what = what  # the lease holder's name for it
+        self.relaunchable = relaunchable  # False: external endpoints, nothing launched
+        self._launcher = launcher
+        self._gate = gate  # this process's, once a test leased a device
+        self._pair: ReplicaPair | None = None
+        self._lease: Lease | None = None
+        self._failed: Exception | None = None
+
+    @property
+    def pair(self) -> ReplicaPair:
+        if self._failed is not None:  # every later user sees why, as for a session fixture
+            raise self._failed
+        if self._pair is None:
+            gate = self._gate()
+            lease = None if gate is None else gate.hold(f"{self.what} (until the pair stops)")
+            try:
+                self._pair = self._launcher(lease, None)
+            except Exception as exc:  # a start that failed is not tried again for each test
+                self._failed = exc
+                self._free(lease)
+                raise
+            except BaseException:
+                self._free(lease)
+                raise
+            self._lease = lease
+        return self._pair
+
+    @property
+    def live(self) -> bool:
+        return self._pair is not None
+
+    @property
+    def lease(self) -> Lease | None:
+        """The GPU lease the live pair holds (None: no pair, or one on no leased GPU)."""
+        return self._lease
+
+    def release(self) -> list[int]:
+        """Stop the pair (replicas, then the server) and free its lease; the next ``pair``
+        starts it again. Returns the PIDs that survived (must be none); survivors may hold
+        the GPU, so their lease is kept."""
+        pair, lease = self._pair, self._lease
+        self._pair = self._lease = None
+        leftovers = pair.close() if pair is not None else []
+        if not leftovers:
+            self._free(lease)
+        return leftovers
+
+    def launch(self, edit: Edit) -> ReplicaPair:
+        """A pair of its own from this slot's spec with EDIT applied (the triage's cells),
+        on the running test's devices; the caller closes it."""
+        if not self.relaunchable:
+            raise ValueError(f"{self.what}: the suite launched nothing it could launch again")
+        gate = self._gate()
+        return self._launcher(gate.current if gate is not None else None, edit)
+
+    def _free(self, lease: Lease | None) -> None:
+        gate = self._gate()
+        if lease is not None and gate is not None:
+            gate.release(lease)
+
+
 @pytest.fixture(scope="session")
-def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
-                          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaPair]:
-    """Two replicas over one LMCache pool: launched (vllm), external endpoints, or the
-    stub test double; torn down (replicas, then the server) with no process left."""
+def sharedkv_pair_slot(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[PairSlot]:
+    """The (allocator x delay) cell's pair for the session (``PairSlot``): launched (vllm),
+    external endpoints, or the stub test double; torn down (replicas, then the server)
+    with no process left."""
+    settings = state_of(pytestconfig).settings
+    provider = resolve_provider(settings)
+    if getattr(request, "param", None) is None:
+        pytest.fail(f"{PAIR} is parametrized only for tests marked "
+                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
+    allocator, delay = request.param
+    no_pair = provider.serves_no_pair()
+    if no_pair is not None:
+        pytest.skip(no_pair)
+    cases = None if provider.provider is Provider.EXTERNAL else \
+        request.getfixturevalue("sharedkv_case_set")
+    model = request.getfixturevalue("sharedkv_model_dir") if provider.launched else None
+    label = f"{provider}-{allocator.replace('/', '')}-{delay}"
+    from pytest_sharedkv.stack.faults import planted
+
+    slot = PairSlot(f"{SLOT}[{label}]",
+                    _launcher(settings, provider, allocator, delay, cases, model,
+                              lambda: tmp_path_factory.mktemp(f"replicas-{label}"),
+                              planted(pytestconfig).stub),
+                    relaunchable=provider.provider is not Provider.EXTERNAL,
+                    gate=lambda: state_of(pytestconfig).gate)
+    yield slot
+    leftovers = slot.release()
+    if leftovers:
+        pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
+
+
+def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int,
+              cases: CaseSet | None, model: Path | None, log_dir: Callable[[], Path],
+              stub_faults: StubFaults) -> Launcher:
+    """How the slot starts a pair: a LaunchSpec per launch (a fresh log directory; a
+    launched pair's engines on the lease's devices, with the lease's environment)."""
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import (
         EngineSettings,
@@ -163,43 +324,40 @@ def sharedkv_replica_pair(request: pytest.FixtureRequest, pytestconfig: pytest.C
         stub_pair,
     )
 
-    settings = state_of(pytestconfig).settings
-    provider = resolve_provider(settings)
-    if getattr(request, "param", None) is None:
-        pytest.fail(f"{PAIR} is parametrized only for tests marked "
-                    f"{' or '.join(f'@pytest.mark.{t}' for t in PAIR_TIERS)}", pytrace=False)
-    allocator, delay = request.param
-    no_pair = provider.serves_no_pair()
-    if no_pair is not None:
-        pytest.skip(no_pair)
-    log_dir = tmp_path_factory.mktemp(f"replicas-{provider}-{allocator.replace('/', '')}-{delay}")
-    if provider.provider is Provider.EXTERNAL:
-        pair = external_pair(settings.endpoints or ())
-    elif provider.provider is Provider.STUB:
-        from pytest_sharedkv.stack.faults import planted
+    engine = EngineSettings(extra_args=settings.vllm_args)
 
-        cases = request.getfixturevalue("sharedkv_case_set")
-        pair = stub_pair(LaunchSpec(log_dir=log_dir, chunk_size=cases.chunk or 32,
-                                    kv_audit=settings.kv_audit,
-                                    engine=EngineSettings(extra_args=settings.vllm_args),
-                                    stub_faults=planted(pytestconfig).stub))
-    else:
-        model = request.getfixturevalue("sharedkv_model_dir")
-        cases = request.getfixturevalue("sharedkv_case_set")
-        from pytest_sharedkv.host.devices import visible_tokens
-
-        devices = visible_tokens()
-        pair = launch_vllm_pair(LaunchSpec(
-            log_dir=log_dir, allocator=allocator, model=model, devices=devices,
-            inject_delay_cycles=delay,
+    def launch(lease: Lease | None, edit: Edit | None) -> ReplicaPair:
+        if provider.provider is Provider.EXTERNAL:
+            return external_pair(settings.endpoints or ())
+        assert cases is not None
+        if provider.provider is Provider.STUB:
+            spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
+                              kv_audit=settings.kv_audit, engine=engine,
+                              stub_faults=stub_faults)
+            return stub_pair(edit(spec) if edit is not None else spec)
+        assert model is not None
+        if lease is None:
+            pytest.fail(f"{PAIR}: a launched pair runs on leased GPUs and the test that starts"
+                        " it leased none (it needs @pytest.mark.sharedkv_gpu)", pytrace=False)
+        env = lease.env()
+        devices = tuple(env.pop("CUDA_VISIBLE_DEVICES").split(","))  # one per replica, or one
+        order = tuple(env.items())
+        spec = LaunchSpec(
+            log_dir=log_dir(), allocator=allocator, model=model, devices=devices,
+            server_env=order, replica_env=order, inject_delay_cycles=delay,
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=settings.kv_audit,
-            engine=EngineSettings(extra_args=settings.vllm_args)))
-    yield pair
-    leftovers = pair.close()
-    if leftovers:
-        pytest.fail(f"replica processes {leftovers} survived teardown", pytrace=False)
+            kv_audit=settings.kv_audit, engine=engine)
+        return launch_vllm_pair(edit(spec) if edit is not None else spec)
+
+    return launch
+
+
+@pytest.fixture
+def sharedkv_replica_pair(sharedkv_pair_slot: PairSlot) -> ReplicaPair:
+    """Two replicas over one LMCache pool, live (``PairSlot.pair``): the session's pair of
+    this test's (allocator, delay) cell. A test never closes it."""
+    return sharedkv_pair_slot.pair
 
 
 def longest_prompt(cases: CaseSet) -> int:
