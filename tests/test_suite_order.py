@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.launch_faults import LaunchFaults, Planted, StubFaults
 
 SEED_ENV = "SUITE_ORDER_SEED"
 SHUFFLE = f"""
@@ -34,6 +35,8 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-p", "no:cacheprovider",
         "-m", "service_regression or replica_pair", "--sharedkv-provider=stub",
         "--sharedkv-settle-s=0.05", "--sharedkv-service-sizes=3k", "--sharedkv-triage",
         "--sharedkv-kv-audit"]
+# a fault the triage's CUDA_LAUNCH_BLOCKING cell removes
+FAULT = Planted(LaunchFaults(stub=StubFaults(corrupt_external_unless="CUDA_LAUNCH_BLOCKING")))
 NOT_SLOW = "not corrupted_kv and not transfer"  # the CPU model matrix; needs lmcache
 
 
@@ -44,7 +47,8 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str,
         monkeypatch.delenv(SEED_ENV, raising=False)
     else:
         monkeypatch.setenv(SEED_ENV, str(seed))
-    pytester.runpytest_inprocess(*BASE, "-k", select, f"--sharedkv-json={name}.json")
+    pytester.runpytest_inprocess(*BASE, "-k", select, f"--sharedkv-json={name}.json",
+                                 plugins=[FAULT])
     report = json.loads((pytester.path / f"{name}.json").read_text())
     records: dict[str, Counter[tuple[str, str]]] = {}
     for check in report["checks"]:
@@ -62,7 +66,6 @@ def _position(ran: list[str], name: str, last: bool = False) -> int:
 def test_the_suite_ends_alike_in_any_order_and_selection(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MEASURED_ENV, "2")
-    monkeypatch.setenv("SHAREDKV_STUB_FAULT", "corrupt-external-unless=CUDA_LAUNCH_BLOCKING")
     pytester.makeconftest(SHUFFLE)
     ran, reference = _run(pytester, monkeypatch, "file-order", None, NOT_SLOW)
     triage = next(v for k, v in reference.items() if "::test_triage" in k)
