@@ -2,7 +2,8 @@
 pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
 service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set, the in-engine KV
 audit when SHAREDKV_KV_AUDIT_DIR is set, the triage's synchronize around KV transfers
-when SHAREDKV_SYNC_LOG is set, and the fault catalogue's hook when SHAREDKV_FAULT_CONTROL
+when SHAREDKV_SYNC_LOG is set, the fault catalogue's hook when SHAREDKV_FAULT_CONTROL is
+set, and the triage's stream remedy for LMCache's fallback copy when SHAREDKV_STREAM_REMEDY
 is set."""
 
 import os
@@ -48,6 +49,11 @@ if os.environ.get("SHAREDKV_FAULT_CONTROL"):
     from pytest_sharedkv.engine_hooks.fault_hook import install as inject_faults
 
     inject_faults()
+
+if os.environ.get("SHAREDKV_STREAM_REMEDY"):
+    from pytest_sharedkv.engine_hooks.stream_remedy_hook import install as remedy_copies
+
+    remedy_copies()
 
 
 def _load_the_next_sitecustomize() -> None:
