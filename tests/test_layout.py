@@ -21,7 +21,7 @@ SHARED = {
     "report": {"host", "config", "version"},  # version.py: a constant, imports nothing
     "models": {"report"},
     "layouts": {"config", "models"},  # models.config_file reads config.json
-    "engine_hooks": {"host"},
+    "engine_hooks": {"host", "layouts"},  # the fault hook places faults by object layout
     "corpus": {"config", "models", "layouts"},
     "stack": {"host", "processes", "config", "report", "models", "layouts", "corpus",
               "engine_hooks", "state"},

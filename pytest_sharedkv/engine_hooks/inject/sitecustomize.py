@@ -1,8 +1,10 @@
 """Loaded by launched processes whose PYTHONPATH starts with this directory: turns on
 pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
 service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set, the in-engine KV
-audit when SHAREDKV_KV_AUDIT_DIR is set, and the triage's synchronize around KV transfers
-when SHAREDKV_SYNC_LOG is set."""
+audit when SHAREDKV_KV_AUDIT_DIR is set, the triage's synchronize around KV transfers
+when SHAREDKV_SYNC_LOG is set, the fault catalogue's hook when SHAREDKV_FAULT_CONTROL is
+set, and the triage's stream remedy for LMCache's fallback copy when SHAREDKV_STREAM_REMEDY
+is set."""
 
 import os
 
@@ -42,6 +44,16 @@ if os.environ.get("SHAREDKV_SYNC_LOG"):
     from pytest_sharedkv.engine_hooks.sync_hook import install as synchronize_transfers
 
     synchronize_transfers()
+
+if os.environ.get("SHAREDKV_FAULT_CONTROL"):
+    from pytest_sharedkv.engine_hooks.fault_hook import install as inject_faults
+
+    inject_faults()
+
+if os.environ.get("SHAREDKV_STREAM_REMEDY"):
+    from pytest_sharedkv.engine_hooks.stream_remedy_hook import install as remedy_copies
+
+    remedy_copies()
 
 
 def _load_the_next_sitecustomize() -> None:
