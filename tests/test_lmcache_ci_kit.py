@@ -1,10 +1,12 @@
-"""The LMCache CI adoption kit (contrib/lmcache-ci/): its scripts are shellcheck-clean, the
-GPU step stops with a clear message where there is no GPU (or skips when told) and runs
-every GPU tier without CUDA_LAUNCH_BLOCKING, the CPU step installs LMCache the way
-LMCache's install_lmcache_cpu.sh does and runs for real, leaving its JSON, logs and
-annotation; the pipeline is the 1-GPU, 20-minute lane on LMCache's unit-lane pod, uploaded
-through LMCache's upload-pipeline.sh, and the README's path-filter snippets classify as it
-says."""
+"""The LMCache CI adoption kit (contrib/lmcache-ci/), modelled on LMCache's multiprocess
+lane: its scripts are shellcheck-clean; the plugin comes from SHAREDKV_SPEC, and a spec
+that is missing or cannot be installed stops the step with a clear message; the GPU step
+stops where there is no GPU (or skips when told) and runs every GPU tier without
+CUDA_LAUNCH_BLOCKING; the CPU step makes a fresh venv and installs a CPU torch and LMCache
+the way LMCache's run-cpu-e2e-validation.sh and install_lmcache_cpu.sh do, and runs for
+real, leaving its JSON, logs and annotation; pytest runs with LMCACHE_TRACK_USAGE=false;
+the pipeline is a 1-GPU, 20-minute lane on the multiprocess lane's pod, uploaded through
+LMCache's upload-pipeline.sh, and the README's path-filter snippets classify as it says."""
 
 from __future__ import annotations
 
@@ -20,27 +22,38 @@ from pathlib import Path
 import pytest
 
 KIT = Path(__file__).resolve().parents[1] / "contrib" / "lmcache-ci"
-FAKE_AGENT = ('#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n'
-              'cat >> "$(dirname "$0")/annotation"\n')
-FAKE_UV = '#!/bin/sh\necho "uv $*" >> "$(dirname "$0")/installs"\n'  # LMCache's lanes use uv
-# Records the install's environment too (the CPU install must pin the setuptools-scm version).
-FAKE_UV_ENV = ('#!/bin/sh\necho "uv $* | SETUPTOOLS_SCM_PRETEND_VERSION='
-               '$SETUPTOOLS_SCM_PRETEND_VERSION NO_GPU_EXT=$NO_GPU_EXT"'
-               ' >> "$(dirname "$0")/installs"\n')
+# The stand-ins below log under @BIN@ (the test's bin directory, filled in by run_kit), so
+# a copy of one in the CPU step's venv logs to the same place.
+FAKE_AGENT = ('#!/bin/sh\necho "$*" >> "@BIN@/calls"\n'
+              'cat >> "@BIN@/annotation"\n')
+# uv, as LMCache's lanes use it: `uv venv DIR` makes a venv whose python is the stand-in
+# python (where the test has one); every call is logged with the install's environment
+# (the CPU install must pin the setuptools-scm version).
+FAKE_UV = """#!/bin/sh
+echo "uv $* | SETUPTOOLS_SCM_PRETEND_VERSION=$SETUPTOOLS_SCM_PRETEND_VERSION" \
+  "NO_GPU_EXT=$NO_GPU_EXT" >> "@BIN@/installs"
+if [ "$1" = venv ]; then
+  mkdir -p "$4/bin"
+  printf 'VIRTUAL_ENV="%s"; export VIRTUAL_ENV; PATH="%s/bin:$PATH"\n' "$4" "$4" > "$4/bin/activate"
+  if [ -f "@BIN@/python" ]; then cp "@BIN@/python" "$4/bin/python"; fi
+fi
+"""
 FAKE_NVIDIA_SMI = '#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n'
-# A stand-in python: the import check passes, a script or module run is logged, and a
-# pytest_sharedkv run logs its CUDA_LAUNCH_BLOCKING and arguments and prints a summary.
+# A stand-in python: the import check passes, a script or module run is logged with the
+# python that ran it, and a pytest_sharedkv run logs its CUDA_LAUNCH_BLOCKING,
+# LMCACHE_TRACK_USAGE and arguments and prints a summary.
 FAKE_PYTHON = """#!/bin/sh
-log="$(dirname "$0")/installs"
 case "$1" in
   -) cat > /dev/null; echo "sharedkv: lmcache 0 | pytest-sharedkv 0" ;;
   -m) if [ "$2" = pytest_sharedkv ]; then
-        echo "CUDA_LAUNCH_BLOCKING=${CUDA_LAUNCH_BLOCKING-unset} $*" >> "$(dirname "$0")/runs"
+        echo "CUDA_LAUNCH_BLOCKING=${CUDA_LAUNCH_BLOCKING-unset}" \
+             "LMCACHE_TRACK_USAGE=${LMCACHE_TRACK_USAGE-unset} $0 $*" >> "@BIN@/runs"
         echo "===== sharedkv summary ====="; echo "| tier | ok |"
-      else echo "python $*" >> "$log"; fi ;;
-  *) echo "python $*" >> "$log" ;;
+      else echo "$0 $*" >> "@BIN@/installs"; fi ;;
+  *) echo "$0 $*" >> "@BIN@/installs" ;;
 esac
 """
+SPEC = "/artifacts/pytest_sharedkv-0.1.0-py3-none-any.whl"
 
 
 def shellcheck() -> str | None:
@@ -55,14 +68,15 @@ def run_kit(tmp_path: Path, mode: str, fakes: dict[str, str] | None = None,
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in {"buildkite-agent": FAKE_AGENT, "uv": FAKE_UV, **(fakes or {})}.items():
-        (bin_dir / name).write_text(text)
+        (bin_dir / name).write_text(text.replace("@BIN@", str(bin_dir)))
         (bin_dir / name).chmod(0o755)
     root = tmp_path / "lmcache"
     root.mkdir(exist_ok=True)
     path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
     python = str(bin_dir / "python") if fakes and "python" in fakes else sys.executable
     inherited = {k: v for k, v in os.environ.items()
-                 if k not in ("SETUPTOOLS_SCM_PRETEND_VERSION", "PIP_BIN")
+                 if k not in ("SETUPTOOLS_SCM_PRETEND_VERSION", "PIP_BIN", "SHAREDKV_SPEC",
+                              "VIRTUAL_ENV", "LMCACHE_TRACK_USAGE")
                  and not k.startswith("BUILDKITE_")}
     full_env = {**inherited, "PATH": path, "LMCACHE_ROOT": str(root),
                 "PYTHON": python, "SHAREDKV_SKIP_INSTALL": "1", **env}
@@ -84,10 +98,11 @@ def test_scripts_are_shellcheck_clean() -> None:
 def test_gpu_step_stops_where_a_gpu_is_needed(tmp_path: Path) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi: the GPU step would run")
-    result = run_kit(tmp_path, "gpu", SHAREDKV_SKIP_INSTALL="")
+    result = run_kit(tmp_path, "gpu", SHAREDKV_SKIP_INSTALL="", SHAREDKV_SPEC=SPEC)
     assert result.returncode == 3, result.stdout + result.stderr
-    # the plugin is installed without its [lmcache] extra: LMCache stays as installed
-    assert (tmp_path / "bin" / "installs").read_text() == "uv pip install pytest-sharedkv\n"
+    # the plugin is SHAREDKV_SPEC, without its [lmcache] extra: LMCache stays as installed
+    installs = (tmp_path / "bin" / "installs").read_text().splitlines()
+    assert [line.split(" | ")[0] for line in installs] == [f"uv pip install {SPEC}"]
     assert ("sharedkv: the GPU step needs 1 GPU and sees none (nvidia-smi not found). Run it "
             "on a GPU agent (nvidia.com/gpu: 1), or set SHAREDKV_SKIP_GPU=1 to skip it."
             ) in result.stderr
@@ -127,14 +142,16 @@ def test_cpu_step_runs_and_leaves_json_logs_and_an_annotation(tmp_path: Path) ->
 
 
 def test_gpu_step_runs_every_gpu_tier_without_cuda_launch_blocking(tmp_path: Path) -> None:
-    """The pod sets CUDA_LAUNCH_BLOCKING=1 as LMCache's unit lane does; with it no
-    stream-ordering fault can show, so neither GPU run may inherit it."""
+    """LMCache's unit lane set CUDA_LAUNCH_BLOCKING=1 in its pod (an agent may too); with it
+    no stream-ordering fault can show, so neither GPU run may inherit it. Both run pytest
+    without LMCache's usage tracking, as LMCache's pytest lanes do."""
     result = run_kit(tmp_path, "gpu", fakes={"nvidia-smi": FAKE_NVIDIA_SMI, "python": FAKE_PYTHON},
                      CUDA_LAUNCH_BLOCKING="1")
     assert result.returncode == 0, result.stdout + result.stderr
     runs = (tmp_path / "bin" / "runs").read_text().splitlines()
     artifacts = tmp_path / "lmcache" / "sharedkv-artifacts"
-    assert [r.split(" -m ")[0] for r in runs] == ["CUDA_LAUNCH_BLOCKING=unset"] * 2, runs
+    assert [r.split(" /")[0] for r in runs] == [
+        "CUDA_LAUNCH_BLOCKING=unset LMCACHE_TRACK_USAGE=false"] * 2, runs
     ordering, kv = runs
     assert "-m pytest_sharedkv -m ordering --sharedkv-require-gpu" in ordering
     assert ("-m pytest_sharedkv -m packed_page or pinned_pool or replica_pair -k not "
@@ -143,6 +160,33 @@ def test_gpu_step_runs_every_gpu_tier_without_cuda_launch_blocking(tmp_path: Pat
     calls = (tmp_path / "bin" / "calls").read_text().splitlines()
     assert calls == ["annotate --style success --context sharedkv-ordering",
                      "annotate --style success --context sharedkv-kv"]
+
+
+def test_the_plugin_spec_is_asked_for_before_lmcache_is_built(tmp_path: Path) -> None:
+    """pytest-sharedkv is on no package index yet: without SHAREDKV_SPEC the step stops at
+    once (building LMCache takes minutes), naming what to give."""
+    log = tmp_path / "bin" / "installs"
+    lmcache_checkout(tmp_path / "lmcache", log)
+    result = run_kit(tmp_path, "cpu", fakes={"python": FAKE_PYTHON}, SHAREDKV_SKIP_INSTALL="")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stderr.startswith("sharedkv: SHAREDKV_SPEC is not set: it names the "
+                                    "pytest-sharedkv to install, a wheel")
+    assert "pinned VCS URL" in result.stderr
+    assert not log.exists() and not (tmp_path / "bin" / "runs").exists()
+
+
+def test_a_spec_that_cannot_be_installed_stops_the_step(tmp_path: Path) -> None:
+    """A real pip, given a wheel that is not there: the step stops with exit 4 and says
+    which spec failed and what would work, and runs no tier."""
+    missing = tmp_path / "artifacts" / "pytest_sharedkv-0.1.0-py3-none-any.whl"
+    result = run_kit(tmp_path, "cpu", SHAREDKV_SKIP_INSTALL="", SHAREDKV_SPEC=str(missing),
+                     PIP_BIN=f"{sys.executable} -m pip")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert (f"sharedkv: SHAREDKV_SPEC={missing} could not be installed ({sys.executable} -m "
+            "pip install failed, above). Give a wheel that exists") in result.stderr
+    assert "No such file or directory" in result.stderr  # pip's own reason, kept in the log
+    assert "sharedkv: lmcache " not in result.stdout and "test session starts" not in result.stdout
+    assert not (tmp_path / "bin" / "calls").exists()
 
 
 GRPC_GENERATE = "lmcache/v1/multiprocess/transport/grpc_impl/protos/generate.py"
@@ -162,36 +206,61 @@ def lmcache_checkout(root: Path, log: Path) -> None:
     helpers.write_text(f'merge_pr_base_branch() {{ echo merge_pr_base_branch >> "{log}"; }}\n')
 
 
-def test_cpu_step_installs_lmcache_as_install_lmcache_cpu_does(tmp_path: Path) -> None:
-    """Without SETUPTOOLS_SCM_PRETEND_VERSION LMCache's non-PEP-440 tags break the build;
-    the PR base is merged before anything is installed; torch stays as the image has it."""
+def test_cpu_step_installs_into_a_fresh_venv_as_lmcaches_cpu_lane_does(tmp_path: Path) -> None:
+    """As run-cpu-e2e-validation.sh: the PR base merged first, a fresh `uv venv --python
+    3.12` per build (the image's venv holds a CUDA torch), pip/setuptools/wheel upgraded; a
+    CPU torch; LMCache as install_lmcache_cpu.sh (without SETUPTOOLS_SCM_PRETEND_VERSION its
+    non-PEP-440 tags break the build; --no-deps keeps that torch); the plugin and pytest in
+    that venv."""
     log = tmp_path / "bin" / "installs"
     lmcache_checkout(tmp_path / "lmcache", log)
-    result = run_kit(tmp_path, "cpu", fakes={"uv": FAKE_UV_ENV, "python": FAKE_PYTHON})
+    result = run_kit(tmp_path, "cpu", fakes={"python": FAKE_PYTHON}, SHAREDKV_SKIP_INSTALL="",
+                     SHAREDKV_SPEC=SPEC, BUILDKITE_BUILD_ID="b1")
     assert result.returncode == 0, result.stdout + result.stderr
+    venv = tmp_path / "lmcache" / ".venv-sharedkv-b1"
+    bare = " | SETUPTOOLS_SCM_PRETEND_VERSION= NO_GPU_EXT="
     pinned = " | SETUPTOOLS_SCM_PRETEND_VERSION=0.0.0.dev0 NO_GPU_EXT=1"
     assert log.read_text().splitlines() == [
         "merge_pr_base_branch",
-        "uv pip install --upgrade pip" + pinned,
+        f"uv venv --python 3.12 {venv}" + bare,
+        "uv pip install --upgrade pip setuptools wheel" + bare,
+        "uv pip install torch --index-url https://download.pytorch.org/whl/cpu" + bare,
         "uv pip install -r requirements/build.txt" + pinned,
         "uv pip install -r requirements/common.txt" + pinned,
         "uv pip install -r requirements/cli.txt" + pinned,
         "uv pip install -e . --no-deps --no-build-isolation" + pinned,
-        f"python {GRPC_GENERATE}",
+        f"{venv}/bin/python {GRPC_GENERATE}",
+        f"uv pip install {SPEC}" + pinned,
     ]
-    assert (tmp_path / "bin" / "runs").read_text().count("-m pytest_sharedkv") == 1
+    (run,) = (tmp_path / "bin" / "runs").read_text().splitlines()
+    assert run.startswith(f"CUDA_LAUNCH_BLOCKING=unset LMCACHE_TRACK_USAGE=false {venv}/bin/python "
+                          "-m pytest_sharedkv -m packed_page or replica_pair")
 
 
-def test_cpu_install_keeps_a_given_version_and_pip(tmp_path: Path) -> None:
+def test_cpu_step_never_reuses_a_venv(tmp_path: Path) -> None:
+    log = tmp_path / "bin" / "installs"
+    lmcache_checkout(tmp_path / "lmcache", log)
+    kept = tmp_path / "lmcache" / ".venv-sharedkv-b1"
+    kept.mkdir()
+    result = run_kit(tmp_path, "cpu", fakes={"python": FAKE_PYTHON}, BUILDKITE_BUILD_ID="b1")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"sharedkv: {kept} exists; the CPU step makes a fresh venv" in result.stderr
+    assert log.read_text().splitlines() == ["merge_pr_base_branch"]  # nothing installed
+    assert not list(kept.iterdir())
+
+
+def test_cpu_install_keeps_a_given_version_pip_and_torch(tmp_path: Path) -> None:
     log = tmp_path / "bin" / "installs"
     lmcache_checkout(tmp_path / "lmcache", log)
     (tmp_path / "lmcache" / GRPC_GENERATE).unlink()
-    result = run_kit(tmp_path, "cpu", fakes={"uv": FAKE_UV_ENV, "python": FAKE_PYTHON},
-                     SETUPTOOLS_SCM_PRETEND_VERSION="0.5.6", PIP_BIN="uv pip")
+    result = run_kit(tmp_path, "cpu", fakes={"python": FAKE_PYTHON},
+                     SETUPTOOLS_SCM_PRETEND_VERSION="0.5.6", PIP_BIN="uv pip",
+                     SHAREDKV_TORCH="torch==2.11.0")
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = log.read_text().splitlines()
+    lines = [line.split(" | ")[0] for line in log.read_text().splitlines()]
+    assert "uv pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cpu" in lines
     assert ("uv pip install -e . --no-deps --no-build-isolation | "
-            "SETUPTOOLS_SCM_PRETEND_VERSION=0.5.6 NO_GPU_EXT=1") in lines
+            "SETUPTOOLS_SCM_PRETEND_VERSION=0.5.6 NO_GPU_EXT=1") in log.read_text().splitlines()
     assert not any("generate" in line for line in lines)  # an LMCache without gRPC bindings
 
 
@@ -202,26 +271,35 @@ def load_yaml(name: str) -> dict[str, object]:
     return loaded
 
 
-def test_pipeline_is_a_one_gpu_lane_on_the_unit_lanes_pod() -> None:
-    """LMCache's unit/pipeline.yml: queue k8s (their README), image lmcache/ci-base, the
-    kubernetes plugin's podSpec, CUDA_LAUNCH_BLOCKING=1, 32 CPU / 96Gi requested."""
+def test_pipeline_is_a_one_gpu_lane_on_the_multiprocess_lanes_pod() -> None:
+    """LMCache's multiprocess/pipeline.yml: queue k8s, image lmcache/ci-base through the
+    kubernetes plugin's podSpec; its 1-GPU pod asks one GPU and nothing else and mounts a
+    1Gi /dev/shm (no CUDA_LAUNCH_BLOCKING, which the disabled unit lane's pod set); its
+    CPU-only pod asks 8 CPU (request = limit) and a 4Gi /dev/shm. A lost agent is retried,
+    a failed check never."""
     steps = load_yaml("pipeline.yml")["steps"][0]["steps"]  # type: ignore[index]
     by_label = {s["label"]: s for s in steps}
     gpu = by_label[":microscope: sharedkv (1 GPU)"]
     assert gpu["command"] == ".buildkite/k3_tests/sharedkv/run.sh gpu"
     assert gpu["timeout_in_minutes"] <= 20
     assert gpu["agents"] == {"queue": "k8s"}
-    pod = gpu["plugins"][0]["kubernetes"]["podSpec"]["containers"][0]
+    assert gpu["retry"] == {"automatic": [{"exit_status": -1, "limit": 2}]}
+    spec = gpu["plugins"][0]["kubernetes"]["podSpec"]
+    pod = spec["containers"][0]
     assert pod["image"] == "lmcache/ci-base:latest" and pod["imagePullPolicy"] == "Never"
-    assert {"name": "CUDA_LAUNCH_BLOCKING", "value": "1"} in pod["env"]
-    assert pod["resources"] == {"requests": {"cpu": "32", "memory": "96Gi"},
-                                "limits": {"nvidia.com/gpu": "1", "cpu": "64", "memory": "200Gi"}}
+    assert pod["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert "env" not in pod
+    assert spec["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                             "sizeLimit": "1Gi"}}]
     assert "sharedkv-artifacts/*.json" in gpu["artifact_paths"]
     cpu = by_label[":microscope: sharedkv (CPU)"]
     assert cpu["command"] == ".buildkite/k3_tests/sharedkv/run.sh cpu"
-    assert cpu["agents"] == {"queue": "k8s"}
-    cpu_pod = cpu["plugins"][0]["kubernetes"]["podSpec"]["containers"][0]
-    assert cpu_pod["resources"]["requests"]["cpu"] == cpu_pod["resources"]["limits"]["cpu"]
+    assert cpu["agents"] == {"queue": "k8s"} and cpu["retry"] == gpu["retry"]
+    cpu_spec = cpu["plugins"][0]["kubernetes"]["podSpec"]
+    cpu_pod = cpu_spec["containers"][0]
+    assert cpu_pod["resources"]["requests"] == cpu_pod["resources"]["limits"]
+    assert cpu_pod["resources"]["requests"]["cpu"] == "8"
+    assert cpu_spec["volumes"][0]["emptyDir"]["sizeLimit"] == "4Gi"
     assert "nvidia.com/gpu" not in json.dumps(cpu)
 
 
