@@ -87,8 +87,9 @@ def test_model_directory_without_config(pytester: pytest.Pytester) -> None:
     pytester.mkdir("model")
     result = pytester.runpytest("--sharedkv-model=model")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --sharedkv-model: model holds no config.json; it takes"
-                                 " a model checkpoint directory holding config.json"])
+    result.stderr.fnmatch_lines([f"ERROR: --sharedkv-model: {pytester.path}/model holds no "
+                                 "config.json; it takes a model checkpoint directory holding "
+                                 "config.json"])
     (pytester.path / "model" / "config.json").write_text("{}")
     pytester.makepyfile("def test_x(sharedkv_settings):\n"
                         "    assert sharedkv_settings.model.name == 'model'\n")
