@@ -59,6 +59,10 @@ BAD_OPTIONS = [
     (["--sharedkv-endpoints=http://127.0.0.1:1,http://127.0.0.1:2",
       "--sharedkv-inject-delay=1e8"],
      "--sharedkv-inject-delay: the external provider launches no process to delay*"),
+    (["--sharedkv-provider=external", "--sharedkv-triage"],
+     "--sharedkv-triage: the triage relaunches the pair under each of its controls, and the "
+     "external provider (--sharedkv-provider) serves a deployment the suite never starts or "
+     "stops; drop one of them"),
 ]
 
 

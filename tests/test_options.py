@@ -388,6 +388,10 @@ def test_readme_option_table_shows_the_defaults() -> None:
     ("sharedkv_provider = stub\nsharedkv_inject_delay = 1e8",
      ["--sharedkv-provider=stub", "--sharedkv-inject-delay=1e8"],
      "{src}: the stub provider launches no process to delay", "*"),
+    ("sharedkv_endpoints = http://127.0.0.1:9,http://127.0.0.1:10\nsharedkv_triage = true",
+     ["--sharedkv-endpoints=http://127.0.0.1:9,http://127.0.0.1:10", "--sharedkv-triage"],
+     "{src}: the triage relaunches the pair under each of its controls, and the external "
+     "provider ({endpoints}) serves a deployment the suite never starts or stops", "*"),
 ])
 @pytest.mark.parametrize("given", ["ini", "option"])
 def test_an_error_names_where_the_value_came_from(
@@ -404,9 +408,11 @@ def test_an_error_names_where_the_value_came_from(
     else:
         result, src = pytester.runpytest(*args), "--sharedkv-" + key.removeprefix(
             "sharedkv_").replace("_", "-")
+    endpoints = "ini option sharedkv_endpoints" if given == "ini" else "--sharedkv-endpoints"
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {where.format(src=src)}{message}"])
+    result.stderr.fnmatch_lines([f"ERROR: {where.format(src=src, endpoints=endpoints)}{message}"])
     assert "Traceback" not in result.stderr.str()
+    assert "passed" not in result.stdout.str()
 
 
 def test_parsers() -> None:

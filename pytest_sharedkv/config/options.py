@@ -746,6 +746,13 @@ def _requested_provider(settings: Settings) -> Provider:
     return settings.provider
 
 
+def _provider_named_by(settings: Settings) -> str:
+    """The options (or ini keys) that chose the provider, as an error names them."""
+    given = [settings.source_of(f) for f in ("provider", "endpoints")
+             if settings.sources.get(f, "default") != "default"]
+    return ", ".join(given) or settings.source_of("provider")
+
+
 def _combination_problem(settings: Settings) -> str | None:
     """Options that each parse but do nothing together, or say two things, said before
     the run instead of being ignored without a word."""
@@ -761,4 +768,8 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{where}: the {provider} provider launches no process to delay (the "
                 "delay goes into launched LMCache processes: provider vllm, transfer, or "
                 "auto without endpoints); drop it or choose one of those")
+    if settings.triage and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
+                f"of its controls, and the external provider ({_provider_named_by(settings)}) "
+                "serves a deployment the suite never starts or stops; drop one of them")
     return None
