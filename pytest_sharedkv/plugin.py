@@ -25,7 +25,6 @@ from pytest_sharedkv.config import options
 from pytest_sharedkv.config.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.config.markers import register as register_markers
 from pytest_sharedkv.config.tiers import is_sharedkv_item, tier_of
-from pytest_sharedkv.host.runtime_dir import chosen_problem
 from pytest_sharedkv.processes import interrupts
 from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
 from pytest_sharedkv.state import STATE, RunState, state_of
@@ -56,8 +55,9 @@ ITEM_GATE_SKIPPED: pytest.StashKey[bool] = pytest.StashKey()
 # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary; the
 # filter goes on sharedkv items only, never on a project's own tests.
 OTEL_FILTER = "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning"
-# An xdist worker that finds a bad device environment says so here; the controller turns
-# it into the usage error (a worker cannot stop the run itself).
+# An xdist worker that finds a bad environment (devices, the shared run directory, a test
+# seam's variable) says so here; the controller turns it into the usage error (a worker
+# cannot stop the run itself).
 WORKER_USAGE_ERROR = "sharedkv_usage_error"
 REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
 
@@ -77,23 +77,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
     settings = options.load_settings(config)
-    try:
-        options.measured_limit()
-    except options.OptionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    problem = chosen_problem()
-    if problem is not None:
-        raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "
-                                "shares for GPU leases and launch records)")
-    if settings.json is not None:
-        from pytest_sharedkv.report import json_report
-        problem = json_report.check_writable(settings.json)
-        if problem is not None:
-            raise pytest.UsageError(f"{settings.source_of('json')}: cannot write the report "
-                                    f"to {settings.json}: {problem}")
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
                      active=options.given(settings))
     config.stash[STATE] = state
+    if state.active:
+        _check_settings_environment(config)
     if state.is_worker:
         if state.active:
             _die_with_controller(config)
@@ -104,6 +92,37 @@ def pytest_configure(config: pytest.Config) -> None:
         # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
         _install_interrupts(config)
         _check_devices(config)
+
+
+def _check_settings_environment(config: pytest.Config) -> None:
+    """What an active run reads from its environment besides devices, and where the report
+    goes: a bad value is a usage error before any test."""
+    problem = _environment_problem()
+    if problem is not None:
+        raise pytest.UsageError(problem)
+    settings = state_of(config).settings
+    if settings.json is not None and not state_of(config).is_worker:
+        from pytest_sharedkv.report import json_report
+        problem = json_report.check_writable(settings.json)
+        if problem is not None:
+            raise pytest.UsageError(f"{settings.source_of('json')}: cannot write the report "
+                                    f"to {settings.json}: {problem}")
+
+
+def _environment_problem() -> str | None:
+    """A bad SHAREDKV_SERVICE_MEASURED or SHAREDKV_RUNTIME_DIR, read only once the run is
+    active: in anybody else's run they are nobody's business."""
+    try:
+        options.measured_limit()
+    except options.OptionError as exc:
+        return str(exc)
+    from pytest_sharedkv.host.runtime_dir import chosen_problem
+
+    problem = chosen_problem()
+    if problem is not None:
+        return (f"{problem} (it names the directory every run on this machine shares for "
+                "GPU leases and launch records)")
+    return None
 
 
 def _install_interrupts(config: pytest.Config) -> None:
@@ -168,7 +187,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if state.active:
         return
     state.active = True
-    problem = _device_problem(config)
+    problem = _environment_problem() or _device_problem(config)
     if problem is None:
         return
     if state.is_worker:
@@ -188,8 +207,8 @@ def pytest_testnodeready(node: Any) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist controller: a worker found the device environment unusable (see above), or
-    saw --dist loadgroup not group its pair tests (config.xdist_groups)."""
+    """xdist controller: a worker found the environment unusable (see above), or saw --dist
+    loadgroup not group its pair tests (config.xdist_groups)."""
     from pytest_sharedkv.processes import xdist_workers
     xdist_workers.forget(node)
     output = getattr(node, "workeroutput", {})
