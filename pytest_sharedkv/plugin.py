@@ -198,17 +198,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodeready(node: Any) -> None:
-    """xdist controller: the worker's pid, for a SIGTERM to reach it (processes.xdist_workers;
-    kept in memory only)."""
-    from pytest_sharedkv.processes import xdist_workers
-    xdist_workers.remember(node)
-
-
-@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist controller: a worker found the environment unusable (see above), or saw --dist
-    loadgroup not group its pair tests (config.xdist_groups)."""
+    """xdist controller: a worker is down (no signal is passed on to it any more); it found
+    the environment unusable (see above), or saw --dist loadgroup not group its pair tests
+    (config.xdist_groups)."""
     from pytest_sharedkv.processes import xdist_workers
     xdist_workers.forget(node)
     output = getattr(node, "workeroutput", {})
@@ -321,6 +314,10 @@ def pytest_runtest_makereport(
     tier = item.stash[ITEM_TIER]
     if tier is not None:
         setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
+    state = state_of(item.config)
+    if state.is_worker and state.active:  # for the controller to pass a signal on to it
+        from pytest_sharedkv.processes import xdist_workers
+        xdist_workers.mark(report)
     bundle = item.stash.get(ITEM_BUNDLE, None)
     if bundle:
         from pytest_sharedkv.report.records import Bundle
@@ -330,7 +327,7 @@ def pytest_runtest_makereport(
     if (call.when == "setup" and report.skipped and isinstance(report.longrepr, tuple)
             and item.stash.get(ITEM_GATE_SKIPPED, False)):
         report.longrepr = (*_item_location(item), report.longrepr[2])
-    settings = state_of(item.config).settings
+    settings = state.settings
     if (settings.require_gpu and report.skipped and not hasattr(report, "wasxfail")
             and is_gated(item)):
         reason = _skip_reason(report)
@@ -380,6 +377,8 @@ class _Collector:
                 or (state.has_log and report.nodeid in state.log.tests)):
             return
         state.log.add_report(report, self._category(report))
+        from pytest_sharedkv.processes import xdist_workers
+        xdist_workers.remember(self.config, report)
         _install_interrupts(self.config)  # under xdist, the first news of sharedkv items
         path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):

@@ -95,3 +95,31 @@ def test_registering_the_plugin_scans_no_entry_points(monkeypatch: pytest.Monkey
     assert scans == []
     assert not hasattr(plugin, "pytest_plugins")
     assert all(manager.get_plugin(name) is not None for name in plugin.TIER_PLUGINS)
+
+
+# pytest's and xdist's private attributes the plugin once reached for; the public way is
+# item.fixturenames and xdist's workerinput / report attributes.
+PRIVATE = ("_fixtureinfo", "name2fixturedefs", "gateway._io", "._rinfo", "_fixturemanager")
+
+
+def test_the_plugin_reaches_no_private_pytest_or_xdist_attribute() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "pytest_sharedkv"
+    found = [f"{path.relative_to(root)}: {name}"
+             for path in (root / "plugin.py", root / "config" / "tiers.py",
+                          root / "processes" / "xdist_workers.py")
+             for name in PRIVATE if name in path.read_text()]
+    assert found == []
+
+
+def test_a_plugin_fixture_reached_through_a_users_fixture_makes_a_sharedkv_test(
+        pytester: pytest.Pytester) -> None:
+    """The test's fixture closure (item.fixturenames) names the plugin's fixture: the run
+    is active, and the header says so."""
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef sink(sharedkv_results):\n"
+                          "    return sharedkv_results\n")
+    pytester.makepyfile("def test_x(sink):\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["sharedkv: GPUs: *"])

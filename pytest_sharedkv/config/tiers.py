@@ -47,21 +47,19 @@ def in_shipped_suite(path: Path) -> bool:
 def is_sharedkv_item(item: pytest.Item) -> bool:
     """A tier marker, a sharedkv need (GPU, packages), a test of the shipped suite, or a
     test that uses one of the plugin's fixtures."""
-    if tier_of(item) is not None:
+    if uses_plugin_fixture(item) or tier_of(item) is not None:
         return True
     if item.get_closest_marker(GPU_MARKER) or item.get_closest_marker(REQUIRES_MARKER):
         return True
-    return in_shipped_suite(item.path) or uses_plugin_fixture(item)
+    return in_shipped_suite(item.path)
 
 
 def uses_plugin_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in getattr(info, "name2fixturedefs", {}).values():
-        for fixturedef in defs:
-            module = getattr(getattr(fixturedef, "func", None), "__module__", "") or ""
-            if module.startswith("pytest_sharedkv."):
-                return True
-    return False
+    """The test's fixtures (the whole closure, ``Function.fixturenames``) include one of the
+    plugin's, which are all ``sharedkv_``-prefixed; an item that has no fixtures (a
+    doctest, another plugin's item) uses none."""
+    names = getattr(item, "fixturenames", ())
+    return any(name.startswith(FIXTURE_PREFIX) for name in names)
 
 
 def parametrizes(metafunc: pytest.Metafunc, fixture: str, tier: str) -> bool:
