@@ -47,6 +47,7 @@ TIER_PLUGINS = (
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
 )
+COLLECTOR = "sharedkv-collector"
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
 ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
@@ -86,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if state.active:
             _die_with_controller(config)
         return
-    config.pluginmanager.register(_Collector(config, state), "sharedkv-collector")
+    config.pluginmanager.register(_Collector(config, state), COLLECTOR)
     if state.active:
         # Under xdist the controller collects nothing, so it is told here (or by the first
         # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
@@ -224,6 +225,9 @@ def _grouping_fact(state: RunState) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    collector = config.pluginmanager.get_plugin(COLLECTOR)
+    if collector is not None:
+        config.pluginmanager.unregister(collector)
     interrupts.restore(config)
 
 

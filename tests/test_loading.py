@@ -123,3 +123,23 @@ def test_a_plugin_fixture_reached_through_a_users_fixture_makes_a_sharedkv_test(
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["sharedkv: GPUs: *"])
+
+
+UNCONFIGURE_WATCH = """
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    print("COLLECTOR AFTER UNCONFIGURE:", config.pluginmanager.get_plugin("sharedkv-collector"))
+"""
+
+
+def test_the_collector_goes_at_unconfigure(pytester: pytest.Pytester) -> None:
+    """What the plugin registers for a run does not outlive it (a pytest.main() caller's
+    plugin manager, an in-process inner run)."""
+    pytester.makeconftest(UNCONFIGURE_WATCH)
+    pytester.makepyfile("import pytest\n\n@pytest.mark.ordering\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_inprocess("-s", "-p", "no:cacheprovider", "--sharedkv-trials=3")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["COLLECTOR AFTER UNCONFIGURE: None"])
