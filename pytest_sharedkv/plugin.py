@@ -127,12 +127,12 @@ def _environment_problem() -> str | None:
 
 
 def _install_interrupts(config: pytest.Config) -> None:
-    """SIGTERM as Ctrl-C; an xdist controller passes it on to its workers."""
+    """SIGTERM as Ctrl-C; an xdist controller passes it, and SIGINT, on to its workers."""
     def workers() -> list[int]:
         from pytest_sharedkv.processes import xdist_workers
         return xdist_workers.pids(config)
 
-    interrupts.install(config, forward=workers)
+    interrupts.install(config, forward=workers, worker=state_of(config).is_worker)
 
 
 PDEATHSIG = pytest.StashKey[bool]()
@@ -225,10 +225,32 @@ def _grouping_fact(state: RunState) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """The report of a run that ended before its session finished (an interrupt while xdist
+    started its workers, in a plugin's configure), then what the run installed goes."""
+    state = config.stash.get(STATE, None)
+    if (state is not None and not state.is_worker and state.active
+            and state.settings.json is not None and state.json_written is None):
+        _write_unfinished(config, state)
     collector = config.pluginmanager.get_plugin(COLLECTOR)
     if collector is not None:
         config.pluginmanager.unregister(collector)
     interrupts.restore(config)
+
+
+def _write_unfinished(config: pytest.Config, state: RunState) -> None:
+    """Write the report of a run whose session never finished, and say where it went."""
+    assert state.settings.json is not None
+    from pytest_sharedkv.report import json_report
+
+    log = state.log
+    log.interrupted = log.interrupted or "the run ended before its session finished"
+    data = json_report.build(log, _environment_data(config, probe=False),
+                             int(pytest.ExitCode.INTERRUPTED), complete=True)
+    state.json_written = json_report.write_or_fallback(
+        state.settings.json, data, named_by=state.settings.source_of("json"))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(state.json_written)
 
 
 def gate_of(config: pytest.Config) -> Gate:
@@ -412,21 +434,27 @@ class _Collector:
             json_report.write(path, data)
 
 
-def _environment_data(config: pytest.Config) -> dict[str, Any]:
+def _environment_data(config: pytest.Config, probe: bool = True) -> dict[str, Any]:
+    """The report's environment; without PROBE (a run interrupted before its header was
+    made) no device discovery or LMCache probe is started for it."""
     from pytest_sharedkv.host.environment import lmcache_data
 
-    return {"header": _environment_lines(config),
-            "lmcache": lmcache_data(lmcache_status_of(config)), "settings": {
+    state = state_of(config)
+    if probe or state.header is not None:
+        header, lmcache = _environment_lines(config), lmcache_status_of(config)
+    else:
+        header, lmcache = [], "not checked: the run ended before its header was made"
+    return {"header": header, "lmcache": lmcache_data(lmcache), "settings": {
         k: (str(v) if isinstance(v, Path) else v)
-        for k, v in vars(state_of(config).settings).items() if k != "sources"
+        for k, v in vars(state.settings).items() if k != "sources"
     }}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
-    if state.is_worker or not state.has_log:
+    if state.is_worker or not (state.has_log or (state.active and state.settings.json)):
         return
-    log = state.log
+    log = state.log  # an active run that ends before any report still writes its report
     if log.interrupted is None:
         stopped = session.shouldfail or session.shouldstop  # -x, --maxfail, a plugin's stop
         if stopped:
