@@ -194,7 +194,28 @@ def help_command() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """stdout's reader went away (``| head``): what is left to print goes to /dev/null
+    instead of a traceback, and the exit status is a SIGPIPE's, as a shell reports for a
+    tool whose pipe closed. A run that writes a report has already ended on its own (the
+    plugin's closed-stdout guard) and returns pytest's status."""
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _main(args: list[str]) -> int:
     if args and args[0] in ("-h", "--help", "help"):
         return help_command()
     if args and args[0] == "make-model":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -92,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Under xdist the controller collects nothing, so it is told here (or by the first
         # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
         _install_interrupts(config)
+        _guard_stdout(config)
         _check_devices(config)
 
 
@@ -124,6 +126,22 @@ def _environment_problem() -> str | None:
         return (f"{problem} (it names the directory every run on this machine shares for "
                 "GPU leases and launch records)")
     return None
+
+
+def _guard_stdout(config: pytest.Config) -> None:
+    """A run that writes a report ends as an interrupt, report written, when its stdout's
+    reader goes away; installed before pytest's terminal reporter takes sys.stdout."""
+    state = state_of(config)
+    if state.settings.json is None or state.stdout_guard is not None:
+        return
+    from pytest_sharedkv.processes.closed_stdout import REASON, GuardedStdout
+
+    def closed() -> None:
+        if not state.session_done:
+            interrupts.interrupt(config, REASON)
+
+    state.stdout_guard = GuardedStdout(sys.stdout, closed)
+    sys.stdout = state.stdout_guard
 
 
 def _install_interrupts(config: pytest.Config) -> None:
@@ -228,9 +246,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """The report of a run that ended before its session finished (an interrupt while xdist
     started its workers, in a plugin's configure), then what the run installed goes."""
     state = config.stash.get(STATE, None)
-    if (state is not None and not state.is_worker and state.active
-            and state.settings.json is not None and state.json_written is None):
-        _write_unfinished(config, state)
+    if state is not None and not state.is_worker:
+        if state.active and state.settings.json is not None and state.json_written is None:
+            _write_unfinished(config, state)
+        if state.stdout_guard is not None:
+            state.stdout_guard.flush()  # what a closed pipe was still owed goes to /dev/null
+            if sys.stdout is state.stdout_guard:
+                sys.stdout = state.stdout_guard.stream
     collector = config.pluginmanager.get_plugin(COLLECTOR)
     if collector is not None:
         config.pluginmanager.unregister(collector)
@@ -452,6 +474,7 @@ def _environment_data(config: pytest.Config, probe: bool = True) -> dict[str, An
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
+    state.session_done = True  # a stdout closed from here on is only silenced
     if state.is_worker or not (state.has_log or (state.active and state.settings.json)):
         return
     log = state.log  # an active run that ends before any report still writes its report

@@ -11,7 +11,9 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
     from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
+    from pytest_sharedkv.processes.closed_stdout import GuardedStdout
     from pytest_sharedkv.report.run_log import RunLog
+
 @dataclass
 class RunState:
     settings: Settings
@@ -24,6 +26,9 @@ class RunState:
     lmcache: LMCacheStatus | str | None = None  # behind the header's LMCache line
     header_shown: bool = False
     json_written: str | None = None
+    # sys.stdout as the terminal writer got it, where a closed stdout ends the run
+    stdout_guard: GuardedStdout | None = None
+    session_done: bool = False  # pytest_sessionfinish has begun
     _log: RunLog | None = None
 
     @property
