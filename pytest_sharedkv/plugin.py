@@ -3,11 +3,14 @@
 Loading this module must not import torch, lmcache or vllm, and in a project without
 sharedkv tests the plugin must cost nothing: until the run is *active* (a ``--sharedkv-*``
 option or ini value is given, or a sharedkv item is collected: ``tiers.is_sharedkv_item``)
-it runs no subprocess, writes no file and prints no line. Device discovery, the
-environment header, the lmcache probe and the report modules come with the first need.
-Run state lives in ``config.stash``. Nothing here depends on xdist: records cross from
-workers to the controller on ``user_properties`` and report attributes, which xdist
-serialises, so ``-p no:xdist`` behaves the same.
+it runs no subprocess, writes no file and prints no line. The tiers' pytest modules,
+device discovery, the environment header, the lmcache probe and the report modules come
+with the first need. Run state lives in ``config.stash``. Nothing here depends on xdist:
+records cross from workers to the controller on ``user_properties`` and report attributes,
+which xdist serialises, so ``-p no:xdist`` behaves the same. A run that is active and
+writes a report writes it however it ends once this plugin has configured it: a signal
+(``processes.interrupts``), a closed stdout (``processes.closed_stdout``), an interruption
+before the session even started.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import os
 import sys
 import time
+import types
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +29,13 @@ import pytest
 from pytest_sharedkv.config import options
 from pytest_sharedkv.config.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.config.markers import register as register_markers
-from pytest_sharedkv.config.tiers import is_sharedkv_item, tier_of
+from pytest_sharedkv.config.tiers import (
+    FIXTURE_PREFIX,
+    in_shipped_suite,
+    is_sharedkv_item,
+    is_sharedkv_mark,
+    tier_of,
+)
 from pytest_sharedkv.processes import interrupts
 from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY
 from pytest_sharedkv.state import STATE, RunState, state_of
@@ -35,10 +45,9 @@ if TYPE_CHECKING:
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import Bundle, ResultSink
-# The tiers' pytest modules (fixtures, matrix generation), registered with this plugin by
-# module name (pytest_addhooks). Not ``pytest_plugins``: pytest looks each of its names up
-# among every installed distribution's entry points first, a scan per name that cost a
-# project without sharedkv tests about 30 ms of CPU a start (benchmarks/startup.py).
+# The tiers' pytest modules (fixtures, matrix generation, tier tables), registered by module
+# name when the run first needs them (load_tiers). Not ``pytest_plugins``: pytest looks each
+# of its names up among every installed distribution's entry points first, a scan per name.
 TIER_PLUGINS = (
     "pytest_sharedkv.ordering.fixtures",
     "pytest_sharedkv.packed_page.fixtures",
@@ -48,7 +57,15 @@ TIER_PLUGINS = (
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
 )
+TIERS_LOADED = pytest.StashKey[bool]()
+# A tier's configure refused the run while collection registered the tiers; said as the
+# usage error once the collected items are known (raised inside collection, pytest would
+# report it as a collection error of one module).
+TIER_PROBLEM = pytest.StashKey[str]()
+TIER_LOADER = "sharedkv-tier-loader"
 COLLECTOR = "sharedkv-collector"
+# Whether a collector (module, class) carries a sharedkv marker or is in the shipped suite.
+SHAREDKV_NODE = pytest.StashKey[bool]()
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
 ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
@@ -67,8 +84,80 @@ REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may no
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from pytest_sharedkv import hookspecs
     pluginmanager.add_hookspecs(hookspecs)
-    for name in TIER_PLUGINS:  # -p no:NAME still blocks one, as with pytest_plugins
-        pluginmanager.import_plugin(name)
+
+
+def load_tiers(config: pytest.Config) -> None:
+    """Register the tiers' pytest modules, once (``-p no:NAME`` still blocks one): in every
+    pytest start they were most of what the plugin cost a project without sharedkv tests."""
+    if config.stash.get(TIERS_LOADED, False):
+        return
+    config.stash[TIERS_LOADED] = True
+    loader = config.pluginmanager.get_plugin(TIER_LOADER)
+    if loader is not None:
+        config.pluginmanager.unregister(loader)
+    problem: pytest.UsageError | None = None
+    for name in TIER_PLUGINS:  # a tier's configure may refuse the run: register them all
+        try:
+            config.pluginmanager.import_plugin(name)
+        except pytest.UsageError as exc:
+            problem = problem or exc
+    if problem is not None:
+        raise problem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """A run given a sharedkv option or ini value has the tiers before its conftests and
+    before the command line's own hooks (``--sharedkv-list-targets``)."""
+    if options.asked(early_config):
+        load_tiers(early_config)
+
+
+class _TierLoader:
+    """Registers the tiers when collection first meets a function that may need them: one
+    that carries a sharedkv marker (its own, its class's or its module's), lives in the
+    shipped suite, or names a ``sharedkv_`` fixture among its arguments. The tiers
+    parametrize only such functions; a plugin fixture asked for through a user's fixture is
+    found at setup, once the collected items have made the run active."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str,
+                                  obj: object) -> None:
+        function = getattr(obj, "__func__", obj)  # a staticmethod or classmethod in a class
+        if type(function) is types.FunctionType and (
+                _asks_for_sharedkv(function) or _sharedkv_node(collector)):
+            try:
+                load_tiers(self.config)
+            except pytest.UsageError as exc:
+                self.config.stash[TIER_PROBLEM] = str(exc)
+
+
+def _asks_for_sharedkv(function: types.FunctionType) -> bool:
+    """FUNCTION names a sharedkv_ fixture as an argument or carries a sharedkv marker."""
+    target: object = function
+    if hasattr(function, "__wrapped__"):
+        import inspect
+
+        target = inspect.unwrap(function)
+    code = getattr(target, "__code__", None)
+    if code is not None and any(name.startswith(FIXTURE_PREFIX) for name in
+                                code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]):
+        return True
+    return any(is_sharedkv_mark(mark) for mark in getattr(function, "pytestmark", ()))
+
+
+def _sharedkv_node(collector: pytest.Collector) -> bool:
+    """COLLECTOR (a module or class) carries a sharedkv marker or is in the shipped suite;
+    worked out once per collector."""
+    found = collector.stash.get(SHAREDKV_NODE, None)
+    if found is None:
+        found = (any(is_sharedkv_mark(mark) for mark in collector.iter_markers())
+                 or in_shipped_suite(collector.path))
+        collector.stash[SHAREDKV_NODE] = found
+    return found
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,7 +172,10 @@ def pytest_configure(config: pytest.Config) -> None:
                      active=options.given(settings))
     config.stash[STATE] = state
     if state.active:
+        load_tiers(config)
         _check_settings_environment(config)
+    elif not config.stash.get(TIERS_LOADED, False):
+        config.pluginmanager.register(_TierLoader(config), TIER_LOADER)
     if state.is_worker:
         if state.active:
             _die_with_controller(config)
@@ -203,10 +295,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from pytest_sharedkv.config import xdist_groups
         if xdist_groups.grouping_lost(config, sharedkv):
             config.workeroutput[xdist_groups.LOST] = True  # type: ignore[attr-defined]
-    if state.active:
+    problem = config.stash.get(TIER_PROBLEM, None)
+    if state.active and problem is None:
         return
     state.active = True
-    problem = _environment_problem() or _device_problem(config)
+    if problem is None:
+        try:
+            load_tiers(config)
+        except pytest.UsageError as exc:
+            problem = str(exc)
+    problem = problem or _environment_problem() or _device_problem(config)
     if problem is None:
         return
     if state.is_worker:
@@ -256,6 +354,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     collector = config.pluginmanager.get_plugin(COLLECTOR)
     if collector is not None:
         config.pluginmanager.unregister(collector)
+    loader = config.pluginmanager.get_plugin(TIER_LOADER)
+    if loader is not None:
+        config.pluginmanager.unregister(loader)
     interrupts.restore(config)
 
 
@@ -428,6 +529,7 @@ class _Collector:
         from pytest_sharedkv.processes import xdist_workers
         xdist_workers.remember(self.config, report)
         _install_interrupts(self.config)  # under xdist, the first news of sharedkv items
+        load_tiers(self.config)  # the tier tables of the summary
         path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):
             return

@@ -14,7 +14,10 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
     from pytest_sharedkv.processes.closed_stdout import GuardedStdout
     from pytest_sharedkv.report.run_log import RunLog
 
-@dataclass
+
+# eq=False, repr=False: a run's state is compared by identity, and a dataclass compiles each
+# generated method in every pytest start.
+@dataclass(eq=False, repr=False)
 class RunState:
     settings: Settings
     is_worker: bool

@@ -75,14 +75,14 @@ def test_collecting_the_suite_imports_no_torch(pytester: pytest.Pytester) -> Non
     result.stdout.fnmatch_lines(["HEAVY-MODULES: []"])
 
 
-def test_registering_the_plugin_scans_no_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registering_the_tiers_scans_no_entry_points(pytester: pytest.Pytester,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiers' modules come by module name: no look-up of each among every installed
-    distribution's entry points (what ``pytest_plugins`` costs, about 40 ms a start)."""
-    from _pytest.config import get_config
-
+    distribution's entry points (what ``pytest_plugins`` costs)."""
     from pytest_sharedkv import plugin
 
-    manager = get_config().pluginmanager
+    config = pytester.parseconfig("-p", "no:cacheprovider")
+    manager = config.pluginmanager
     scans: list[tuple[object, ...]] = []
 
     def scan(*args: object, **kwargs: object) -> int:
@@ -90,8 +90,8 @@ def test_registering_the_plugin_scans_no_entry_points(monkeypatch: pytest.Monkey
         return 0
 
     monkeypatch.setattr(manager, "load_setuptools_entrypoints", scan)
-    manager.register(plugin, "sharedkv")
-    manager.hook.pytest_addhooks.call_historic(kwargs={"pluginmanager": manager})
+    assert all(manager.get_plugin(name) is None for name in plugin.TIER_PLUGINS)
+    plugin.load_tiers(config)
     assert scans == []
     assert not hasattr(plugin, "pytest_plugins")
     assert all(manager.get_plugin(name) is not None for name in plugin.TIER_PLUGINS)

@@ -678,6 +678,22 @@ def given(settings: Settings) -> bool:
     return any(source != "default" for source in settings.sources.values())
 
 
+def asked(config: pytest.Config) -> bool:
+    """Whether a --sharedkv-* option or sharedkv_* ini value is given, asked before the
+    command line is fully parsed (``pytest_load_initial_conftests``); a value that does not
+    read counts as given (load_settings then names it)."""
+    namespace = getattr(config, "known_args_namespace", config.option)
+    for opt in OPTIONS:
+        if getattr(namespace, opt.dest, None) is not None:
+            return True
+        try:
+            if opt.ini and _from_ini(config, opt) is not None:
+                return True
+        except pytest.UsageError:
+            return True
+    return False
+
+
 def _from_command_line(config: pytest.Config, opt: Option) -> tuple[Any, str] | None:
     """The option's value as given on the command line and the flag that gave it, or None.
     A path is made absolute against the directory pytest was invoked in."""
@@ -697,7 +713,7 @@ def _from_ini(config: pytest.Config, opt: Option) -> tuple[Any, str] | None:
     where = f"ini option {opt.dest}"
     try:
         value = config.getini(opt.dest)
-    except pytest.UsageError as exc:
+    except (pytest.UsageError, ValueError) as exc:  # pytest 8 lets a ValueError through
         raise pytest.UsageError(f"{where}: {_INI_PROBLEMS[opt.kind].format(exc)}") from None
     if value is None or value == [] or (isinstance(value, str) and not value.strip()):
         return None

@@ -20,6 +20,7 @@ from pytest_sharedkv.config.markers import GPU_MARKER, REQUIRES_MARKER, TIER_MAR
 
 SUITE_PACKAGE = "pytest_sharedkv.suites"
 FIXTURE_PREFIX = "sharedkv_"
+SHAREDKV_MARKERS = frozenset((*TIER_MARKERS, GPU_MARKER, REQUIRES_MARKER))
 
 
 def tier_of(item: pytest.Item) -> str | None:
@@ -39,7 +40,10 @@ def suite_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
+@cache
 def in_shipped_suite(path: Path) -> bool:
+    """Whether PATH is in the shipped suite (kept per path: a collection asks once per
+    module, not once per test)."""
     root = suite_dir()
     return root is not None and root in path.resolve().parents
 
@@ -60,6 +64,14 @@ def uses_plugin_fixture(item: pytest.Item) -> bool:
     doctest, another plugin's item) uses none."""
     names = getattr(item, "fixturenames", ())
     return any(name.startswith(FIXTURE_PREFIX) for name in names)
+
+
+def is_sharedkv_mark(mark: pytest.Mark) -> bool:
+    """A tier or need marker, or ``usefixtures`` naming one of the plugin's fixtures."""
+    if mark.name in SHAREDKV_MARKERS:
+        return True
+    return mark.name == "usefixtures" and any(
+        str(name).startswith(FIXTURE_PREFIX) for name in mark.args)
 
 
 def parametrizes(metafunc: pytest.Metafunc, fixture: str, tier: str) -> bool:
