@@ -254,8 +254,8 @@ def _die_with_controller(config: pytest.Config) -> None:
     seconds. SIGKILL, not SIGTERM: with the controller gone nothing the worker reports can
     arrive, what it launched is stopped by its supervisors (they watch the controller too),
     its leases are locks the kernel drops; the Ctrl-C path would only spend seconds
-    formatting a traceback for nobody (5.7 s on a busy 2-core host). Only where sharedkv
-    is in use: in anybody else's run a worker keeps xdist's own behaviour."""
+    formatting a traceback for nobody. Only where sharedkv is in use: in anybody else's
+    run a worker keeps xdist's own behaviour."""
     if PDEATHSIG not in config.stash:
         import signal
 

@@ -231,9 +231,8 @@ def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signa
 def test_a_terminated_controller_passes_sigterm_on_to_its_workers(
         sigterm_with_report: Signalled) -> None:
     """The controller passes SIGTERM on, so each worker's test is interrupted by it at once
-    and not by execnet (which makes a worker wait 5 s for its test, then interrupts it with
-    SIGINT): a controller with a launched stub pair took 12.3 s to exit without it, 2.8 s
-    with it; this run 5.8 s and 0.8 s on a quiet 2-core host."""
+    and not by execnet's shutdown (which waits for the test, then interrupts it with
+    SIGINT); how long each takes is benchmarks/signals.py's to say."""
     run = sigterm_with_report
     assert len(run.interrupts) >= 2, run.text[-2000:]
     assert set(run.interrupts) == {"SIGTERM: tearing down as for Ctrl-C"}, run.interrupts
