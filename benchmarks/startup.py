@@ -7,9 +7,11 @@ prints the median added milliseconds. It does this twice: on this machine as it 
 with a fake, slow ``nvidia-smi`` first on PATH (a shell script that sleeps, prints one GPU
 line and records that it was called), so a host with a driver is covered on a machine
 without one. Each mode also says whether the plugin ran nvidia-smi, wrote into the
-project's ``.pytest_cache`` or printed a line.
+project's ``.pytest_cache`` or printed a line. Where valgrind is installed it also counts
+the instructions one start executes with and without the plugin (cachegrind, a fixed hash
+seed): a count that a busy machine does not move, where wall and CPU time do.
 
-    python benchmarks/startup.py [--rounds 21] [--python PATH]
+    python benchmarks/startup.py [--rounds 21] [--python PATH] [--no-instructions]
 
 Timing is this script's job, not a test's: a 2-core CI machine shared with other jobs
 makes a timed test flaky. ``tests/test_startup.py`` checks the silence (no subprocess, no
@@ -81,6 +83,24 @@ def run(python: str, project: Path, env: dict[str, str], extra: list[str]
     return wall, _cpu_s() - cpu, out.stdout
 
 
+def instructions(python: str, project: Path, env: dict[str, str], extra: list[str]
+                 ) -> int | None:
+    """Instructions one pytest start executes (valgrind's cachegrind), or None without
+    valgrind."""
+    import re
+    import shutil
+
+    valgrind = shutil.which("valgrind", path=env.get("PATH"))
+    if valgrind is None:
+        return None
+    out = subprocess.run([valgrind, "--tool=cachegrind", "--cache-sim=no",
+                          "--cachegrind-out-file=/dev/null", python, "-m", "pytest", "tests",
+                          *extra], cwd=project, env={**env, "PYTHONHASHSEED": "0"},
+                         capture_output=True, text=True, timeout=600, check=False)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
 def measure(python: str, project: Path, env: dict[str, str], rounds: int
             ) -> dict[str, object]:
     run(python, project, env, ["-p", "no:sharedkv"])  # warm the page cache, fill pytest's
@@ -119,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the interpreter whose pytest and plugin to measure")
     parser.add_argument("--smi-sleep", type=float, default=0.5,
                         help="seconds the fake nvidia-smi sleeps")
+    parser.add_argument("--no-instructions", dest="instructions", action="store_false",
+                        help="skip the instruction count (valgrind)")
     args = parser.parse_args(argv)
     # PYTHONDONTWRITEBYTECODE would make every run compile the plugin from source: users
     # have .pyc caches (pip writes them; an editable install writes them on first import).
@@ -148,6 +170,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['median_without_ms']:.0f} ms); nvidia-smi calls: {smi_calls}; "
                   f"new .pytest_cache files: {result['new_cache_files'] or 'none'}; "
                   f"sharedkv lines printed: {result['printed'] or 'none'}")
+            if args.instructions:
+                counts = [instructions(args.python, project, env, extra)
+                          for extra in ([], ["-p", "no:sharedkv"])]
+                if None in counts:
+                    print(f"  {name}: no instruction count (valgrind not found or failed)")
+                else:
+                    added = counts[0] - counts[1]  # type: ignore[operator]
+                    print(f"  {name}: instructions added {added / 1e6:.1f} M "
+                          f"({100 * added / counts[1]:.1f}% of a start without the plugin, "
+                          f"{counts[1] / 1e6:.0f} M)")
         verdict = "within" if worst <= BUDGET_MS else "OVER"
         print(f"worst median added: {worst:.1f} ms ({verdict} the {BUDGET_MS:g} ms budget)")
     return 0 if worst <= BUDGET_MS else 1

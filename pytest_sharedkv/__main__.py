@@ -25,7 +25,8 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute] DIR
                                             [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
-                                         [--markdown OUT.md] [--allow-flag-change]
+                                         [--markdown OUT.md] [--force] [--allow-flag-change]
+                                         [--allow-placement-change]
        python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ... [--force]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
@@ -44,8 +45,12 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell (not judged where the engine flags differ:
-                  FLAGS DIFFER, unless --allow-flag-change); exit 0 same, 1 regression
-                  or correctness difference, 2 usage error or reports that do not compare
+                  FLAGS DIFFER, unless --allow-flag-change; nor where one screening ran
+                  both replicas on one GPU and the other one per GPU: PLACEMENT DIFFERS,
+                  unless --allow-placement-change); --markdown OUT.md writes it there too
+                  (an existing OUT.md is replaced only with --force); exit 0 same,
+                  1 regression or correctness difference, 2 usage error or reports that
+                  do not compare
   merge-screenings  one perf screening from blocks measured in separate runs (a
                   screening resumed later or on another host): refused, naming the file
                   and field, unless model, corpus, engine, engine flags, arms order and
@@ -194,7 +199,28 @@ def help_command() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """stdout's reader went away (``| head``): what is left to print goes to /dev/null
+    instead of a traceback, and the exit status is a SIGPIPE's, as a shell reports for a
+    tool whose pipe closed. A run that writes a report has already ended on its own (the
+    plugin's closed-stdout guard) and returns pytest's status."""
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _main(args: list[str]) -> int:
     if args and args[0] in ("-h", "--help", "help"):
         return help_command()
     if args and args[0] == "make-model":

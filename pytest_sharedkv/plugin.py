@@ -3,18 +3,23 @@
 Loading this module must not import torch, lmcache or vllm, and in a project without
 sharedkv tests the plugin must cost nothing: until the run is *active* (a ``--sharedkv-*``
 option or ini value is given, or a sharedkv item is collected: ``tiers.is_sharedkv_item``)
-it runs no subprocess, writes no file and prints no line. Device discovery, the
-environment header, the lmcache probe and the report modules come with the first need.
-Run state lives in ``config.stash``. Nothing here depends on xdist: records cross from
-workers to the controller on ``user_properties`` and report attributes, which xdist
-serialises, so ``-p no:xdist`` behaves the same.
+it runs no subprocess, writes no file and prints no line. The tiers' pytest modules,
+device discovery, the environment header, the lmcache probe and the report modules come
+with the first need. Run state lives in ``config.stash``. Nothing here depends on xdist:
+records cross from workers to the controller on ``user_properties`` and report attributes,
+which xdist serialises, so ``-p no:xdist`` behaves the same. A run that is active and
+writes a report writes it however it ends once this plugin has configured it: a signal
+(``processes.interrupts``), a closed stdout (``processes.closed_stdout``), an interruption
+before the session even started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
+import types
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,8 +29,13 @@ import pytest
 from pytest_sharedkv.config import options
 from pytest_sharedkv.config.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.config.markers import register as register_markers
-from pytest_sharedkv.config.tiers import is_sharedkv_item, tier_of
-from pytest_sharedkv.host.runtime_dir import chosen_problem
+from pytest_sharedkv.config.tiers import (
+    FIXTURE_PREFIX,
+    in_shipped_suite,
+    is_sharedkv_item,
+    is_sharedkv_mark,
+    tier_of,
+)
 from pytest_sharedkv.processes import interrupts
 from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY, add_params
 from pytest_sharedkv.state import STATE, RunState, state_of
@@ -35,10 +45,9 @@ if TYPE_CHECKING:
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import Bundle, ResultSink
-# The tiers' pytest modules (fixtures, matrix generation), registered with this plugin by
-# module name (pytest_addhooks). Not ``pytest_plugins``: pytest looks each of its names up
-# among every installed distribution's entry points first, a scan per name that cost a
-# project without sharedkv tests about 30 ms of CPU a start (benchmarks/startup.py).
+# The tiers' pytest modules (fixtures, matrix generation, tier tables), registered by module
+# name when the run first needs them (load_tiers). Not ``pytest_plugins``: pytest looks each
+# of its names up among every installed distribution's entry points first, a scan per name.
 TIER_PLUGINS = (
     "pytest_sharedkv.ordering.fixtures",
     "pytest_sharedkv.packed_page.fixtures",
@@ -48,6 +57,15 @@ TIER_PLUGINS = (
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
 )
+TIERS_LOADED = pytest.StashKey[bool]()
+# A tier's configure refused the run while collection registered the tiers; said as the
+# usage error once the collected items are known (raised inside collection, pytest would
+# report it as a collection error of one module).
+TIER_PROBLEM = pytest.StashKey[str]()
+TIER_LOADER = "sharedkv-tier-loader"
+COLLECTOR = "sharedkv-collector"
+# Whether a collector (module, class) carries a sharedkv marker or is in the shipped suite.
+SHAREDKV_NODE = pytest.StashKey[bool]()
 
 ITEM_BUNDLE: pytest.StashKey[Bundle] = pytest.StashKey()
 ITEM_TIER: pytest.StashKey[str | None] = pytest.StashKey()
@@ -56,8 +74,9 @@ ITEM_GATE_SKIPPED: pytest.StashKey[bool] = pytest.StashKey()
 # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary; the
 # filter goes on sharedkv items only, never on a project's own tests.
 OTEL_FILTER = "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning"
-# An xdist worker that finds a bad device environment says so here; the controller turns
-# it into the usage error (a worker cannot stop the run itself).
+# An xdist worker that finds a bad environment (devices, the shared run directory, a test
+# seam's variable) says so here; the controller turns it into the usage error (a worker
+# cannot stop the run itself).
 WORKER_USAGE_ERROR = "sharedkv_usage_error"
 REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
 
@@ -65,8 +84,80 @@ REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may no
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from pytest_sharedkv import hookspecs
     pluginmanager.add_hookspecs(hookspecs)
-    for name in TIER_PLUGINS:  # -p no:NAME still blocks one, as with pytest_plugins
-        pluginmanager.import_plugin(name)
+
+
+def load_tiers(config: pytest.Config) -> None:
+    """Register the tiers' pytest modules, once (``-p no:NAME`` still blocks one): in every
+    pytest start they were most of what the plugin cost a project without sharedkv tests."""
+    if config.stash.get(TIERS_LOADED, False):
+        return
+    config.stash[TIERS_LOADED] = True
+    loader = config.pluginmanager.get_plugin(TIER_LOADER)
+    if loader is not None:
+        config.pluginmanager.unregister(loader)
+    problem: pytest.UsageError | None = None
+    for name in TIER_PLUGINS:  # a tier's configure may refuse the run: register them all
+        try:
+            config.pluginmanager.import_plugin(name)
+        except pytest.UsageError as exc:
+            problem = problem or exc
+    if problem is not None:
+        raise problem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """A run given a sharedkv option or ini value has the tiers before its conftests and
+    before the command line's own hooks (``--sharedkv-list-targets``)."""
+    if options.asked(early_config):
+        load_tiers(early_config)
+
+
+class _TierLoader:
+    """Registers the tiers when collection first meets a function that may need them: one
+    that carries a sharedkv marker (its own, its class's or its module's), lives in the
+    shipped suite, or names a ``sharedkv_`` fixture among its arguments. The tiers
+    parametrize only such functions; a plugin fixture asked for through a user's fixture is
+    found at setup, once the collected items have made the run active."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str,
+                                  obj: object) -> None:
+        function = getattr(obj, "__func__", obj)  # a staticmethod or classmethod in a class
+        if type(function) is types.FunctionType and (
+                _asks_for_sharedkv(function) or _sharedkv_node(collector)):
+            try:
+                load_tiers(self.config)
+            except pytest.UsageError as exc:
+                self.config.stash[TIER_PROBLEM] = str(exc)
+
+
+def _asks_for_sharedkv(function: types.FunctionType) -> bool:
+    """FUNCTION names a sharedkv_ fixture as an argument or carries a sharedkv marker."""
+    target: object = function
+    if hasattr(function, "__wrapped__"):
+        import inspect
+
+        target = inspect.unwrap(function)
+    code = getattr(target, "__code__", None)
+    if code is not None and any(name.startswith(FIXTURE_PREFIX) for name in
+                                code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]):
+        return True
+    return any(is_sharedkv_mark(mark) for mark in getattr(function, "pytestmark", ()))
+
+
+def _sharedkv_node(collector: pytest.Collector) -> bool:
+    """COLLECTOR (a module or class) carries a sharedkv marker or is in the shipped suite;
+    worked out once per collector."""
+    found = collector.stash.get(SHAREDKV_NODE, None)
+    if found is None:
+        found = (any(is_sharedkv_mark(mark) for mark in collector.iter_markers())
+                 or in_shipped_suite(collector.path))
+        collector.stash[SHAREDKV_NODE] = found
+    return found
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -77,42 +168,81 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
     settings = options.load_settings(config)
-    try:
-        options.measured_limit()
-    except options.OptionError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    problem = chosen_problem()
+    state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
+                     active=options.given(settings))
+    config.stash[STATE] = state
+    if state.active:
+        load_tiers(config)
+        _check_settings_environment(config)
+    elif not config.stash.get(TIERS_LOADED, False):
+        config.pluginmanager.register(_TierLoader(config), TIER_LOADER)
+    if state.is_worker:
+        if state.active:
+            _die_with_controller(config)
+        return
+    config.pluginmanager.register(_Collector(config, state), COLLECTOR)
+    if state.active:
+        # Under xdist the controller collects nothing, so it is told here (or by the first
+        # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
+        _install_interrupts(config)
+        _guard_stdout(config)
+        _check_devices(config)
+
+
+def _check_settings_environment(config: pytest.Config) -> None:
+    """What an active run reads from its environment besides devices, and where the report
+    goes: a bad value is a usage error before any test."""
+    problem = _environment_problem()
     if problem is not None:
-        raise pytest.UsageError(f"{problem} (it names the directory every run on this machine "
-                                "shares for GPU leases and launch records)")
-    if settings.json is not None:
+        raise pytest.UsageError(problem)
+    settings = state_of(config).settings
+    if settings.json is not None and not state_of(config).is_worker:
         from pytest_sharedkv.report import json_report
         problem = json_report.check_writable(settings.json)
         if problem is not None:
             raise pytest.UsageError(f"{settings.source_of('json')}: cannot write the report "
                                     f"to {settings.json}: {problem}")
-    state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
-                     active=options.given(settings))
-    config.stash[STATE] = state
-    if state.is_worker:
-        if state.active:
-            _die_with_controller(config)
+
+
+def _environment_problem() -> str | None:
+    """A bad SHAREDKV_SERVICE_MEASURED or SHAREDKV_RUNTIME_DIR, read only once the run is
+    active: in anybody else's run they are nobody's business."""
+    try:
+        options.measured_limit()
+    except options.OptionError as exc:
+        return str(exc)
+    from pytest_sharedkv.host.runtime_dir import chosen_problem
+
+    problem = chosen_problem()
+    if problem is not None:
+        return (f"{problem} (it names the directory every run on this machine shares for "
+                "GPU leases and launch records)")
+    return None
+
+
+def _guard_stdout(config: pytest.Config) -> None:
+    """A run that writes a report ends as an interrupt, report written, when its stdout's
+    reader goes away; installed before pytest's terminal reporter takes sys.stdout."""
+    state = state_of(config)
+    if state.settings.json is None or state.stdout_guard is not None:
         return
-    config.pluginmanager.register(_Collector(config, state), "sharedkv-collector")
-    if state.active:
-        # Under xdist the controller collects nothing, so it is told here (or by the first
-        # sharedkv report, see _Collector): SIGTERM must reach its report writing too.
-        _install_interrupts(config)
-        _check_devices(config)
+    from pytest_sharedkv.processes.closed_stdout import REASON, GuardedStdout
+
+    def closed() -> None:
+        if not state.session_done:
+            interrupts.interrupt(config, REASON)
+
+    state.stdout_guard = GuardedStdout(sys.stdout, closed)
+    sys.stdout = state.stdout_guard
 
 
 def _install_interrupts(config: pytest.Config) -> None:
-    """SIGTERM as Ctrl-C; an xdist controller passes it on to its workers."""
+    """SIGTERM as Ctrl-C; an xdist controller passes it, and SIGINT, on to its workers."""
     def workers() -> list[int]:
         from pytest_sharedkv.processes import xdist_workers
         return xdist_workers.pids(config)
 
-    interrupts.install(config, forward=workers)
+    interrupts.install(config, forward=workers, worker=state_of(config).is_worker)
 
 
 PDEATHSIG = pytest.StashKey[bool]()
@@ -124,8 +254,8 @@ def _die_with_controller(config: pytest.Config) -> None:
     seconds. SIGKILL, not SIGTERM: with the controller gone nothing the worker reports can
     arrive, what it launched is stopped by its supervisors (they watch the controller too),
     its leases are locks the kernel drops; the Ctrl-C path would only spend seconds
-    formatting a traceback for nobody (5.7 s on a busy 2-core host). Only where sharedkv
-    is in use: in anybody else's run a worker keeps xdist's own behaviour."""
+    formatting a traceback for nobody. Only where sharedkv is in use: in anybody else's
+    run a worker keeps xdist's own behaviour."""
     if PDEATHSIG not in config.stash:
         import signal
 
@@ -165,10 +295,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from pytest_sharedkv.config import xdist_groups
         if xdist_groups.grouping_lost(config, sharedkv):
             config.workeroutput[xdist_groups.LOST] = True  # type: ignore[attr-defined]
-    if state.active:
+    problem = config.stash.get(TIER_PROBLEM, None)
+    if state.active and problem is None:
         return
     state.active = True
-    problem = _device_problem(config)
+    if problem is None:
+        try:
+            load_tiers(config)
+        except pytest.UsageError as exc:
+            problem = str(exc)
+    problem = problem or _environment_problem() or _device_problem(config)
     if problem is None:
         return
     if state.is_worker:
@@ -179,17 +315,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodeready(node: Any) -> None:
-    """xdist controller: the worker's pid, for a SIGTERM to reach it (processes.xdist_workers;
-    kept in memory only)."""
-    from pytest_sharedkv.processes import xdist_workers
-    xdist_workers.remember(node)
-
-
-@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist controller: a worker found the device environment unusable (see above), or
-    saw --dist loadgroup not group its pair tests (config.xdist_groups)."""
+    """xdist controller: a worker is down (no signal is passed on to it any more); it found
+    the environment unusable (see above), or saw --dist loadgroup not group its pair tests
+    (config.xdist_groups)."""
     from pytest_sharedkv.processes import xdist_workers
     xdist_workers.forget(node)
     output = getattr(node, "workeroutput", {})
@@ -212,7 +341,39 @@ def _grouping_fact(state: RunState) -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """The report of a run that ended before its session finished (an interrupt while xdist
+    started its workers, in a plugin's configure), then what the run installed goes."""
+    state = config.stash.get(STATE, None)
+    if state is not None and not state.is_worker:
+        if state.active and state.settings.json is not None and state.json_written is None:
+            _write_unfinished(config, state)
+        if state.stdout_guard is not None:
+            state.stdout_guard.flush()  # what a closed pipe was still owed goes to /dev/null
+            if sys.stdout is state.stdout_guard:
+                sys.stdout = state.stdout_guard.stream
+    collector = config.pluginmanager.get_plugin(COLLECTOR)
+    if collector is not None:
+        config.pluginmanager.unregister(collector)
+    loader = config.pluginmanager.get_plugin(TIER_LOADER)
+    if loader is not None:
+        config.pluginmanager.unregister(loader)
     interrupts.restore(config)
+
+
+def _write_unfinished(config: pytest.Config, state: RunState) -> None:
+    """Write the report of a run whose session never finished, and say where it went."""
+    assert state.settings.json is not None
+    from pytest_sharedkv.report import json_report
+
+    log = state.log
+    log.interrupted = log.interrupted or "the run ended before its session finished"
+    data = json_report.build(log, _environment_data(config, probe=False),
+                             int(pytest.ExitCode.INTERRUPTED), complete=True)
+    state.json_written = json_report.write_or_fallback(
+        state.settings.json, data, named_by=state.settings.source_of("json"))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(state.json_written)
 
 
 def gate_of(config: pytest.Config) -> Gate:
@@ -303,6 +464,10 @@ def pytest_runtest_makereport(
     if tier is not None:
         setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
         add_params(report, item)  # what it ran, by name: compare matches tests by it
+    state = state_of(item.config)
+    if state.is_worker and state.active:  # for the controller to pass a signal on to it
+        from pytest_sharedkv.processes import xdist_workers
+        xdist_workers.mark(report)
     bundle = item.stash.get(ITEM_BUNDLE, None)
     if bundle:
         from pytest_sharedkv.report.records import Bundle
@@ -312,7 +477,7 @@ def pytest_runtest_makereport(
     if (call.when == "setup" and report.skipped and isinstance(report.longrepr, tuple)
             and item.stash.get(ITEM_GATE_SKIPPED, False)):
         report.longrepr = (*_item_location(item), report.longrepr[2])
-    settings = state_of(item.config).settings
+    settings = state.settings
     if (settings.require_gpu and report.skipped and not hasattr(report, "wasxfail")
             and is_gated(item)):
         reason = _skip_reason(report)
@@ -362,7 +527,10 @@ class _Collector:
                 or (state.has_log and report.nodeid in state.log.tests)):
             return
         state.log.add_report(report, self._category(report))
+        from pytest_sharedkv.processes import xdist_workers
+        xdist_workers.remember(self.config, report)
         _install_interrupts(self.config)  # under xdist, the first news of sharedkv items
+        load_tiers(self.config)  # the tier tables of the summary
         path = state.settings.json
         if path is None or (report.when != "teardown" and not report.failed):
             return
@@ -391,21 +559,28 @@ class _Collector:
             json_report.write(path, data)
 
 
-def _environment_data(config: pytest.Config) -> dict[str, Any]:
+def _environment_data(config: pytest.Config, probe: bool = True) -> dict[str, Any]:
+    """The report's environment; without PROBE (a run interrupted before its header was
+    made) no device discovery or LMCache probe is started for it."""
     from pytest_sharedkv.host.environment import lmcache_data
 
-    return {"header": _environment_lines(config),
-            "lmcache": lmcache_data(lmcache_status_of(config)), "settings": {
+    state = state_of(config)
+    if probe or state.header is not None:
+        header, lmcache = _environment_lines(config), lmcache_status_of(config)
+    else:
+        header, lmcache = [], "not checked: the run ended before its header was made"
+    return {"header": header, "lmcache": lmcache_data(lmcache), "settings": {
         k: (str(v) if isinstance(v, Path) else v)
-        for k, v in vars(state_of(config).settings).items() if k != "sources"
+        for k, v in vars(state.settings).items() if k != "sources"
     }}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
-    if state.is_worker or not state.has_log:
+    state.session_done = True  # a stdout closed from here on is only silenced
+    if state.is_worker or not (state.has_log or (state.active and state.settings.json)):
         return
-    log = state.log
+    log = state.log  # an active run that ends before any report still writes its report
     if log.interrupted is None:
         stopped = session.shouldfail or session.shouldstop  # -x, --maxfail, a plugin's stop
         if stopped:

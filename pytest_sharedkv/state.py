@@ -11,8 +11,13 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
     from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
+    from pytest_sharedkv.processes.closed_stdout import GuardedStdout
     from pytest_sharedkv.report.run_log import RunLog
-@dataclass
+
+
+# eq=False, repr=False: a run's state is compared by identity, and a dataclass compiles each
+# generated method in every pytest start.
+@dataclass(eq=False, repr=False)
 class RunState:
     settings: Settings
     is_worker: bool
@@ -24,6 +29,9 @@ class RunState:
     lmcache: LMCacheStatus | str | None = None  # behind the header's LMCache line
     header_shown: bool = False
     json_written: str | None = None
+    # sys.stdout as the terminal writer got it, where a closed stdout ends the run
+    stdout_guard: GuardedStdout | None = None
+    session_done: bool = False  # pytest_sessionfinish has begun
     _log: RunLog | None = None
 
     @property

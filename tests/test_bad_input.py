@@ -59,6 +59,10 @@ BAD_OPTIONS = [
     (["--sharedkv-endpoints=http://127.0.0.1:1,http://127.0.0.1:2",
       "--sharedkv-inject-delay=1e8"],
      "--sharedkv-inject-delay: the external provider launches no process to delay*"),
+    (["--sharedkv-provider=external", "--sharedkv-triage"],
+     "--sharedkv-triage: the triage relaunches the pair under each of its controls, and the "
+     "external provider (--sharedkv-provider) serves a deployment the suite never starts or "
+     "stops; drop one of them"),
 ]
 
 
@@ -87,8 +91,9 @@ def test_model_directory_without_config(pytester: pytest.Pytester) -> None:
     pytester.mkdir("model")
     result = pytester.runpytest("--sharedkv-model=model")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --sharedkv-model: model holds no config.json; it takes"
-                                 " a model checkpoint directory holding config.json"])
+    result.stderr.fnmatch_lines([f"ERROR: --sharedkv-model: {pytester.path}/model holds no "
+                                 "config.json; it takes a model checkpoint directory holding "
+                                 "config.json"])
     (pytester.path / "model" / "config.json").write_text("{}")
     pytester.makepyfile("def test_x(sharedkv_settings):\n"
                         "    assert sharedkv_settings.model.name == 'model'\n")
@@ -132,13 +137,38 @@ def test_bad_device_environment_is_one_usage_error(
     assert "PASSED" not in out and " passed" not in out
 
 
-def test_a_bad_device_environment_does_not_bother_other_projects(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+# A variable the plugin reads once the run is active, a bad value of it, and the error.
+ACTIVE_ONLY = [
+    ("CUDA_VISIBLE_DEVICES", "garbage", "CUDA_VISIBLE_DEVICES='garbage': *"),
+    ("SHAREDKV_SERVICE_MEASURED", "lots", "SHAREDKV_SERVICE_MEASURED='lots': 'lots' is not a "
+                                          "whole number*"),
+    ("SHAREDKV_RUNTIME_DIR", "{tmp}/a-file", "SHAREDKV_RUNTIME_DIR={tmp}/a-file: not a "
+                                             "directory (it names the directory every run *"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), ACTIVE_ONLY,
+                         ids=[name for name, _, _ in ACTIVE_ONLY])
+def test_a_bad_variable_does_not_bother_other_projects(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str, value: str,
+    message: str
 ) -> None:
-    """A project without sharedkv tests never hears about the plugin's variables."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "garbage")
+    """A project without sharedkv tests never hears about the plugin's variables; a run
+    that uses the plugin (an option, or a sharedkv test collected) stops before any test."""
+    (pytester.path / "a-file").write_text("")
+    monkeypatch.setenv(name, value.replace("{tmp}", str(pytester.path)))
+    message = message.replace("{tmp}", str(pytester.path))
     pytester.makepyfile("def test_x(): pass")
-    pytester.runpytest().assert_outcomes(passed=1)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "sharedkv:" not in result.stdout.str() + result.stderr.str()
+    for args, test in ((["--sharedkv-trials=3"], "def test_x(): pass"),
+                       ([], "import pytest\n\n@pytest.mark.ordering\ndef test_x(): pass")):
+        pytester.makepyfile(test)
+        result = pytester.runpytest("-p", "no:cacheprovider", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (args, result.stdout.str())
+        result.stderr.fnmatch_lines([f"ERROR: {message}"])
+        assert "passed" not in result.stdout.str()
 
 
 def test_a_closed_endpoint_names_the_replica_in_one_line(pytester: pytest.Pytester) -> None:

@@ -43,3 +43,16 @@ def test_help_exits_0_with_its_usage(tmp_path: Path, argv: tuple[str, ...], usag
     assert "Traceback" not in out.stderr
     if argv[0] == "run":  # pytest's help, with the plugin's options
         assert "--sharedkv-require-gpu" in out.stdout
+    elif argv[0] != "--help":  # a subcommand's own options are all in the wrapper's usage
+        synopsis = _synopsis(argv[0])
+        missing = sorted({o for o in re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", out.stdout)
+                          if o != "--help" and o not in synopsis})
+        assert missing == [], f"{argv[0]}: {missing} not in USAGE's synopsis"
+
+
+def _synopsis(command: str) -> str:
+    """USAGE's synopsis of COMMAND: its line and the continuation lines below it."""
+    lines = USAGE.split("\n\n", 1)[0].splitlines()
+    start = next(i for i, line in enumerate(lines) if f"{PROG} {command} " in line)
+    end = next((i for i in range(start + 1, len(lines)) if PROG in lines[i]), len(lines))
+    return "\n".join(lines[start:end])

@@ -285,7 +285,7 @@ def test_an_unusable_runtime_dir_is_a_usage_error(pytester: pytest.Pytester,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     (pytester.path / "a-file").write_text("")
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(pytester.path / "a-file"))
-    pytester.makepyfile("def test_x():\n    pass\n")
+    pytester.makepyfile("import pytest\n\n@pytest.mark.sharedkv_gpu\ndef test_x():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider")  # stops before any test
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {RUNTIME_DIR_ENV}=*a-file: not a directory (it names*"])

@@ -146,9 +146,9 @@ def test_garbage_inject_targets_are_a_usage_error(pytester: pytest.Pytester,
     if "lmcache" in value and "no_such" in value and importlib.util.find_spec("lmcache") is None:
         pytest.skip("existence is checked where lmcache is importable")
     monkeypatch.setenv(delay_hook.TARGETS_ENV, value)
-    pytester.makepyfile("def test_x():\n    pass\n")
-    # a sharedkv option makes the run active (tests/test_stack_fixtures.py: other runs)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--sharedkv-settle-s=1")
+    pytester.makepyfile("import pytest\n\n@pytest.mark.replica_pair\ndef test_x():\n    pass\n")
+    # a sharedkv item makes the run active (tests/test_stack_fixtures.py: other runs)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {delay_hook.TARGETS_ENV}={value}: *{message}*"])
     result.stdout.no_fnmatch_line("*passed*")

@@ -75,14 +75,14 @@ def test_collecting_the_suite_imports_no_torch(pytester: pytest.Pytester) -> Non
     result.stdout.fnmatch_lines(["HEAVY-MODULES: []"])
 
 
-def test_registering_the_plugin_scans_no_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registering_the_tiers_scans_no_entry_points(pytester: pytest.Pytester,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiers' modules come by module name: no look-up of each among every installed
-    distribution's entry points (what ``pytest_plugins`` costs, about 40 ms a start)."""
-    from _pytest.config import get_config
-
+    distribution's entry points (what ``pytest_plugins`` costs)."""
     from pytest_sharedkv import plugin
 
-    manager = get_config().pluginmanager
+    config = pytester.parseconfig("-p", "no:cacheprovider")
+    manager = config.pluginmanager
     scans: list[tuple[object, ...]] = []
 
     def scan(*args: object, **kwargs: object) -> int:
@@ -90,8 +90,56 @@ def test_registering_the_plugin_scans_no_entry_points(monkeypatch: pytest.Monkey
         return 0
 
     monkeypatch.setattr(manager, "load_setuptools_entrypoints", scan)
-    manager.register(plugin, "sharedkv")
-    manager.hook.pytest_addhooks.call_historic(kwargs={"pluginmanager": manager})
+    assert all(manager.get_plugin(name) is None for name in plugin.TIER_PLUGINS)
+    plugin.load_tiers(config)
     assert scans == []
     assert not hasattr(plugin, "pytest_plugins")
     assert all(manager.get_plugin(name) is not None for name in plugin.TIER_PLUGINS)
+
+
+# pytest's and xdist's private attributes the plugin once reached for; the public way is
+# item.fixturenames and xdist's workerinput / report attributes.
+PRIVATE = ("_fixtureinfo", "name2fixturedefs", "gateway._io", "._rinfo", "_fixturemanager")
+
+
+def test_the_plugin_reaches_no_private_pytest_or_xdist_attribute() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "pytest_sharedkv"
+    found = [f"{path.relative_to(root)}: {name}"
+             for path in (root / "plugin.py", root / "config" / "tiers.py",
+                          root / "processes" / "xdist_workers.py")
+             for name in PRIVATE if name in path.read_text()]
+    assert found == []
+
+
+def test_a_plugin_fixture_reached_through_a_users_fixture_makes_a_sharedkv_test(
+        pytester: pytest.Pytester) -> None:
+    """The test's fixture closure (item.fixturenames) names the plugin's fixture: the run
+    is active, and the header says so."""
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef sink(sharedkv_results):\n"
+                          "    return sharedkv_results\n")
+    pytester.makepyfile("def test_x(sink):\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["sharedkv: GPUs: *"])
+
+
+UNCONFIGURE_WATCH = """
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    print("COLLECTOR AFTER UNCONFIGURE:", config.pluginmanager.get_plugin("sharedkv-collector"))
+"""
+
+
+def test_the_collector_goes_at_unconfigure(pytester: pytest.Pytester) -> None:
+    """What the plugin registers for a run does not outlive it (a pytest.main() caller's
+    plugin manager, an in-process inner run)."""
+    pytester.makeconftest(UNCONFIGURE_WATCH)
+    pytester.makepyfile("import pytest\n\n@pytest.mark.ordering\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_inprocess("-s", "-p", "no:cacheprovider", "--sharedkv-trials=3")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["COLLECTOR AFTER UNCONFIGURE: None"])

@@ -75,10 +75,13 @@ def test_usage_errors_name_the_wrapper(tmp_path: Path) -> None:
 
 
 def _fake_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
-    """make_model writes its recipe file only (the real one needs transformers)."""
+    """make_model writes its recipe file only (the real one needs transformers). The module
+    is the one sys.modules holds, which make-model imports: an in-process inner run that
+    imported it earlier leaves a dropped copy as the package's attribute."""
+    import importlib
     from types import SimpleNamespace
 
-    from pytest_sharedkv.models import tiny_model
+    tiny_model = importlib.import_module("pytest_sharedkv.models.tiny_model")
 
     def make_model(dst: Path, recipe: object = None) -> SimpleNamespace:
         dst.mkdir(parents=True, exist_ok=True)

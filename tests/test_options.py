@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.config.options import (
+    ARGS,
+    FLAG,
     OPTION_KEY,
     OPTIONS,
+    PATH,
+    Option,
     OptionError,
     Settings,
     format_size,
@@ -161,8 +165,8 @@ def test_json_path_that_is_a_directory(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--sharedkv-json=out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to out: it "
-                                 "is a directory"])
+    result.stderr.fnmatch_lines([f"ERROR: --sharedkv-json: cannot write the report to "
+                                 f"{pytester.path}/out: it is a directory"])
 
 
 @pytest.mark.parametrize(("path", "problem"), [
@@ -179,6 +183,7 @@ def test_json_path_that_cannot_be_written_is_a_usage_error(
     names the option (or ini key) and the path; nothing falls back to the temp dir."""
     (pytester.path / "a-file").write_text("")
     path, problem = (t.replace("{tmp}", str(pytester.path)) for t in (path, problem))
+    assert path.startswith("/")  # shown as given: absolute paths stay what they are
     pytester.makepyfile("def test_x(): pass")
     if given == "ini":
         pytester.makeini(f"[pytest]\nsharedkv_json = {path}\n")
@@ -202,7 +207,8 @@ def test_json_path_without_permission_is_a_usage_error(pytester: pytest.Pytester
         locked.chmod(0o700)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --sharedkv-json: cannot write the report to "
-                                 "locked/r.json: no file can be made in locked*"])
+                                 f"{pytester.path}/locked/r.json: no file can be made in "
+                                 f"{pytester.path}/locked*"])
 
 
 def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
@@ -220,7 +226,7 @@ def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
     result = pytester.runpytest("--sharedkv-json=out/r.json", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK
     line = next(t for t in result.stdout.lines if "the report is at" in t)
-    assert line.startswith("--sharedkv-json: could not write out/r.json (")
+    assert line.startswith(f"--sharedkv-json: could not write {pytester.path}/out/r.json (")
     fallback = Path(line.rsplit(" ", 1)[1])
     try:
         assert fallback.name == f"sharedkv-report-{os.getpid()}.json"
@@ -229,13 +235,19 @@ def test_json_write_that_fails_at_the_end_falls_back_and_says_where(
         fallback.unlink()
 
 
-INI_TWIN = re.compile(r"^  (\w+) \(string\):\n\s+ini twin of (--[\w-]+):", re.M)
+INI_TWIN = re.compile(r"^  (\w+) \((\w+)\):\n\s+ini twin of (--[\w-]+):", re.M)
 
 
 def ini_twins(help_text: str) -> dict[str, str]:
     """ini key -> the flag its help says it twins, from the ini section of ``--help``."""
     _, _, ini_section = help_text.partition("[pytest] configuration options")
-    return dict(INI_TWIN.findall(ini_section))
+    return {key: flag for key, _, flag in INI_TWIN.findall(ini_section)}
+
+
+def ini_types(help_text: str) -> dict[str, str]:
+    """ini key -> its type, as ``--help`` lists it."""
+    _, _, ini_section = help_text.partition("[pytest] configuration options")
+    return {key: kind for key, kind, _ in INI_TWIN.findall(ini_section)}
 
 
 def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
@@ -244,7 +256,7 @@ def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None
     out = pytester.runpytest("--help").stdout.str()
     options_section, _, _ = out.partition("[pytest] configuration options")
     for opt in OPTIONS:
-        assert re.search(rf"^  {re.escape(opt.flag_name)}(=|\s|$)", options_section, re.M), \
+        assert re.search(rf"^  {re.escape(opt.flag_name)}(=|,|\s|$)", options_section, re.M), \
             opt.flag_name
     twins = ini_twins(out)
     assert twins == {"sharedkv_" + flag.removeprefix("--sharedkv-").replace("-", "_"): flag
@@ -255,10 +267,72 @@ def test_every_lasting_option_has_an_ini_twin(pytester: pytest.Pytester) -> None
     assert [opt.field for opt in OPTIONS] == fields  # every setting is an option
 
 
+def test_ini_keys_are_typed(pytester: pytest.Pytester) -> None:
+    """pytest reads each ini twin with its type: a flag's as a bool, a path's as paths
+    (relative to the ini file), vLLM's flags as shell-quoted arguments."""
+    types = ini_types(pytester.runpytest("--help").stdout.str())
+    expected = {opt.dest: {FLAG: "bool", PATH: "paths", ARGS: "args"}.get(opt.kind, "string")
+                for opt in OPTIONS if opt.ini}
+    assert types == expected
+    assert {types[k] for k in ("sharedkv_triage", "sharedkv_json", "sharedkv_vllm_args",
+                               "sharedkv_trials")} == {"bool", "paths", "args", "string"}
+
+
+LASTING_FLAGS = [opt for opt in OPTIONS if opt.flag and opt.ini]
+
+
+@pytest.mark.parametrize("opt", LASTING_FLAGS, ids=[opt.name for opt in LASTING_FLAGS])
+def test_the_command_line_turns_off_a_flag_the_ini_turned_on(pytester: pytest.Pytester,
+                                                           opt: Option) -> None:
+    from pytest_sharedkv.state import state_of
+
+    pytester.makeini(f"[pytest]\n{opt.dest} = true\n")
+    assert getattr(state_of(pytester.parseconfigure()).settings, opt.field) is True
+    settings = state_of(pytester.parseconfigure(opt.off_name)).settings
+    assert getattr(settings, opt.field) is False
+    assert settings.sources[opt.field] == opt.off_name
+    assert state_of(pytester.parseconfigure(opt.flag_name)).settings.sources[opt.field] \
+        == opt.flag_name
+
+
+def test_paths_are_absolute_as_pytest_makes_them(pytester: pytest.Pytester,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option's path is relative to where pytest was invoked, an ini value's to the ini
+    file's directory; a test that changes directory does not move the report."""
+    pytester.makeini("[pytest]\nsharedkv_snapshot_dir = refs\n")
+    sub = pytester.mkdir("sub")
+    sub.joinpath("test_moves.py").write_text(
+        "import os\n\ndef test_moves(sharedkv_settings):\n"
+        "    print('SETTINGS', sharedkv_settings.json, sharedkv_settings.snapshot_dir)\n"
+        "    os.chdir('/')\n")
+    monkeypatch.chdir(sub)
+    result = pytester.runpytest_inprocess("--sharedkv-json=r.json", "-s", "-p",
+                                          "no:cacheprovider", "test_moves.py")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*SETTINGS {sub}/r.json {pytester.path}/refs"])
+    assert (sub / "r.json").is_file()
+
+
+@pytest.mark.parametrize(("ini", "message"), [
+    ("sharedkv_triage = maybe", "ini option sharedkv_triage: its value is not a boolean "
+                                "(*'maybe'*); use true or false"),
+    ("sharedkv_json = a.json b.json", "ini option sharedkv_json: names 2 paths (*/a.json, "
+                                      "*/b.json); it takes one"),
+])
+def test_a_bad_typed_ini_value_names_the_ini_key(pytester: pytest.Pytester, ini: str,
+                                                 message: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
 def _sections(help_text: str) -> dict[str, str]:
     """Each --sharedkv-* option's help in ``pytest --help``, whitespace folded."""
     flat = " ".join(help_text.split())
-    starts = [(m.start(), m.group(1)) for m in re.finditer(r" (--sharedkv-[a-z-]+)[ =]", flat)]
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r" (--sharedkv-[a-z-]+)[ =,]", flat)]
     return {name: flat[at:end] for (at, name), (end, _) in
             zip(starts, [*starts[1:], (len(flat), "")], strict=True)}
 
@@ -314,6 +388,10 @@ def test_readme_option_table_shows_the_defaults() -> None:
     ("sharedkv_provider = stub\nsharedkv_inject_delay = 1e8",
      ["--sharedkv-provider=stub", "--sharedkv-inject-delay=1e8"],
      "{src}: the stub provider launches no process to delay", "*"),
+    ("sharedkv_endpoints = http://127.0.0.1:9,http://127.0.0.1:10\nsharedkv_triage = true",
+     ["--sharedkv-endpoints=http://127.0.0.1:9,http://127.0.0.1:10", "--sharedkv-triage"],
+     "{src}: the triage relaunches the pair under each of its controls, and the external "
+     "provider ({endpoints}) serves a deployment the suite never starts or stops", "*"),
 ])
 @pytest.mark.parametrize("given", ["ini", "option"])
 def test_an_error_names_where_the_value_came_from(
@@ -330,9 +408,11 @@ def test_an_error_names_where_the_value_came_from(
     else:
         result, src = pytester.runpytest(*args), "--sharedkv-" + key.removeprefix(
             "sharedkv_").replace("_", "-")
+    endpoints = "ini option sharedkv_endpoints" if given == "ini" else "--sharedkv-endpoints"
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {where.format(src=src)}{message}"])
+    result.stderr.fnmatch_lines([f"ERROR: {where.format(src=src, endpoints=endpoints)}{message}"])
     assert "Traceback" not in result.stderr.str()
+    assert "passed" not in result.stdout.str()
 
 
 def test_parsers() -> None:

@@ -124,7 +124,7 @@ def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
         "on a GPU; reported only here; settles 0.0 s)",
     ])
     # the one run of this file that draws the plots (the others hide matplotlib)
-    result.stdout.fnmatch_lines(["*plots: r-perf-ttft.png, r-perf-sessions.png"]
+    result.stdout.fnmatch_lines(["*plots: */r-perf-ttft.png, */r-perf-sessions.png"]
                                 if find_spec("matplotlib") else [f"*{MISSING}*"])
     assert run.blocks == ["OFF", "ON", "ON", "OFF"] and run.block_pairs == [0, 0, 1, 1]
     assert len(run.restarts_s) == 4 and run.floor is None and run.wall_s > 0

@@ -204,7 +204,7 @@ def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
 def test_a_bad_small_plan_is_a_usage_error(pytester: pytest.Pytester,
                                            monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(MEASURED_ENV, value)
-    pytester.makepyfile("def test_x(): pass")
+    pytester.makepyfile("import pytest\n\n@pytest.mark.service_regression\ndef test_x(): pass")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {MEASURED_ENV}={value!r}: *"])

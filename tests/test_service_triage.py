@@ -178,7 +178,7 @@ def test_a_bad_baseline_is_a_usage_error_naming_the_option_and_file(
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--sharedkv-baseline=b.json", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--sharedkv-baseline: b.json: {why}*"])
+    result.stderr.fnmatch_lines([f"*--sharedkv-baseline: {pytester.path}/b.json: {why}*"])
     assert "Traceback" not in result.stderr.str()
 
 

@@ -1,10 +1,14 @@
-"""Signals to an xdist controller: the report survives SIGTERM, and no worker outlives the
-controller, however it died (SIGTERM or SIGKILL to its pid, not to its group).
+"""Signals to an xdist controller: the report survives SIGTERM, also while xdist is still
+starting its workers; SIGTERM and SIGINT to the controller alone reach its workers; and no
+worker outlives the controller, however it died (SIGTERM, SIGINT or SIGKILL to its pid, not
+to its group).
 
 Each case runs an inner ``pytest -n 2`` in its own session, tagged through its environment
 (``process_tags``), waits until both workers are inside a sleeping sharedkv test and the
-controller has taken both setup reports, and signals the controller alone. The SIGTERM run
-with ``--sharedkv-json`` is one run, read by the report test and the worker test.
+controller has taken both setup reports (or, for the start-up window, until xdist is
+inside its session start, making a worker's gateway), and signals the controller alone.
+The SIGTERM run with ``--sharedkv-json`` is one run, read by the report test and the worker
+test. Timings are benchmarks/signals.py's: these hold outcomes.
 """
 
 from __future__ import annotations
@@ -44,16 +48,37 @@ def test_sleep(i):
 """
 # The inner project's conftest: the controller marks each setup report it has taken, after
 # the plugin's own hook (from then on it knows of the sharedkv items), so the test waits on
-# that instead of a fixed second.
+# that instead of a fixed second. It also writes down every signal the controller sends
+# (the plugin passing one on), and with SLOW_START set, xdist's session start sleeps in
+# its first gateway: pytest then runs no pytest_sessionfinish for the interrupted session.
 CONTROLLER_MARKS = """
 import os
+import signal
+import time
 import pytest
 
 CONFIG = []
+_kill = os.kill
+
+
+def _recording_kill(pid, sig):
+    with open(os.path.join(os.environ["READY_DIR"], "sent"), "a") as f:
+        f.write(f"{pid} {int(sig)}\\n")
+    _kill(pid, sig)
 
 
 def pytest_configure(config):
     CONFIG.append(config)
+    if hasattr(config, "workerinput"):
+        open(os.path.join(os.environ["READY_DIR"], f"pid-{os.getpid()}"), "w").close()
+    else:
+        os.kill = _recording_kill
+
+
+def pytest_xdist_newgateway(gateway):
+    if os.environ.get("SLOW_START"):
+        open(os.path.join(os.environ["READY_DIR"], "gateway"), "w").close()
+        time.sleep(60)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -105,14 +130,22 @@ def _marks(ready: Path, prefix: str) -> int:
     return sum(1 for p in ready.iterdir() if p.name.startswith(prefix))
 
 
+def _in_tests(ready: Path) -> int:
+    """The tests the workers are in (each writes PID-I as it starts)."""
+    return sum(1 for p in ready.iterdir() if p.name.split("-")[0].isdigit())
+
+
 @contextlib.contextmanager
-def inner_xdist(path: Path, *args: str) -> Iterator[Inner]:
+def inner_xdist(path: Path, *args: str, starting: bool = False) -> Iterator[Inner]:
+    """The inner run, from when both workers are in a test, or with STARTING from when xdist
+    is making its first worker's gateway (in its session start)."""
     tag = uuid.uuid4().hex
     ready = path / f"ready-{tag[:8]}"
     ready.mkdir()
     (path / f"test_slow_{tag[:8]}.py").write_text(SLEEPING)
     (path / "conftest.py").write_text(CONTROLLER_MARKS)
-    env = {**os.environ, TAG_ENV: tag, "READY_DIR": str(ready), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, TAG_ENV: tag, "READY_DIR": str(ready), "PYTHONUNBUFFERED": "1",
+           **({"SLOW_START": "1"} if starting else {})}
     argv = [sys.executable, "-m", "pytest", f"test_slow_{tag[:8]}.py", "-n", "2",
             "-p", "no:cacheprovider", f"--basetemp={path / ('bt-' + tag[:8])}", *args]
     log = path / f"inner-{tag[:8]}.log"
@@ -121,9 +154,12 @@ def inner_xdist(path: Path, *args: str) -> Iterator[Inner]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
     inner = Inner(proc, tag, ready, log)
     try:
-        # both workers inside a test, and their setup reports taken by the controller
-        assert wait_for(lambda: _marks(ready, "controller-") >= 2
-                        and len(list(ready.iterdir())) >= 4, 120), inner.text()[-3000:]
+        if starting:  # xdist's session start is making the first gateway
+            assert wait_for(lambda: _marks(ready, "gateway") == 1
+                            and "created: 2/2 workers" in inner.text(), 120), inner.text()
+        else:  # both workers inside a test, and their setup reports taken by the controller
+            assert wait_for(lambda: _marks(ready, "controller-") >= 2 and _in_tests(ready) >= 2,
+                            120), inner.text()[-3000:]
         yield inner
     finally:
         for p in tagged(tag):
@@ -145,6 +181,8 @@ class Signalled:
     workers_gone: bool
     workers_left: list[Proc]
     interrupts: list[str]  # what interrupted each worker's test
+    worker_pids: set[int]
+    sent: list[tuple[int, int]]  # (pid, signal) the controller sent
 
 
 def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
@@ -154,8 +192,13 @@ def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
         inner.proc.wait(timeout=60)
         gone = wait_for(lambda: not inner.others(), 3.0)
         interrupts = [p.read_text() for p in inner.ready.glob("interrupt-*")]
+        pids = {int(p.name.split("-")[1]) for p in inner.ready.glob("pid-*")}
+        sent_file = inner.ready / "sent"
+        sent = [(int(a), int(b)) for a, b in (line.split() for line in
+                                             sent_file.read_text().splitlines())
+                ] if sent_file.exists() else []
         return Signalled(inner.proc.returncode, inner.text(), path / "t.json", workers, gone,
-                         inner.others(), interrupts)
+                         inner.others(), interrupts, pids, sent)
 
 
 @pytest.fixture(scope="module")
@@ -188,12 +231,43 @@ def test_no_worker_outlives_the_controller_terminated(sigterm_with_report: Signa
 def test_a_terminated_controller_passes_sigterm_on_to_its_workers(
         sigterm_with_report: Signalled) -> None:
     """The controller passes SIGTERM on, so each worker's test is interrupted by it at once
-    and not by execnet (which makes a worker wait 5 s for its test, then interrupts it with
-    SIGINT): a controller with a launched stub pair took 12.3 s to exit without it, 2.8 s
-    with it; this run 5.8 s and 0.8 s on a quiet 2-core host."""
+    and not by execnet's shutdown (which waits for the test, then interrupts it with
+    SIGINT); how long each takes is benchmarks/signals.py's to say."""
     run = sigterm_with_report
     assert len(run.interrupts) >= 2, run.text[-2000:]
     assert set(run.interrupts) == {"SIGTERM: tearing down as for Ctrl-C"}, run.interrupts
+
+
+def test_sigterm_while_xdist_starts_its_workers_keeps_the_report(
+        pytester: pytest.Pytester) -> None:
+    """xdist prints 'created: 2/2 workers' and goes on making them in its session start,
+    which pytest does not finish for an interrupted start: the run still ends as for Ctrl-C,
+    with its report (incomplete, naming SIGTERM), the line that says where, and nothing of
+    it left running."""
+    with inner_xdist(pytester.path, "--sharedkv-json=t.json", starting=True) as inner:
+        os.kill(inner.proc.pid, signal.SIGTERM)
+        inner.proc.wait(timeout=60)
+        text = inner.text()
+        assert inner.proc.returncode == pytest.ExitCode.INTERRUPTED, text[-3000:]
+        report = pytester.path / "t.json"
+        assert report.exists(), text[-3000:]
+        data = json.loads(report.read_text())
+        assert data["complete"] is False and "SIGTERM" in data["interrupted"]
+        assert data["tests"] == []
+        assert f"JSON report: {report}" in text
+        assert wait_for(lambda: not inner.others(), 3.0), inner.others()
+
+
+def test_sigint_to_the_controller_alone_reaches_its_workers(pytester: pytest.Pytester) -> None:
+    """A SIGINT sent to the controller's pid (a terminal's Ctrl-C goes to the whole group)
+    is passed on to each worker at once, as SIGTERM is, instead of leaving them to
+    execnet's shutdown; the report is written and no worker outlives the controller."""
+    run = signal_controller(pytester.path, signal.SIGINT, "--sharedkv-json=t.json")
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.text[-3000:]
+    assert len(run.worker_pids) == 2, run.worker_pids
+    assert {pid for pid, sig in run.sent if sig == signal.SIGINT} == run.worker_pids, run.sent
+    assert json.loads(run.report.read_text())["complete"] is False
+    _no_worker_outlives(run)
 
 
 def test_sigterm_reaches_a_controller_activated_by_reports(pytester: pytest.Pytester) -> None:

@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -16,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
@@ -342,22 +343,40 @@ def show_sizes(value: tuple[int, ...]) -> str:
     return ",".join(format_size(v) for v in value)
 
 
-@dataclass(frozen=True)
-class Option:
+TEXT, FLAG, PATH, ARGS = "text", "flag", "path", "args"  # how an option's value is written
+# The ini type each kind is read with (pytest's own parsing: a bool, paths relative to the
+# ini file's directory, shell-quoted arguments); TEXT values have their own parsers.
+INI_TYPES = {TEXT: "string", FLAG: "bool", PATH: "paths", ARGS: "args"}
+_INI_PROBLEMS = {FLAG: "its value is not a boolean ({}); use true or false",
+                 PATH: "its value does not parse as shell-quoted paths ({})",
+                 ARGS: "its value does not parse as shell-quoted arguments ({}); quote it as a "
+                       "shell would, e.g. --max-num-seqs 32 --tag 'a b'"}
+
+
+class Option(NamedTuple):
     """One ``--sharedkv-NAME`` option and (if ``ini``) its ``sharedkv_NAME`` ini twin.
 
     Options are not written on their own: each is a ``Settings`` field's metadata
     (``setting()``), and its name and default are the field's, so a default is written
-    once. ``about`` is the help with ``{default}`` where the default is shown."""
+    once. ``about`` is the help with ``{default}`` where the default is shown. ``kind``
+    says how a value is written: a FLAG is on with ``--sharedkv-NAME``, off with
+    ``--no-sharedkv-NAME`` (which overrides the ini file); a PATH is made absolute as pytest
+    does (an option's against the invocation directory, an ini value's against the ini
+    file's). A named tuple rather than a dataclass: the table is built in every pytest
+    start, and a dataclass compiles its generated methods there."""
 
     name: str
     about: str
     parse: Callable[[str], Any]
     default: Any = None
-    flag: bool = False
+    kind: str = TEXT
     ini: bool = True
     metavar: str | None = None
     show: Callable[[Any], str] = show_default
+
+    @property
+    def flag(self) -> bool:
+        return self.kind == FLAG
 
     @property
     def help(self) -> str:
@@ -366,6 +385,11 @@ class Option:
     @property
     def flag_name(self) -> str:
         return OPTION_PREFIX + self.name
+
+    @property
+    def off_name(self) -> str:
+        """The flag that turns it off (``--no-sharedkv-NAME``)."""
+        return "--no-" + OPTION_PREFIX.removeprefix("--") + self.name
 
     @property
     def dest(self) -> str:
@@ -377,10 +401,11 @@ class Option:
 
 
 def setting(default: T, about: str, parse: Callable[[str], Any], *, flag: bool = False,
-            ini: bool = True, metavar: str | None = None,
+            kind: str = TEXT, ini: bool = True, metavar: str | None = None,
             show: Callable[[Any], str] = show_default) -> T:
     """A ``Settings`` field with its option: DEFAULT is the field's and the option's."""
-    option = Option("", about, parse, flag=flag, ini=ini, metavar=metavar, show=show)
+    option = Option("", about, parse, kind=FLAG if flag else kind, ini=ini, metavar=metavar,
+                    show=show)
     return dataclasses.field(default=default, metadata={OPTION_KEY: option})
 
 
@@ -388,8 +413,7 @@ def options_of(settings: type[Any]) -> tuple[Option, ...]:
     """The option table of a settings dataclass, in field order, named and defaulted by
     its fields."""
     return tuple(
-        dataclasses.replace(f.metadata[OPTION_KEY], name=f.name.replace("_", "-"),
-                            default=f.default)
+        f.metadata[OPTION_KEY]._replace(name=f.name.replace("_", "-"), default=f.default)
         for f in dataclasses.fields(settings) if OPTION_KEY in f.metadata)
 
 
@@ -411,7 +435,7 @@ class Settings:
         None,
         "write every test result and check record as JSON to PATH (xdist controller only); "
         "a path that cannot be written is a usage error before any test",
-        parse_path, metavar="PATH")
+        parse_path, kind=PATH, metavar="PATH")
     lease_timeout: float = setting(
         1800.0,
         "seconds a test waits for its GPU lease before failing (default {default}; up to a "
@@ -467,7 +491,7 @@ class Settings:
         "replica and perf tiers: model checkpoint directory holding config.json (default: "
         "the copy model for replica_pair and service_regression; for perf the model "
         "--sharedkv-perf-model names or chooses; each generated offline)",
-        parse_model, metavar="PATH")
+        parse_model, kind=PATH, metavar="PATH")
     endpoints: tuple[str, ...] | None = setting(
         None,
         "replica tiers: two OpenAI-compatible http(s) URLs (A,B) of an existing deployment; "
@@ -548,7 +572,7 @@ class Settings:
         "replica and perf tiers: extra flags appended to every launched `vllm serve`, as one "
         "shell-quoted string (e.g. '--max-num-seqs 32'); recorded in the JSON report "
         "(default {default})",
-        parse_vllm_args, metavar="'ARGS'", show=lambda v: " ".join(v) or "none")
+        parse_vllm_args, kind=ARGS, metavar="'ARGS'", show=lambda v: " ".join(v) or "none")
     kv_cache_gib: float | None = setting(
         None,
         "perf tier: KV cache per launched replica in GiB (--kv-cache-memory-bytes), so both "
@@ -560,7 +584,7 @@ class Settings:
         None,
         "service tier: where stored reference answers live (default: the references "
         "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
-        parse_path, metavar="DIR")
+        parse_path, kind=PATH, metavar="DIR")
     kv_audit: bool = setting(
         False,
         "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
@@ -580,7 +604,7 @@ class Settings:
         "service tier: a JSON report (--sharedkv-json) of an earlier run whose exact pairs "
         "may prove a remedy this run names (e.g. LMCache's compiled kernels, the other "
         "allocator); without it or a triage control a remedy is said as a suggestion",
-        parse_path, metavar="REPORT.json")
+        parse_path, kind=PATH, metavar="REPORT.json")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)
@@ -634,20 +658,19 @@ def measured_limit(environ: Mapping[str, str] | None = None) -> int | None:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("sharedkv", "pytest-sharedkv: shared KV-cache integrity")
     for opt in OPTIONS:
-        if opt.flag:
-            group.addoption(
-                opt.flag_name, dest=opt.dest, action="store_const", const=True, default=None,
-                help=opt.help,
-            )
+        if opt.flag and opt.ini:  # --no-sharedkv-NAME turns off what the ini file turned on
+            group.addoption(opt.flag_name, dest=opt.dest, action=argparse.BooleanOptionalAction,
+                            default=None, help=opt.help)
+        elif opt.flag:
+            group.addoption(opt.flag_name, dest=opt.dest, action="store_const", const=True,
+                            default=None, help=opt.help)
         else:
             group.addoption(
                 opt.flag_name, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help
             )
-        if opt.ini:
-            parser.addini(
-                opt.dest, help=f"ini twin of {opt.flag_name}: {opt.help}", type="string",
-                default="",
-            )
+        if opt.ini:  # default None: an ini file that does not set it leaves the default
+            parser.addini(opt.dest, help=f"ini twin of {opt.flag_name}: {opt.help}",
+                          type=INI_TYPES[opt.kind], default=None)  # type: ignore[arg-type]
 
 
 def given(settings: Settings) -> bool:
@@ -655,22 +678,69 @@ def given(settings: Settings) -> bool:
     return any(source != "default" for source in settings.sources.values())
 
 
+def asked(config: pytest.Config) -> bool:
+    """Whether a --sharedkv-* option or sharedkv_* ini value is given, asked before the
+    command line is fully parsed (``pytest_load_initial_conftests``); a value that does not
+    read counts as given (load_settings then names it)."""
+    namespace = getattr(config, "known_args_namespace", config.option)
+    for opt in OPTIONS:
+        if getattr(namespace, opt.dest, None) is not None:
+            return True
+        try:
+            if opt.ini and _from_ini(config, opt) is not None:
+                return True
+        except pytest.UsageError:
+            return True
+    return False
+
+
+def _from_command_line(config: pytest.Config, opt: Option) -> tuple[Any, str] | None:
+    """The option's value as given on the command line and the flag that gave it, or None.
+    A path is made absolute against the directory pytest was invoked in."""
+    raw = config.getoption(opt.dest, default=None)
+    if raw is None:
+        return None
+    if raw is False:
+        return False, opt.off_name
+    if opt.kind == PATH and str(raw).strip():
+        raw = str(config.invocation_params.dir / Path(raw).expanduser())
+    return raw, opt.flag_name
+
+
+def _from_ini(config: pytest.Config, opt: Option) -> tuple[Any, str] | None:
+    """The ini twin's value, read with its ini type, or None where the ini file does not set
+    it (or sets it empty). pytest makes a path absolute against the ini file's directory."""
+    where = f"ini option {opt.dest}"
+    try:
+        value = config.getini(opt.dest)
+    except (pytest.UsageError, ValueError) as exc:  # pytest 8 lets a ValueError through
+        raise pytest.UsageError(f"{where}: {_INI_PROBLEMS[opt.kind].format(exc)}") from None
+    if value is None or value == [] or (isinstance(value, str) and not value.strip()):
+        return None
+    if opt.kind == PATH:
+        if len(value) > 1:
+            raise pytest.UsageError(f"{where}: names {len(value)} paths "
+                                    f"({', '.join(map(str, value))}); it takes one")
+        return str(value[0]), where
+    if opt.kind == ARGS:
+        import shlex
+
+        return shlex.join(value), where
+    return value, where
+
+
 def load_settings(config: pytest.Config) -> Settings:
     """Read every option (command line first, then ini) and validate it, or raise UsageError."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for opt in OPTIONS:
-        raw: Any = config.getoption(opt.dest, default=None)
-        where = opt.flag_name
-        if raw is None and opt.ini:
-            ini_raw = config.getini(opt.dest)
-            if isinstance(ini_raw, str) and ini_raw.strip():
-                raw, where = ini_raw, f"ini option {opt.dest}"
-        if raw is None:
+        found = _from_command_line(config, opt) or (_from_ini(config, opt) if opt.ini else None)
+        if found is None:
             sources[opt.field] = "default"  # the field's own default, which is the option's
             continue
-        if raw is True:
-            values[opt.field] = True
+        raw, where = found
+        if isinstance(raw, bool):
+            values[opt.field] = raw
         else:
             try:
                 values[opt.field] = opt.parse(str(raw))
@@ -684,6 +754,21 @@ def load_settings(config: pytest.Config) -> Settings:
     return settings
 
 
+def _requested_provider(settings: Settings) -> Provider:
+    """The provider asked for, ``auto`` resolved as far as the settings say (external
+    where endpoints are given)."""
+    if settings.provider is Provider.AUTO and settings.endpoints:
+        return Provider.EXTERNAL
+    return settings.provider
+
+
+def _provider_named_by(settings: Settings) -> str:
+    """The options (or ini keys) that chose the provider, as an error names them."""
+    given = [settings.source_of(f) for f in ("provider", "endpoints")
+             if settings.sources.get(f, "default") != "default"]
+    return ", ".join(given) or settings.source_of("provider")
+
+
 def _combination_problem(settings: Settings) -> str | None:
     """Options that each parse but do nothing together, or say two things, said before
     the run instead of being ignored without a word."""
@@ -693,13 +778,14 @@ def _combination_problem(settings: Settings) -> str | None:
                 f"{settings.source_of('perf_arms')} {','.join(NATIVE_SHORTHAND)}, but "
                 f"{settings.source_of('perf_arms')} gives {','.join(settings.perf_arms)}; "
                 "give one of them, or both alike")
-    if settings.inject_delay:
-        provider = settings.provider
-        if provider is Provider.AUTO and settings.endpoints:
-            provider = Provider.EXTERNAL
-        if provider in (Provider.STUB, Provider.EXTERNAL):
-            where = settings.source_of("inject_delay")
-            return (f"{where}: the {provider} provider launches no process to delay (the "
-                    "delay goes into launched LMCache processes: provider vllm, transfer, or "
-                    "auto without endpoints); drop it or choose one of those")
+    provider = _requested_provider(settings)
+    if settings.inject_delay and provider in (Provider.STUB, Provider.EXTERNAL):
+        where = settings.source_of("inject_delay")
+        return (f"{where}: the {provider} provider launches no process to delay (the "
+                "delay goes into launched LMCache processes: provider vllm, transfer, or "
+                "auto without endpoints); drop it or choose one of those")
+    if settings.triage and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
+                f"of its controls, and the external provider ({_provider_named_by(settings)}) "
+                "serves a deployment the suite never starts or stops; drop one of them")
     return None

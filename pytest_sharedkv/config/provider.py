@@ -9,8 +9,8 @@ resolution (``Resolved.missing``), not a provider name, so each skip can say why
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 
 class Provider(str, Enum):
@@ -36,10 +36,10 @@ TRANSFER_SERVES_NOTHING = (
 SERVING = "vllm, external or stub"
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     """The provider the pair tests get: never ``auto``; ``missing`` says why it cannot run
-    here (vllm does not import), else None."""
+    here (vllm does not import), else None. A named tuple: this module loads in every
+    pytest start, and a dataclass compiles its generated methods there."""
 
     provider: Provider
     missing: str | None = None

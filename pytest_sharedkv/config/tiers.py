@@ -20,6 +20,7 @@ from pytest_sharedkv.config.markers import GPU_MARKER, REQUIRES_MARKER, TIER_MAR
 
 SUITE_PACKAGE = "pytest_sharedkv.suites"
 FIXTURE_PREFIX = "sharedkv_"
+SHAREDKV_MARKERS = frozenset((*TIER_MARKERS, GPU_MARKER, REQUIRES_MARKER))
 
 
 def tier_of(item: pytest.Item) -> str | None:
@@ -39,7 +40,10 @@ def suite_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
+@cache
 def in_shipped_suite(path: Path) -> bool:
+    """Whether PATH is in the shipped suite (kept per path: a collection asks once per
+    module, not once per test)."""
     root = suite_dir()
     return root is not None and root in path.resolve().parents
 
@@ -47,21 +51,27 @@ def in_shipped_suite(path: Path) -> bool:
 def is_sharedkv_item(item: pytest.Item) -> bool:
     """A tier marker, a sharedkv need (GPU, packages), a test of the shipped suite, or a
     test that uses one of the plugin's fixtures."""
-    if tier_of(item) is not None:
+    if uses_plugin_fixture(item) or tier_of(item) is not None:
         return True
     if item.get_closest_marker(GPU_MARKER) or item.get_closest_marker(REQUIRES_MARKER):
         return True
-    return in_shipped_suite(item.path) or uses_plugin_fixture(item)
+    return in_shipped_suite(item.path)
 
 
 def uses_plugin_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in getattr(info, "name2fixturedefs", {}).values():
-        for fixturedef in defs:
-            module = getattr(getattr(fixturedef, "func", None), "__module__", "") or ""
-            if module.startswith("pytest_sharedkv."):
-                return True
-    return False
+    """The test's fixtures (the whole closure, ``Function.fixturenames``) include one of the
+    plugin's, which are all ``sharedkv_``-prefixed; an item that has no fixtures (a
+    doctest, another plugin's item) uses none."""
+    names = getattr(item, "fixturenames", ())
+    return any(name.startswith(FIXTURE_PREFIX) for name in names)
+
+
+def is_sharedkv_mark(mark: pytest.Mark) -> bool:
+    """A tier or need marker, or ``usefixtures`` naming one of the plugin's fixtures."""
+    if mark.name in SHAREDKV_MARKERS:
+        return True
+    return mark.name == "usefixtures" and any(
+        str(name).startswith(FIXTURE_PREFIX) for name in mark.args)
 
 
 def parametrizes(metafunc: pytest.Metafunc, fixture: str, tier: str) -> bool:
