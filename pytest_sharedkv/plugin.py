@@ -38,7 +38,7 @@ from pytest_sharedkv.config.tiers import (
 )
 from pytest_sharedkv.processes import interrupts
 from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY, add_params
-from pytest_sharedkv.state import STATE, RunState, state_of
+from pytest_sharedkv.state import STATE, WORKER_USAGE_ERROR, RunState, state_of
 
 if TYPE_CHECKING:
     from pytest_sharedkv.config.gating import Gate
@@ -74,10 +74,6 @@ ITEM_GATE_SKIPPED: pytest.StashKey[bool] = pytest.StashKey()
 # lmcache's import pulls in OpenTelemetry, whose deprecation noise drowns the summary; the
 # filter goes on sharedkv items only, never on a project's own tests.
 OTEL_FILTER = "ignore:.*LoggingHandler.*opentelemetry:DeprecationWarning"
-# An xdist worker that finds a bad environment (devices, the shared run directory, a test
-# seam's variable) says so here; the controller turns it into the usage error (a worker
-# cannot stop the run itself).
-WORKER_USAGE_ERROR = "sharedkv_usage_error"
 REQUIRE_GPU_TAG = "[--sharedkv-require-gpu: a GPU/lmcache/vllm-gated test may not skip]"
 
 

@@ -15,6 +15,13 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
     from pytest_sharedkv.report.run_log import RunLog
 
 
+# An xdist worker that must refuse the run says why under this workeroutput key; the
+# controller (plugin.py's pytest_testnodedown, always registered) raises the usage error. A
+# tier's own testnodedown would not do: the controller collects nothing, so it may never
+# register the tiers.
+WORKER_USAGE_ERROR = "sharedkv_usage_error"
+
+
 # eq=False, repr=False: a run's state is compared by identity, and a dataclass compiles each
 # generated method in every pytest start.
 @dataclass(eq=False, repr=False)

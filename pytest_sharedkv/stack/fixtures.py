@@ -19,7 +19,7 @@ import pytest
 from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.config.provider import Provider, Resolved, resolve
 from pytest_sharedkv.config.tiers import is_sharedkv_item, parametrizes
-from pytest_sharedkv.state import state_of
+from pytest_sharedkv.state import WORKER_USAGE_ERROR, state_of
 
 if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.config.gating import Gate
@@ -35,9 +35,6 @@ if TYPE_CHECKING:  # runtime imports stay lazy
 
 
 TARGETS_ENV = "SHAREDKV_INJECT_TARGETS"  # delay_hook.TARGETS_ENV, without importing it
-# an xdist worker's bad SHAREDKV_INJECT_TARGETS, for the controller to raise (a worker
-# cannot stop the run itself)
-TARGETS_PROBLEM = "sharedkv_inject_targets_problem"
 TARGETS_CHECKED = pytest.StashKey[bool]()
 
 
@@ -78,18 +75,11 @@ def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None
     if problem is None:
         return
     if state_of(config).is_worker and items is not None:
-        config.workeroutput[TARGETS_PROBLEM] = problem  # type: ignore[attr-defined]
+        config.workeroutput[WORKER_USAGE_ERROR] = problem  # type: ignore[attr-defined]
         items[:] = []
         return
     raise pytest.UsageError(problem)
 
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: object) -> None:
-    """xdist controller: a worker found SHAREDKV_INJECT_TARGETS unusable (see above)."""
-    problem = getattr(node, "workeroutput", {}).get(TARGETS_PROBLEM)
-    if problem:
-        raise pytest.UsageError(problem)
 
 
 def resolve_provider(settings: Settings) -> Resolved:
