@@ -191,30 +191,43 @@ def test_a_failed_engine_registration_stops_the_replicas_wait(tmp_path: Path) ->
         proc.stop()
 
 
-def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("hosts", "servers"), [(False, ["GPU-a,GPU-b"]),
+                                                 (True, ["GPU-a", "GPU-b"])])
+def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path, hosts: bool,
+                                                     servers: list[str]) -> None:
+    """One server both replicas share sees both GPUs; in the hosts topology each replica's
+    own server sees its replica's GPU, with the L2 adapter. A launch that fails stops every
+    server it made."""
     from pytest_sharedkv.stack import providers
-    seen: dict[str, str] = {}
+    from pytest_sharedkv.stack.topology import HostsSpec
+
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    stopped: list[str] = []
 
     class Server:
         port = 1
 
-        def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
-            seen["server"] = env["CUDA_VISIBLE_DEVICES"]
+        def __init__(self, config: object, log_dir: Path, env: dict[str, str],
+                     role: str = "") -> None:
+            seen.append((env["CUDA_VISIBLE_DEVICES"], config.l2_adapters))  # type: ignore[attr-defined]
 
-        def start(self) -> None:
+        def launch(self) -> None:
             raise RuntimeError("stop here")
 
         def stop(self) -> list[int]:
-            seen["stopped"] = "yes"
+            stopped.append("yes")
             return []
 
-    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"))
+    adapter = '{"base_path": "/kv", "type": "fs"}'
+    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"),
+                                hosts=HostsSpec(adapter, "fs -> /kv") if hosts else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(providers, "LMCacheServer", Server)
         with pytest.raises(RuntimeError, match="stop here"):
             providers.launch_vllm_pair(spec)
-    assert seen["server"] == "GPU-a,GPU-b"
-    assert seen["stopped"] == "yes"  # a server whose start failed is stopped, not left
+    assert [devices for devices, _ in seen] == servers
+    assert [adapters for _, adapters in seen] == [(adapter,) if hosts else ()] * len(servers)
+    assert stopped == ["yes"] * len(servers)  # a server whose start failed is stopped
 
 
 class _FakeServer:
@@ -224,14 +237,23 @@ class _FakeServer:
     startup_s = 1.5
     stopped: list[str] = []
 
-    def __init__(self, config: object, log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, config: object, log_dir: Path, env: dict[str, str],
+                 role: str = "") -> None:
         from pytest_sharedkv.processes.managed import ManagedProcess
 
         self.config = config
-        self.process = ManagedProcess("lmcache server (mixed)", ["lmcache", "serve"],
+        name = f"lmcache server {role}" if role else "lmcache server"
+        self.process = ManagedProcess(f"{name} (mixed)", ["lmcache", "serve"],
                                       log_dir / "s.log", env={**env, "SERVER_X": "1"})
+        self.metrics_url = "http://127.0.0.1:1/metrics"
 
     def start(self) -> None:
+        pass
+
+    def launch(self) -> None:
+        pass
+
+    def wait_ready(self) -> None:
         pass
 
     def effective_allocator(self) -> str:

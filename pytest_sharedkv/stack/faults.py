@@ -29,6 +29,10 @@ class StubFaults:
     fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
     no_gate: bool = False  # B has no gate hook: the gate's corruption never happens
+    # the hosts topology: A flips a byte of this chunk's L2 entry of every prompt once it
+    # wrote it (a byte changed in L2); B's server logs no L2 attached (serves without it)
+    l2_flip_chunk: int | None = None
+    l2_unattached: bool = False
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -48,6 +52,10 @@ class StubFaults:
             argv += ["--fail-metrics", ",".join(str(n) for n in self.fail_metrics)]
         if b and self.diverge:
             argv.append("--diverge")
+        if not b and self.l2_flip_chunk is not None:
+            argv += ["--l2-flip-chunk", str(self.l2_flip_chunk)]
+        if b and self.l2_unattached:
+            argv.append("--l2-unattached")
         return argv
 
 

@@ -135,6 +135,20 @@ class L2:
         """Flip one byte of ENTRY in place; says which byte."""
         raise NotImplementedError(f"cannot plant a byte in a {self.adapter_type} L2")
 
+    def read(self, entry: str) -> bytes | None:
+        """ENTRY's bytes; None where it is absent or cannot be read."""
+        return None
+
+    def write(self, entry: str, data: bytes) -> None:
+        """Store DATA as ENTRY, whole or not at all (the stub double stores through it);
+        raises OSError or the client's error where the L2 refuses it."""
+        raise NotImplementedError(f"cannot write into a {self.adapter_type} L2")
+
+    def held(self, salt: str) -> Held | None:
+        """What it holds of SALT, chunk by chunk; None when that cannot be listed."""
+        found = self.entries(salt)
+        return None if found is None else held_of(found)
+
 
 class RedisL2(L2):
     """A Redis (or Valkey) server, through LMCache's ``resp`` or ``valkey`` adapter; owns the
@@ -215,6 +229,20 @@ class RedisL2(L2):
             conn.setrange(entry, at, bytes([old[0] ^ 0xFF]))
         return f"Redis key {entry}, byte {at} of {size} (SETRANGE)"
 
+    def read(self, entry: str) -> bytes | None:
+        import redis
+
+        try:
+            with redis_server.client(self.host, self.port) as conn:
+                value = conn.get(entry)
+        except (redis.RedisError, OSError):
+            return None
+        return bytes(value) if value is not None else None
+
+    def write(self, entry: str, data: bytes) -> None:
+        with redis_server.client(self.host, self.port) as conn:
+            conn.set(entry, data)
+
 
 class DirectoryL2(L2):
     """A directory every server reaches (a shared filesystem across hosts), through LMCache's
@@ -268,6 +296,18 @@ class DirectoryL2(L2):
             file.seek(at)
             file.write(bytes([old[0] ^ 0xFF]))
         return f"file {path}, byte {at} of {size}"
+
+    def read(self, entry: str) -> bytes | None:
+        try:
+            return (self.path / entry).read_bytes()
+        except OSError:
+            return None
+
+    def write(self, entry: str, data: bytes) -> None:
+        """As LMCache's fs adapter writes: a temporary name, then one rename."""
+        partial = self.path / (entry + ".tmp")
+        partial.write_bytes(data)
+        partial.replace(self.path / entry)
 
 
 class OtherL2(L2):
@@ -356,3 +396,85 @@ def first_gap(spec: dict[str, Any]) -> int | None:
         return None
     gaps = [g for g in spec.get("gap_indices", ()) if isinstance(g, int)]
     return min(gaps) if gaps else None
+
+
+@dataclass(frozen=True)
+class Held:
+    """One salt's entries as chunks: LMCache names each ``model@kv_rank@object_group@
+    chunk_hash@salt`` (fs_l2_adapter.py:99, native_connector_l2_adapter.py:74), one entry a
+    chunk per (kv rank, object group). A chunk is whole once it has every (rank, group) the
+    salt's entries show."""
+
+    entries: int
+    chunks: int  # distinct chunk hashes
+    whole: int  # chunks that hold every (rank, group) seen
+    parts: int  # (rank, group) pairs seen
+
+    def describe(self) -> str:
+        return (f"{self.whole} whole chunk(s) of {self.chunks} seen ({self.entries} entries, "
+                f"{self.parts} per chunk)")
+
+
+def entry_fields(entry: str) -> tuple[str, str, str] | None:
+    """(kv rank, object group, chunk hash) of an LMCache L2 entry name; None for a name of
+    another form."""
+    parts = entry.removesuffix(FILE_SUFFIX).split("@")
+    if len(parts) < 4:
+        return None
+    return parts[1], parts[2], parts[3]
+
+
+def held_of(entries: list[str]) -> Held:
+    chunks: dict[str, set[tuple[str, str]]] = {}
+    for entry in entries:
+        fields = entry_fields(entry)
+        if fields is not None:
+            chunks.setdefault(fields[2], set()).add((fields[0], fields[1]))
+    parts = set().union(*chunks.values()) if chunks else set()
+    return Held(len(entries), len(chunks), sum(len(p) == len(parts) for p in chunks.values()),
+                len(parts))
+
+
+def configure_problem(value: str, stub: bool = False) -> L2Problem | None:
+    """What keeps VALUE (a suite type or an adapter JSON object, already parsed) from
+    serving, as far as it can be known before any test: no Redis binary for the suite's
+    Redis, an adapter type the installed LMCache lacks (or its client), an existing L2 that
+    does not answer or a directory that cannot hold files; the stub double reaches only a
+    directory or a Redis. A port taken when the suite's Redis starts is said then."""
+    if value in REDIS_TYPES and redis_server.find_redis_server() is None:
+        return L2Problem("redis-missing", redis_server.MISSING)
+    backend: L2 | None = None
+    adapter_type = value
+    if value not in SUITE_TYPES:
+        try:
+            spec = json.loads(value)
+        except ValueError as exc:
+            return L2Problem("bad-spec", f"L2 adapter {value!r} is not JSON: {exc}")
+        if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+            return L2Problem("bad-spec", f"L2 adapter {value!r} has no \"type\"")
+        backend = existing(spec)
+        adapter_type = backend.adapter_type
+    if _lmcache_dir() is not None:  # the servers need it (the stub alone does not)
+        missing = adapter_problem(adapter_type)
+        if missing is not None:
+            return missing
+    if stub and (isinstance(backend, OtherL2) or adapter_type not in SUITE_TYPES):
+        return L2Problem("bad-spec", f"the stub provider shares KV through a directory or a "
+                         f"Redis, not a {adapter_type!r} L2")
+    if isinstance(backend, RedisL2):
+        why = redis_server.ping(backend.host, backend.port)
+        if why is not None:
+            return L2Problem("unreachable", f"no Redis answers at {backend.host}:"
+                             f"{backend.port} ({why})")
+    if isinstance(backend, DirectoryL2):
+        return directory_problem(backend.path, may_create=False)
+    return None
+
+
+def parse_adapter(spec: dict[str, Any]) -> tuple[L2, tuple[int, ...]]:
+    """The L2 an adapter JSON object reaches and the gap indices of a fault_inject wrapper
+    around it (() where none): what the stub double takes for LMCache's --l2-adapter."""
+    if spec.get("type") == "fault_inject" and isinstance(spec.get("inner"), dict):
+        inner, gaps = parse_adapter(spec["inner"])
+        return inner, (*gaps, *(g for g in spec.get("gap_indices", ()) if isinstance(g, int)))
+    return existing(spec), ()

@@ -8,6 +8,11 @@ stderr, before the server reports running). The split of a lookup is the storage
 INFO line ``Prefetch request completed (L1+L2): 8/8 retained keys (0 L1, 8 L2) ...
 (external_request_id=<request id>, ...)`` (``storage_manager.py:651``), logged only for a
 lookup that hit: a lookup without one is unknown, never "0 from L2".
+
+The id it logs is the one vLLM's request carries (LMCache's own ``lmcache_mp_connector``
+submits its lookup under ``request.request_id``, lmcache_mp_connector.py:1296): vLLM's
+engine id, ``cmpl-<X-Request-Id>-<n>-<suffix>``, so a lookup of the suite's requests is
+found by the X-Request-Id the runner sent (``request_tags``), as the KV audit finds them.
 """
 
 from __future__ import annotations
@@ -82,6 +87,46 @@ class KeySplit:
     def as_dict(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "retained": self.retained,
                 "requested": self.requested, "l1": self.l1, "l2": self.l2}
+
+
+def split_for_tag(log: str, tag: str) -> KeySplit:
+    """The split of the lookup of the request the suite sent with X-Request-Id TAG: the
+    last one logged under an engine id that names it (``cmpl-<TAG>-<n>-<suffix>``, or TAG
+    itself)."""
+    from pytest_sharedkv.stack.request_tags import parse_request_tag
+
+    wanted = parse_request_tag(tag)
+    found = [m for m in RETAINED.finditer(ANSI.sub("", log))
+             if m["rid"] == tag or (wanted is not None and parse_request_tag(m["rid"]) == wanted)]
+    if not found:
+        return KeySplit(tag)
+    last = found[-1]
+    return KeySplit(tag, int(last["retained"]), int(last["requested"]), int(last["l1"]),
+                    int(last["l2"]))
+
+
+def splits_by_tag(log: str) -> dict[tuple[str, str, str], KeySplit]:
+    """Every lookup the log holds of a request the suite sent, by its tag (case, step,
+    replica): the last one logged for each. Read once for a whole step: a server's log
+    grows to tens of MB."""
+    from pytest_sharedkv.stack.request_tags import parse_request_tag, request_tag
+
+    found: dict[tuple[str, str, str], KeySplit] = {}
+    for m in RETAINED.finditer(ANSI.sub("", log)):
+        tag = parse_request_tag(m["rid"])
+        if tag is not None:
+            found[tag] = KeySplit(request_tag(*tag), int(m["retained"]), int(m["requested"]),
+                                  int(m["l1"]), int(m["l2"]))
+    return found
+
+
+def retained_line(retained: int, requested: int, l1: int, l2: int, request_id: str,
+                  prefetch_id: int) -> str:
+    """The storage manager's line for a lookup that hit, as LMCache 0.5.6 logs it (the
+    stub double logs its own lookups so)."""
+    return (f"LMCache INFO: Prefetch request completed (L1+L2): {retained}/{requested} "
+            f"retained keys ({l1} L1, {l2} L2) in 0.1 ms (external_request_id={request_id}, "
+            f"prefetch_request_id={prefetch_id}) (storage_manager.py:651)")
 
 
 def key_split(log: str, request_id: str) -> KeySplit:

@@ -95,6 +95,11 @@ class LaunchRecord:
     engine: EngineSettings | None = None
     server: ServerConfig | None = None
     paths: LaunchPaths = LaunchPaths()
+    # where the KV lives between the replicas: "shared" (one server, SERVER) or "hosts"
+    # (one server per replica, HOST_SERVERS in replica order, sharing the L2 named here)
+    topology: str = "shared"
+    l2: str | None = None
+    host_servers: tuple[ServerConfig, ...] = ()
 
     @property
     def labels(self) -> dict[str, str]:
@@ -109,6 +114,15 @@ class LaunchRecord:
     def engine_settings(self) -> dict[str, Any]:
         """The engine settings as the report keeps them; {} where unknown."""
         return self.engine.record() if self.engine is not None else {}
+
+    def topology_record(self) -> dict[str, Any]:
+        """The topology as the report keeps it: its name, the L2, each server's L1 (GiB)
+        and L2 adapters; servers None where the suite launched none."""
+        servers = self.host_servers or ((self.server,) if self.server is not None else ())
+        return {"topology": self.topology, "l2": self.l2,
+                "servers": [{"l1_size_gb": s.l1_size_gb, "l2_adapters": list(s.l2_adapters),
+                             "counts_evictions": s.count_evictions} for s in servers]
+                if servers else None}
 
     def devices(self) -> dict[str, tuple[str, ...]]:
         """Each engine's devices, for the replicas the suite placed on a GPU."""

@@ -59,6 +59,9 @@ class ServerConfig:
     eviction_policy: str = "LRU"
     ready_timeout: float = 120.0
     l2_adapters: tuple[str, ...] = ()  # each an --l2-adapter JSON object with a "type"
+    # its observability on, so its HTTP /metrics counts L1 evictions (topology.l1_evictions);
+    # off by default, as the server has always been launched
+    count_evictions: bool = False
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
@@ -81,7 +84,7 @@ REGISTER_FAILED = "Error handling operation register_kv_cache"  # LMCache 0.5.6 
 
 class LMCacheServer:
     def __init__(self, config: ServerConfig, log_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, role: str = "") -> None:
         self.config = config
         self.port = free_port()
         self.http_port = free_port()
@@ -93,14 +96,16 @@ class LMCacheServer:
             "--chunk-size", str(config.chunk_size),
             "--l1-use-lazy" if config.allocator == "lazy" else "--no-l1-use-lazy",
             "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
-            "--disable-observability", "--disable-metrics",
         ]
+        if not config.count_evictions:
+            argv += ["--disable-observability", "--disable-metrics"]
         for adapter in config.l2_adapters:
             argv += ["--l2-adapter", adapter]
         full_env = {**(os.environ if env is None else env), **SERVER_ENV}
         if config.l2_adapters:  # the attach and retained-keys lines are INFO
             full_env["LMCACHE_LOG_LEVEL"] = "INFO"
-        self.process = ManagedProcess(f"lmcache server ({config.allocator})", argv,
+        name = f"lmcache server {role}" if role else "lmcache server"  # role: "1", "2"
+        self.process = ManagedProcess(f"{name} ({config.allocator})", argv,
                                       log_dir / f"lmcache-server-{self.port}.log", env=full_env)
         self.startup_s: float | None = None
         self._scanned = 0  # bytes of the log fatal_error has already read
@@ -113,6 +118,11 @@ class LMCacheServer:
     @property
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its OTel counters in Prometheus text (with observability on: count_evictions)."""
+        return self.http_url + "/metrics"
 
     def _ready(self) -> bool:
         # the zmq port accepting and the HTTP API answering (log levels may hide the

@@ -19,11 +19,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.launch_record import LaunchRecord
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.stack.topology import Topology
 
 LOCAL_HITS = "vllm:prefix_cache_hits"
 UNREAD = "counters could not be read"
@@ -244,9 +247,13 @@ class ReplicaPair:
 
     def __init__(self, a: Replica, b: Replica, record: LaunchRecord,
                  stop_server: Callable[[], list[int]] | None = None,
-                 relaunch: Callable[..., ReplicaPair] | None = None) -> None:
+                 relaunch: Callable[..., ReplicaPair] | None = None,
+                 topology: Topology | None = None) -> None:
         self.replicas = {"A": a, "B": b}
         self.record = record
+        # its servers as the tiers read them (logs, evictions, the L2 of the hosts
+        # topology); None where the suite launched no server it can read (external)
+        self.topology = topology
         self._stop_server = stop_server
         # the same pair again with LaunchSpec fields changed (the triage's cells); None
         # where the suite launched nothing (external endpoints)
@@ -327,6 +334,8 @@ class ReplicaPair:
             sink.fact("launch", json.dumps(launch, sort_keys=True))
         if settings:
             sink.fact("engine_settings", json.dumps(settings, sort_keys=True))
+        if self.record.topology != "shared" or self.topology is not None:
+            sink.fact("topology", json.dumps(self.record.topology_record(), sort_keys=True))
 
     @property
     def has_server(self) -> bool:

@@ -40,6 +40,7 @@ from pytest_sharedkv.stack.launch_record import (
 )
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
+from pytest_sharedkv.stack.topology import HOSTS, SHARED, HostsSpec, ServerView, Topology
 
 INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
@@ -144,6 +145,11 @@ class LaunchSpec:
     # compiling at once never write one directory, and the next block's start of a replica
     # finds what it compiled; None: vLLM's default (~/.cache/vllm)
     compile_cache: Path | None = None
+    # the hosts topology: one LMCache server per replica sharing this L2 (None: one server
+    # both replicas share); count_evictions: each server counts its L1 evictions (its
+    # observability on; the stub's L1 then holds l1_size_gb at STUB_TOKEN_BYTES a token)
+    hosts: HostsSpec | None = None
+    count_evictions: bool = False
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -255,38 +261,71 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.model is None:
         raise ValueError("the vllm provider needs a model (--sharedkv-model, else the tier's "
                          "generated one: the copy model, or the geometry model for perf)")
-    server: LMCacheServer | None = None
+    servers: list[LMCacheServer] = []
     with ExitStack() as started:  # anything that raises before the pair exists stops it
         if spec.arm == "ON":
-            # The server maps every engine's KV cache through CUDA IPC: it must see every
-            # leased device (on one GPU only, register_kv_cache fails for the other's).
-            server = LMCacheServer(ServerConfig(allocator=spec.allocator,
-                                                l1_size_gb=spec.l1_size_gb,
-                                                chunk_size=spec.chunk_size,
-                                                ready_timeout=spec.ready_timeout),
-                                   spec.log_dir,
-                                   env=process_env(spec, spec.devices, role=SERVER_ROLE))
-            started.callback(server.stop)
-            server.start()
-        pair = _vllm_pair(spec, server)
+            servers = lmcache_servers(spec)
+            for server in servers:
+                started.callback(server.stop)
+            for server in servers:  # the hosts topology's two start at once
+                server.launch()
+            for server in servers:
+                server.wait_ready()  # L2NotAttached names the adapter and the log line
+        pair = _vllm_pair(spec, servers)
         started.pop_all()
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))  # stops the whole pair if a replica fails
-    pair.starts = start_record(server, pair.replicas)
+    pair.starts = start_record(servers, pair.replicas)
     return pair
 
 
-def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
-    """The pair of vllm replicas SPEC describes (not started), over SERVER if any."""
+def replica_devices(spec: LaunchSpec, index: int) -> tuple[str, ...]:
+    """Replica INDEX's devices: its own GPU when two are leased, else the one."""
+    return spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
+
+
+def lmcache_servers(spec: LaunchSpec) -> list[LMCacheServer]:
+    """The LMCache servers of an ON launch (not started): one both replicas share, or in
+    the hosts topology one per replica, each on its replica's device with its L1 and the
+    L2 adapter the spec gives it."""
+    def config(adapters: tuple[str, ...] = ()) -> ServerConfig:
+        return ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
+                            chunk_size=spec.chunk_size, ready_timeout=spec.ready_timeout,
+                            l2_adapters=adapters, count_evictions=spec.count_evictions)
+
+    if spec.hosts is None:
+        # The server maps every engine's KV cache through CUDA IPC: it must see every
+        # leased device (on one GPU only, register_kv_cache fails for the other's).
+        return [LMCacheServer(config(), spec.log_dir,
+                              env=process_env(spec, spec.devices, role=SERVER_ROLE))]
+    return [LMCacheServer(config((adapter,)), spec.log_dir,
+                          env=process_env(spec, replica_devices(spec, index), role=SERVER_ROLE),
+                          role=str(index + 1))
+            for index, adapter in enumerate(spec.hosts.adapters)]
+
+
+def topology_of(spec: LaunchSpec, servers: list[ServerView]) -> Topology:
+    """What the tiers read of a pair's servers: in the hosts topology, the L2 too (from
+    its adapter JSON: nothing is started or stopped through it)."""
+    if spec.hosts is None:
+        return Topology(SHARED, tuple(servers), chunk=spec.chunk_size)
+    from pytest_sharedkv.stack.l2 import parse_adapter
+
+    l2, _ = parse_adapter(json.loads(spec.hosts.adapter))
+    return Topology(HOSTS, tuple(servers), l2=l2, spec=spec.hosts, chunk=spec.chunk_size)
+
+
+def _vllm_pair(spec: LaunchSpec, servers: list[LMCacheServer]) -> ReplicaPair:
+    """The pair of vllm replicas SPEC describes (not started), over SERVERS if any (one
+    both use, or one each)."""
     assert spec.model is not None
-    processes: list[Launched] = []
-    if server is not None:
-        processes.append(launched(server.process.name, server.process.argv,
-                                  server.process.env))
+    processes: list[Launched] = [launched(s.process.name, s.process.argv, s.process.env)
+                                 for s in servers]
     replicas: dict[str, Replica] = {}
     placed: list[ReplicaLaunch] = []
     for index, name in enumerate(("A", "B")):
-        devices = spec.devices[index:index + 1] if len(spec.devices) > 1 else spec.devices[:1]
+        devices = replica_devices(spec, index)
+        server = servers[min(index, len(servers) - 1)] if servers else None
         port = free_port()
         env = process_env(spec, devices, role=f"replica {name}")
         for key, value in spec.engine.env:
@@ -300,10 +339,13 @@ def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
                                  model=SERVED_NAME, reports_external=True,
                                  abort=server.fatal_error if server is not None else None)
         placed.append(ReplicaLaunch(name, url, devices=devices, port=port, log=log))
+    server = servers[0] if servers else None
     allocator = (server.effective_allocator() if server is not None else
                  f"native offloading ({spec.l1_size_gb:g} GB each)" if spec.arm == "NATIVE"
                  else "none (no pool)")
-    description = (f"vllm x2 + lmcache server ({allocator})" if server is not None else
+    where = (f"lmcache server x2 (hosts: {spec.hosts.l2})"
+             if spec.hosts is not None and len(servers) > 1 else "lmcache server")
+    description = (f"vllm x2 + {where} ({allocator})" if server is not None else
                    f"vllm x2 ({allocator})" if spec.arm == "NATIVE" else "vllm x2 (no pool)")
     gate = spec.gate and server is not None
     paths = LaunchPaths(
@@ -313,25 +355,39 @@ def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
         kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
         sync_log=sync_log(spec.log_dir) if spec.sync_transfers and server is not None else None,
         inject_log=inject_log(spec.log_dir) if spec.inject_delay_cycles else None)
+    hosts = spec.hosts is not None and server is not None
     record = LaunchRecord(provider="vllm", description=description, replicas=tuple(placed),
                           allocator=allocator, delay_cycles=spec.inject_delay_cycles,
                           arm=spec.arm, model=spec.model, processes=tuple(processes),
                           engine=spec.engine,
-                          server=server.config if server is not None else None, paths=paths)
+                          server=server.config if server is not None else None, paths=paths,
+                          topology=HOSTS if hosts else SHARED,
+                          l2=spec.hosts.l2 if spec.hosts is not None and hosts else None,
+                          host_servers=tuple(s.config for s in servers) if hosts else ())
+    views = [ServerView(f"server {i + 1}" if hosts else "server", s.process.log_text,
+                        (s.metrics_url,), s.config.count_evictions)
+             for i, s in enumerate(servers)]
+
+    def stop_servers() -> list[int]:
+        return [pid for s in servers for pid in s.stop()]
+
     return ReplicaPair(replicas["A"], replicas["B"], record,
-                       stop_server=server.stop if server is not None else None,
-                       relaunch=lambda **changes: launch_vllm_pair(replace(spec, **changes)))
+                       stop_server=stop_servers if servers else None,
+                       relaunch=lambda **changes: launch_vllm_pair(replace(spec, **changes)),
+                       topology=topology_of(spec if hosts else replace(spec, hosts=None),
+                                            views) if servers else None)
 
 
-def start_record(server: LMCacheServer | None,
+def start_record(servers: list[LMCacheServer],
                  replicas: Mapping[str, Replica]) -> dict[str, dict[str, float]]:
     """Each launched process's start: the suite's ready time, and for an engine the
     phases vLLM's log names."""
     from pytest_sharedkv.stack.engine_start import READY, vllm_phases
 
     starts: dict[str, dict[str, float]] = {}
-    if server is not None and server.startup_s is not None:
-        starts[server.process.name] = {READY: server.startup_s}
+    for server in servers:
+        if server.startup_s is not None:
+            starts[server.process.name] = {READY: server.startup_s}
     for replica in replicas.values():
         if replica.process is None:
             continue
@@ -351,25 +407,33 @@ def together(spec: LaunchSpec) -> bool:
 
 
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
-    """Two stub replicas (a test double) as SPEC's arm would share a pool; the faults a
-    self-test planted (``spec.stub_faults``) become the stubs' own flags."""
+    """Two stub replicas (a test double) as SPEC's arm would share a pool (in the hosts
+    topology: each its own server's L1, the two sharing SPEC's L2); the faults a self-test
+    planted (``spec.stub_faults``) become the stubs' own flags."""
     faults = spec.stub_faults
     pool = spec.log_dir / "stub-pool"
     control, log = gate_paths(spec.log_dir)
+    hosts = spec.hosts if spec.arm == "ON" else None
     processes: list[Launched] = []
     replicas: dict[str, Replica] = {}
     placed: list[ReplicaLaunch] = []
-    for name in ("A", "B"):
+    for index, name in enumerate(("A", "B")):
         port = free_port()
         argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
                 str(port), "--name", name, "--block", str(spec.chunk_size)]
-        if spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
+        if hosts is not None:  # its own server's L1, and the L2 both servers share
+            argv += ["--pool", str(pool.with_name(f"stub-l1-{name}")),
+                     "--l2-adapter", hosts.adapters[index]]
+        elif spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
         elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
             argv += ["--pool", str(pool.with_name(f"stub-pool-{name}")), "--offload-log"]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))
+        blocks = stub_l1_blocks(spec)
+        if blocks is not None and spec.arm == "ON":  # the last --pool-blocks wins: the least
+            argv += ["--pool-blocks", str(min(blocks, faults.pool_blocks or blocks))]
         if name == "B" and not faults.no_gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
@@ -382,18 +446,55 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         replicas[name] = Replica(name, url, process, ready_timeout=60, reports_external=True)
         placed.append(ReplicaLaunch(name, url, port=port, log=path))  # no engine, no GPU
     record = LaunchRecord(
-        provider="stub (test double)", description="stub x2 (test double)",
+        provider="stub (test double)",
+        description="stub x2 (test double" + (f", hosts: {hosts.l2})" if hosts else ")"),
         replicas=tuple(placed),
         allocator={"ON": "n/a", "NATIVE": "native (own pool)"}.get(spec.arm, "none (no pool)"),
         arm=spec.arm, processes=tuple(processes),
         engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
         paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
-                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None))
-    pair = ReplicaPair(replicas["A"], replicas["B"], record,
-                       relaunch=lambda **changes: stub_pair(replace(spec, **changes)))
+                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None),
+        topology=HOSTS if hosts else SHARED, l2=hosts.l2 if hosts else None)
+    a, b = replicas["A"], replicas["B"]
+    metrics = {n: f"{r.base_url}/server/metrics" for n, r in replicas.items()}
+    views = ([ServerView("server 1", a.logs, (metrics["A"],), spec.count_evictions),
+              ServerView("server 2", b.logs, (metrics["B"],), spec.count_evictions)]
+             if hosts else [ServerView("server", lambda: a.logs() + b.logs(),
+                                       tuple(metrics.values()), spec.count_evictions)])
+    pair = ReplicaPair(a, b, record,
+                       relaunch=lambda **changes: stub_pair(replace(spec, **changes)),
+                       topology=topology_of(replace(spec, hosts=hosts), views)
+                       if spec.arm == "ON" else None)
     start_all(pair, together=True)  # stops both if one fails
-    pair.starts = start_record(None, pair.replicas)
+    if hosts is not None:
+        _attached(pair, hosts)
+    pair.starts = start_record([], pair.replicas)
     return pair
+
+
+def stub_l1_blocks(spec: LaunchSpec) -> int | None:
+    """The stub's L1 in blocks: SPEC's L1 size at STUB_TOKEN_BYTES a token, where the
+    launch counts evictions (an L1 size given, or the hosts topology); None: unbounded."""
+    if not spec.count_evictions:
+        return None
+    from pytest_sharedkv.stack.stub_openai import STUB_TOKEN_BYTES
+
+    return max(1, int(spec.l1_size_gb * (1 << 30)) // (spec.chunk_size * STUB_TOKEN_BYTES))
+
+
+def _attached(pair: ReplicaPair, hosts: HostsSpec) -> None:
+    """Each stub's server logged its L2 attached (as an LMCache server's start is judged);
+    L2NotAttached names the adapter and the line, the pair stopped."""
+    from pytest_sharedkv.stack.l2_log import l2_attach_error
+    from pytest_sharedkv.stack.lmcache_server import L2NotAttached
+
+    for (name, replica), adapter in zip(pair.replicas.items(), hosts.adapters, strict=True):
+        why = l2_attach_error(replica.logs(), (adapter,))
+        if why is not None:
+            pair.close()
+            raise L2NotAttached(f"stub replica {name}'s server started without its L2: {why}"
+                                + (f" (log: {replica.process.log_path})"
+                                   if replica.process is not None else ""))
 
 
 def external_pair(endpoints: tuple[str, ...]) -> ReplicaPair:

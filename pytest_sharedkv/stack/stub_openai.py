@@ -38,6 +38,23 @@ id is a hash of its word). The stub holds no KV: a block's "bytes" are a functio
 key, and what it loads is what it stored unless the gate zeroed that chunk (zeros) or
 ``--corrupt-external`` is on (other bytes), as the answers it gives.
 
+The hosts topology (``--l2-adapter JSON``, the same JSON an LMCache server takes, a
+``fault_inject`` wrapper included): ``--pool`` is then this stub's own server's L1, and
+the L2 the adapter names (a directory or a Redis) is what the two stubs share. A block is
+stored in the L1 and written to the L2 as an entry named as LMCache names it
+(``stub@0x00000000@0@<chunk hash>@<salt>``, ``.data`` in a directory), holding bytes that
+are a function of its key; a lookup takes the L1 first, then the L2 (a fault_inject gap
+index fails that load, so the lookup stops there), and puts what it took from the L2 in
+the L1, and logs LMCache's ``retained keys (a L1, b L2)`` line under vLLM's engine id
+(``cmpl-<X-Request-Id>-0-<hash>``). An entry whose bytes are not its key's answers as stale
+KV would (and the audit's load digest is of the bytes read). A write the L2 refuses (a
+read-only directory, a Redis at its memory limit) is logged and the block stays in the L1
+only. ``--pool-blocks`` is the L1's size; ``GET /server/metrics`` gives LMCache's L1
+write and eviction counters. ``--l2-flip-chunk N`` flips a byte of chunk N's entry in the
+L2 right after this stub wrote it (a byte changed in L2), and ``--l2-unattached`` logs the
+native connector's error instead of the adapter's attach line (a server that serves
+without its L2).
+
     python -m pytest_sharedkv.stack.stub_openai --port P [--pool DIR] [--block N] ...
 """
 
@@ -62,6 +79,16 @@ STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weig
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
 
 
+@dataclass(frozen=True)
+class _ServerLookup:
+    """What this stub's server made of one lookup in the hosts topology: its split
+    (retained, requested, from L1, from L2) and the chunks it read from the L2 whose bytes
+    were not their key's."""
+
+    split: tuple[int, int, int, int] = (0, 0, 0, 0)
+    stale: frozenset[int] = frozenset()  # chunks whose L2 bytes were not their key's
+
+
 class _State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -74,6 +101,11 @@ class _State:
         self.scrapes = 0  # GET /metrics so far
         self.blocks: set[str] = set()
         self.lock = threading.Lock()
+        self.l2, self.gaps = _l2_of(args.l2_adapter)
+        self.l1_writes = 0  # blocks this stub put in its server's L1
+        self.evicted = 0  # blocks its L1 evicted
+        self.prefetches = 0
+        self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         self.audit: AuditLog | None = None
         if args.kv_audit is not None:
             self.audit = AuditLog(args.kv_audit, self.name)
@@ -94,6 +126,8 @@ class _State:
             chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
                                    ).hexdigest()
             keys.append((end, chain))
+        if self.l2 is not None:
+            return self._hosts_lookup(salt, keys)
         local = external = 0
         pooled = set()
         for end, key in keys:
@@ -111,14 +145,79 @@ class _State:
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).touch()
                     stored.append(index)
+        self.l1_writes += len(stored)
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
         return local, external, stored
+
+    def _hosts_lookup(self, salt: str, keys: list[tuple[int, str]]
+                      ) -> tuple[int, int, list[int]]:
+        """The hosts topology: the engine's own blocks, then its server's L1 (--pool), then
+        the shared L2 (a gap index of the L2 load stops it); what came from the L2 goes into
+        the L1, every new block into the L1 and the L2. Sets the server's split of this
+        lookup (self.split: retained, requested, L1, L2) and the blocks read from the L2."""
+        assert self.pool is not None and self.l2 is not None
+        local = external = 0
+        l1 = l2 = 0
+        l2_loads = 0
+        read: dict[int, bytes] = {}
+        for index, (end, key) in enumerate(keys):
+            if (self.pool / key).exists():
+                l1 += 1
+            else:
+                entry = _entry(salt, key, self.l2)
+                if l2_loads in self.gaps:  # fault_inject: present, but its load fails
+                    break
+                data = self.l2.read(entry)
+                l2_loads += 1
+                if data is None:
+                    break
+                l2 += 1
+                read[index] = data
+            if key in self.blocks and external == 0:
+                local = end
+            else:
+                external = end - local
+        stale = frozenset(i for i, data in read.items() if data != block_bytes(keys[i][1]))
+        self.last = _ServerLookup((l1 + l2, len(keys), l1, l2), stale)
+        stored = []
+        for index, (_, key) in enumerate(keys):
+            if key in self.blocks and index not in read:
+                continue
+            self.blocks.add(key)
+            if not (self.pool / key).exists():
+                (self.pool / key).touch()
+                self.l1_writes += 1
+            if index < l1 + l2:  # the server had it: a prefetch, not a store
+                continue
+            stored.append(index)
+            self._write_l2(salt, key, index)
+        self.prefetches += 1
+        if self.args.pool_blocks is not None and (stored or read):
+            self.evict(self.args.pool_blocks)
+        return local, external, stored
+
+    def _write_l2(self, salt: str, key: str, index: int) -> None:
+        """Block INDEX into the L2, as LMCache's store controller writes it after L1; a
+        write the L2 refuses is logged and the block stays in the L1 only."""
+        assert self.l2 is not None
+        entry = _entry(salt, key, self.l2)
+        try:
+            self.l2.write(entry, block_bytes(key))
+            if index == self.args.l2_flip_chunk:
+                said = self.l2.corrupt(entry)
+                print(f"[{self.name}] planted: {said}", flush=True)
+        except Exception as exc:  # the L2's own error (OSError, a Redis OOM): logged
+            print(f"[{self.name}] LMCache WARNING: L2 store failed for {entry}: "
+                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  flush=True)
 
     def evict(self, capacity: int) -> None:
         """A pool of CAPACITY blocks: the oldest stored go first, as an LRU pool's would
         when nothing reads them (the perf tier's partial-hit fault)."""
         assert self.pool is not None
+        if len(os.listdir(self.pool)) <= capacity:  # nothing to evict: no file stat'ed
+            return
         aged = []
         for path in self.pool.iterdir():
             try:  # the other stub may evict the same file first
@@ -127,11 +226,18 @@ class _State:
                 continue
         aged.sort()
         for _, _, old in aged[:max(len(aged) - capacity, 0)]:
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink()
+                self.evicted += 1
+            except FileNotFoundError:  # the other stub evicted it first
+                continue
 
     def audit_records(self, request_id: str, salt: str, tokens: list[str], block: int,
-                      stored: list[int], loaded: range, zeroed: list[int]) -> None:
-        """kv_audit_hook's store and load records for this request's pool traffic."""
+                      stored: list[int], loaded: range, zeroed: list[int],
+                      stale: frozenset[int] = frozenset()) -> None:
+        """kv_audit_hook's store and load records for this request's pool traffic (in the
+        hosts topology a block read from the L2 with other bytes than its key's, STALE,
+        loads other bytes than were stored)."""
         if self.audit is None or not (stored or loaded):
             return
         started = time.perf_counter()
@@ -153,6 +259,8 @@ class _State:
         records = [record("store", c, kv(c)) for c in stored]
         for c in loaded:
             data = bytes(128) if c in zeroed else kv(c)
+            if c in stale:
+                data = hashlib.sha256(data + b"changed in L2").digest() * 4
             if self.args.corrupt_external:
                 data = hashlib.sha256(data + b"stale").digest() * 4
             records.append(record("load", c, data))
@@ -160,6 +268,28 @@ class _State:
                      "tokens": n * block, "seconds": time.perf_counter() - started}
                     for d, n in (("store", len(stored)), ("load", len(loaded))) if n]
         self.audit.write(records)
+
+
+def block_bytes(key: str) -> bytes:
+    """A stub block's "bytes" (what it stores and the audit digests): a function of its key."""
+    return hashlib.sha256(key.encode()).digest() * 4
+
+
+def _l2_of(text: str | None) -> tuple[Any, tuple[int, ...]]:
+    """The L2 an --l2-adapter JSON names (stack.l2's classes) and its fault_inject gaps."""
+    if not text:
+        return None, ()
+    from pytest_sharedkv.stack.l2 import parse_adapter
+
+    return parse_adapter(json.loads(text))
+
+
+def _entry(salt: str, key: str, l2: Any) -> str:
+    """KEY's L2 entry, named as LMCache names one (model@kv_rank@group@hash@salt)."""
+    from pytest_sharedkv.stack.l2 import FILE_SUFFIX, DirectoryL2
+
+    name = f"stub@0x00000000@0@{key[:32]}" + (f"@{salt}" if salt else "")
+    return name + FILE_SUFFIX if isinstance(l2, DirectoryL2) else name
 
 
 def _continuation(prompt: str, max_tokens: int) -> list[str]:
@@ -217,6 +347,7 @@ class _Prefill:
     external: int
     stored: list[int]
     done: int
+    server: _ServerLookup | None = None  # the hosts topology's server lookup
 
     @property
     def cached(self) -> int:
@@ -238,6 +369,7 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
         limit = len(tokens) - 1 if copy else len(tokens)
         block = state.args.block if copy else BLOCK
         local, external, stored = state.lookup(salt, tokens, block, limit)
+        server = state.last if state.l2 is not None else None
         state.queries += len(tokens)
         state.hits += local
         state.external_hits += external
@@ -248,7 +380,7 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
         if external:
             moved.append(f"vllm:kv_offload_load_bytes={external * STUB_TOKEN_BYTES}")
         print(f"[{state.name}] KV Transfer metrics: {', '.join(moved)}", flush=True)
-    return _Prefill(words, tokens, copy, block, local, external, stored, done)
+    return _Prefill(words, tokens, copy, block, local, external, stored, done, server)
 
 
 def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
@@ -260,7 +392,8 @@ def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
         out = _copy_answer(pre.words, max_tokens, zeroed, pre.block, state.args.diverge)
     else:
         out = _continuation(prompt, max_tokens)
-    if pre.external and state.args.corrupt_external:
+    stale = pre.server is not None and bool(pre.server.stale)
+    if pre.external and (state.args.corrupt_external or stale):
         out = _continuation(prompt + " stale", max_tokens)
     return out
 
@@ -306,6 +439,14 @@ def _metrics_text(state: _State) -> str:
             f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
 
 
+def _server_metrics_text(state: _State) -> str:
+    """LMCache's L1 counters (lmcache_mp_l1_*_chunks_total) of this stub's server."""
+    with state.lock:
+        written, evicted = state.l1_writes, state.evicted
+    return (f'lmcache_mp_l1_write_chunks_total{{l1_tag="_default"}} {written}\n'
+            f'lmcache_mp_l1_evicted_chunks_total{{l1_tag="_default"}} {evicted}\n')
+
+
 class _StubHandler(BaseHTTPRequestHandler):
     """The stub's HTTP side: routing, headers and the completion answer; make_handler
     binds it to one server's state."""
@@ -339,6 +480,8 @@ class _StubHandler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
         elif self.path == "/metrics":
             self._metrics()
+        elif self.path == "/server/metrics":  # its LMCache server's half: L1 counters
+            self._send(200, _server_metrics_text(self.stub), "text/plain")
         else:
             self._send(404, {"error": "not found"})
 
@@ -380,8 +523,16 @@ class _StubHandler(BaseHTTPRequestHandler):
         zeroed = (_zeroed_in_retrieve(self.stub, pre.block, pre.local, pre.external)
                   if pre.copy else [])
         request_id = self.headers.get("X-Request-Id") or f"cmpl-stub-{pre.done}"
+        if pre.server is not None and pre.server.split[0]:  # as LMCache logs a lookup that hit
+            from pytest_sharedkv.stack.l2_log import retained_line
+
+            engine_id = (f"cmpl-{request_id}-0-"
+                         f"{hashlib.sha256(request_id.encode()).hexdigest()[:8]}")
+            print(f"[{self.stub.name}] " + retained_line(*pre.server.split, engine_id,
+                                                         pre.done), flush=True)
         self.stub.audit_records(request_id, salt, pre.tokens, pre.block, pre.stored,
-                                pre.loaded, zeroed)
+                                pre.loaded, zeroed,
+                                pre.server.stale if pre.server is not None else frozenset())
         out, finish = _apply_stop(_answer_words(self.stub, prompt, max_tokens, pre, zeroed),
                                   request.get("stop") or [])
         usage = _usage(pre, out)
@@ -457,6 +608,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="log pool traffic as vLLM's offloading connector does")
     parser.add_argument("--kv-audit", type=Path, default=None,
                         help="write kv_audit_hook's digest records into this directory")
+    parser.add_argument("--l2-adapter", default=None,
+                        help="the hosts topology: the L2 the stubs share (LMCache's JSON)")
+    parser.add_argument("--l2-flip-chunk", type=int, default=None,
+                        help="flip a byte of this chunk's L2 entry once it is written")
+    parser.add_argument("--l2-unattached", action="store_true",
+                        help="log the connector's error instead of the L2 attach line")
     return parser.parse_args(argv)
 
 
@@ -468,6 +625,13 @@ def main(argv: list[str] | None = None) -> int:
         log_armed(args.corrupt_log)
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)
+    if args.l2_adapter:  # what an LMCache server logs of its L2 (l2_log reads it)
+        from pytest_sharedkv.stack.l2_log import CONNECTOR_ERROR, attach_lines
+
+        for line in ([f"{CONNECTOR_ERROR} connection failed"] if args.l2_unattached
+                     else attach_lines(json.loads(args.l2_adapter))):
+            print(f"LMCache INFO: {line}" if not line.startswith(CONNECTOR_ERROR) else line,
+                  flush=True)
     server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
     print(f"[{args.name}] TEST DOUBLE serving on 127.0.0.1:{args.port}", flush=True)
     server.serve_forever()
