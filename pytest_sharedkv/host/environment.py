@@ -24,6 +24,9 @@ from pytest_sharedkv.host.lmcache_status import LMCacheStatus
 
 PROBE_TIMEOUT_S = 180.0
 CACHE_KEY = "sharedkv/lmcache-status"
+# Where the pair's KV lives between its replicas (the topology and its L2), said by the
+# tier that launches the pair (the stack's configure), since this layer reads no settings.
+TOPOLOGY_LINE: pytest.StashKey[str] = pytest.StashKey()
 
 
 def dist_version(name: str) -> str | None:
@@ -127,11 +130,17 @@ def header(config: pytest.Config, discovery: Discovery | str
     lines = [f"sharedkv: {versions.line()}"]
     if isinstance(discovery, str):
         lines.append(f"sharedkv: GPUs: {discovery}")
-        return lines, "lmcache.cuda_ops: not checked (no usable device discovery)"
+        return (lines + _topology(config),
+                "lmcache.cuda_ops: not checked (no usable device discovery)")
     lines.append(f"sharedkv: GPUs: {discovery.describe()}")
     status = probe_lmcache(config, versions, discovery)
     lines.append(f"sharedkv: {status if isinstance(status, str) else status.describe()}")
-    return lines, status
+    return lines + _topology(config), status
+
+
+def _topology(config: pytest.Config) -> list[str]:
+    line = config.stash.get(TOPOLOGY_LINE, None)
+    return [f"sharedkv: {line}"] if line else []
 
 
 def header_lines(config: pytest.Config, discovery: Discovery | str) -> list[str]:

@@ -26,10 +26,12 @@ if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.stack.faults import StubFaults
+    from pytest_sharedkv.stack.l2 import L2
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import LaunchSpec
+    from pytest_sharedkv.stack.topology import HostsSpec
 
     Edit = Callable[[LaunchSpec], LaunchSpec]
 
@@ -55,9 +57,41 @@ def targets_problem() -> str | None:
 @pytest.hookimpl(trylast=True)  # after the plugin's own, which puts the run state in place
 def pytest_configure(config: pytest.Config) -> None:
     """A bad SHAREDKV_INJECT_TARGETS stops an active run now, not as a VOID result at the
-    end; a run that is not (yet) active leaves a stale shell variable alone."""
+    end; a run that is not (yet) active leaves a stale shell variable alone. The hosts
+    topology's L2 is checked now too, as far as it can be before anything starts."""
     if state_of(config).active:
         _check_targets(config)
+        _check_l2(config)
+
+
+def _check_l2(config: pytest.Config) -> None:
+    """The hosts topology's L2 (--sharedkv-l2) is a usage error before any test where
+    what it needs is missing: a Redis binary, an adapter type or its client the installed
+    LMCache lacks, an existing L2 that does not answer, a directory that cannot hold files
+    (stack.l2.configure_problem); the header names the topology either way."""
+    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.host.environment import TOPOLOGY_LINE
+
+    settings = state_of(config).settings
+    config.stash[TOPOLOGY_LINE] = topology_line(settings)
+    if not uses_l2(settings):
+        return
+    from pytest_sharedkv.stack.l2 import configure_problem
+
+    stub = resolve_provider(settings).provider is Provider.STUB
+    problem = configure_problem(settings.l2, stub=stub)
+    if problem is not None:
+        raise pytest.UsageError(f"{settings.source_of('l2')} {settings.l2}: {problem.message}")
+
+
+def topology_line(settings: Settings) -> str:
+    """The header's line on where the pair's KV lives between its replicas."""
+    l1 = (f"{settings.l1_gib:g} GiB L1 each ({settings.source_of('l1_gib')})"
+          if settings.l1_gib is not None else "default L1")
+    if settings.topology != "hosts":
+        return f"topology: shared (one LMCache server both replicas use; {l1})"
+    return (f"topology: hosts (one LMCache server per replica, sharing only the L2 "
+            f"{settings.l2}; {l1})")
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k have deselected
@@ -192,6 +226,36 @@ def sharedkv_lmcache_server(request: pytest.FixtureRequest, tmp_path: Path
         pytest.fail(f"LMCache server processes {leftovers} survived teardown", pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def sharedkv_l2(pytestconfig: pytest.Config,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[L2]:
+    """The hosts topology's L2 for the session (--sharedkv-l2): a directory in the run's
+    temporary directory, a Redis the suite starts (stopped at the end, nothing of it left),
+    or the user's existing L2 (checked, never started or stopped). What keeps it from
+    serving fails every test that needs it, naming the option."""
+    from pytest_sharedkv.stack import l2
+
+    settings = state_of(pytestconfig).settings
+    named = f"{settings.source_of('l2')} {settings.l2}"
+    try:
+        backend = l2.choose(settings.l2, tmp_path_factory.mktemp("l2"))
+        backend.start()
+    except l2.L2Unavailable as exc:
+        pytest.fail(f"{named}: {exc.problem.message}", pytrace=False)
+    yield backend
+    leftovers = backend.stop()
+    if leftovers:
+        pytest.fail(f"{named}: processes {leftovers} survived its stop", pytrace=False)
+
+
+def hosts_spec(l2: L2, reader_adapter: str | None = None, cell: str | None = None
+               ) -> HostsSpec:
+    """The hosts topology over L2 (server 2's adapter READER_ADAPTER where it differs)."""
+    from pytest_sharedkv.stack.topology import HostsSpec
+
+    return HostsSpec(l2.adapter_json(), l2.describe(), reader_adapter, cell)
+
+
 Launcher = Callable[["Lease | None", "Edit | None"], "ReplicaPair"]
 
 
@@ -287,10 +351,12 @@ def sharedkv_pair_slot(request: pytest.FixtureRequest, pytestconfig: pytest.Conf
     label = f"{provider}-{allocator.replace('/', '')}-{delay}"
     from pytest_sharedkv.stack.faults import planted
 
+    hosts = (hosts_spec(request.getfixturevalue("sharedkv_l2"))
+             if settings.topology == "hosts" else None)
     slot = PairSlot(f"{SLOT}[{label}]",
                     _launcher(settings, provider, allocator, delay, cases, model,
                               lambda: tmp_path_factory.mktemp(f"replicas-{label}"),
-                              planted(pytestconfig).stub),
+                              planted(pytestconfig).stub, hosts),
                     relaunchable=provider.provider is not Provider.EXTERNAL,
                     gate=lambda: state_of(pytestconfig).gate)
     yield slot
@@ -301,9 +367,10 @@ def sharedkv_pair_slot(request: pytest.FixtureRequest, pytestconfig: pytest.Conf
 
 def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int,
               cases: CaseSet | None, model: Path | None, log_dir: Callable[[], Path],
-              stub_faults: StubFaults) -> Launcher:
+              stub_faults: StubFaults, hosts: HostsSpec | None = None) -> Launcher:
     """How the slot starts a pair: a LaunchSpec per launch (a fresh log directory; a
-    launched pair's engines on the lease's devices, with the lease's environment)."""
+    launched pair's engines on the lease's devices, with the lease's environment; in the
+    hosts topology a server per replica over HOSTS's L2; each server's L1 the option's)."""
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import (
         EngineSettings,
@@ -315,6 +382,8 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
     )
 
     engine = EngineSettings(extra_args=settings.vllm_args)
+    l1 = settings.l1_gib if settings.l1_gib is not None else LaunchSpec.l1_size_gb
+    counts = hosts is not None or settings.l1_gib is not None  # evictions in the report
 
     def launch(lease: Lease | None, edit: Edit | None) -> ReplicaPair:
         if provider.provider is Provider.EXTERNAL:
@@ -323,7 +392,8 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
         if provider.provider is Provider.STUB:
             spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
                               kv_audit=settings.kv_audit, engine=engine,
-                              stub_faults=stub_faults)
+                              stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
+                              l1_size_gb=l1)
             return stub_pair(edit(spec) if edit is not None else spec)
         assert model is not None
         if lease is None:
@@ -337,7 +407,8 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             server_env=order, replica_env=order, inject_delay_cycles=delay,
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=settings.kv_audit, engine=engine)
+            kv_audit=settings.kv_audit, engine=engine, hosts=hosts, count_evictions=counts,
+            l1_size_gb=l1)
         return launch_vllm_pair(edit(spec) if edit is not None else spec)
 
     return launch
