@@ -50,6 +50,16 @@ def _verdict(run: ServiceRun, problems: Sequence[str] = ()) -> None:
         pytest.fail(gate.message, pytrace=False)
 
 
+def _evicted_one_host(service_pass: Pass, group: str) -> bool:
+    """The one server of a shared-topology pair evicted from its L1 by the end of GROUP
+    (an L1 smaller than the corpus): a cross-replica hit may then stop short of the
+    shareable prefix. The hosts topology's L2 holds everything: no such allowance."""
+    from pytest_sharedkv.service.checks import evicted
+
+    runner = service_pass.runner
+    return not runner.hosts and evicted(runner.evictions.get(group))
+
+
 def _case(service_pass: Pass, case_id: str) -> Case:
     """The corpus case a test is parametrized with (a size the corpus lacks: skipped)."""
     case = service_pass.run.cases.case(case_id)
@@ -94,7 +104,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
     if gated.error:
         pytest.fail(gated.error, pytrace=False)
     run = sharedkv_service_pass.ensure(case.size)
-    failures = chain_failures(run, case)
+    failures = chain_failures(run, case, _evicted_one_host(sharedkv_service_pass, case.size))
     hint: list[str] = []
     if failures:
         answers = {step: a.to_data() for (cid, step), a in run.answers.items()
@@ -128,6 +138,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
     from pytest_sharedkv.stack.steps import STEPS
 
     run = sharedkv_service_pass.ensure(SESSIONS)  # every size has run
+    runner = sharedkv_service_pass.runner
     steps = {s.name: s for s in STEPS}
     problems: list[str] = []
     unknown: list[str] = []
@@ -141,8 +152,18 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         failed = failed_requests(run, group, totals.step)  # no answer: none to judge
         shareable = sum(c.shareable or 0 for c in group) if all(
             c.shareable is not None for c in group) else None
-        found = totals_problems(totals, shareable)
+        found = totals_problems(totals, shareable,
+                                _evicted_one_host(sharedkv_service_pass, totals.group))
         why_unknown = totals_unknown(totals)
+        hosts: dict[str, object] = {}
+        if runner.hosts and steps[totals.step].hits == "external":  # server 2's own account
+            from pytest_sharedkv.service.checks import hosts_step
+
+            split_found, split_unknown, hosts = hosts_step(
+                run, runner.splits, runner.waits.get(totals.group), group, steps[totals.step])
+            found += split_found
+            if split_unknown and not why_unknown:
+                why_unknown = "; ".join(split_unknown[:3])
         warmup = totals.group == "warm-up"  # warms the engines; judges nothing
         if not warmup:
             problems += found
@@ -162,8 +183,15 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                     "external": totals.external, "errors": failed,
                     "other_local": totals.other_local,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
-                    "shareable": shareable})
+                    "shareable": shareable, **({"hosts": hosts} if hosts else {}),
+                    **({"evictions": runner.evictions[totals.group]}
+                       if totals.group in runner.evictions else {})})
     sharedkv_results.note(TIER, wall_line(run, pair.labels))
+    if runner.evictions:  # what the servers counted by the end of the pass
+        from pytest_sharedkv.service.summary import evictions_line
+
+        sharedkv_results.note(TIER, evictions_line(runner.evictions, pair.labels,
+                                                   pair.record.topology_record()))
     _verdict(run, problems)  # the records above stay, so a VOID pass still shows them
     if unknown:  # neither a pass nor a hit failure: the evidence is missing
         pytest.skip("UNKNOWN: " + "; ".join(unknown))

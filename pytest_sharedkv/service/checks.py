@@ -9,11 +9,18 @@ is in cache transfer or reuse, not the model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.models.copy_rule import first_divergence
 from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
 from pytest_sharedkv.stack.steps import STEPS, Step
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.topology import L2Wait
 
 SHOWN_WORDS = 8
 
@@ -54,7 +61,11 @@ def diverged(run: ServiceRun, case: Case, answer: Answer, cold_step: str = "cold
                    "divergence")
 
 
-def hit_problem(case: Case, step: Step, answer: Answer) -> Problem | None:
+def hit_problem(case: Case, step: Step, answer: Answer, evicted: bool = False
+                ) -> Problem | None:
+    """What is wrong with ANSWER's hits at STEP. EVICTED: the one server evicted from its
+    L1 during the pass (an L1 smaller than the corpus, one host), so a cross-replica hit
+    may stop short of the shareable prefix (never past it)."""
     cached = answer.cached_tokens
     if cached is None:
         return Problem(f"replica {answer.replica} reported no "
@@ -63,6 +74,9 @@ def hit_problem(case: Case, step: Step, answer: Answer) -> Problem | None:
         if cached:
             return Problem(f"namespace leak: the cold request hit {cached} cached tokens on "
                            f"replica {answer.replica} in a fresh cache_salt namespace", "leak")
+        return None
+    if evicted and step.hits == "external" and case.shareable is not None \
+            and cached <= case.shareable:
         return None
     if case.shareable is not None and cached != case.shareable:
         kind = "the pool" if step.hits == "external" else "its own prefix cache"
@@ -77,8 +91,8 @@ def failed_requests(run: ServiceRun, cases: list[Case], step: str) -> int:
     return sum(1 for c in cases if (a := run.answer(c.id, step)) is None or a.error)
 
 
-def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True
-                  ) -> list[Problem]:
+def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True,
+                  evicted: bool = False) -> list[Problem]:
     answer = run.answer(case.id, step.name)
     if answer is None:
         return [Problem(f"{step.name}: no answer was recorded", "error")]
@@ -89,7 +103,7 @@ def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = Tr
     if wrong:
         problems.append(wrong)
     if check_hits:
-        hit = hit_problem(case, step, answer)
+        hit = hit_problem(case, step, answer, evicted)
         if hit:
             problems.append(hit)
     return problems
@@ -117,12 +131,12 @@ def control_line(run: ServiceRun, case: Case, step: Step) -> str:
             "wrong too, so the model or engine is at fault, not the cache")
 
 
-def chain_failures(run: ServiceRun, case: Case) -> list[Problem]:
+def chain_failures(run: ServiceRun, case: Case, evicted: bool = False) -> list[Problem]:
     """One message per failed step of this case's chain (empty: all four held), each of
-    the worst kind its step found."""
+    the worst kind its step found (EVICTED: see hit_problem)."""
     out = []
     for step in STEPS:
-        problems = step_problems(run, case, step)
+        problems = step_problems(run, case, step, evicted=evicted)
         if problems:
             head = (f"request {case.id} (payload sha256 {case.sha256[:16]}), step {step.name}"
                     f" on replica {step.replica}"
@@ -144,7 +158,8 @@ def totals_unknown(totals: StepTotals) -> str | None:
             f"on replica {', '.join(totals.unread)}, so the step's hits are unknown")
 
 
-def totals_problems(totals: StepTotals, shareable: int | None) -> list[Problem]:
+def totals_problems(totals: StepTotals, shareable: int | None, evicted: bool = False
+                    ) -> list[Problem]:
     """What a step's counter deltas say against what the step may have (nothing where
     they are unknown: see totals_unknown).
 
@@ -163,11 +178,13 @@ def totals_problems(totals: StepTotals, shareable: int | None) -> list[Problem]:
     if totals.step == "cold" and (totals.local or totals.external):
         problems.append(Problem(f"{where}: {totals.local} local and {totals.external} pool "
                                 "hit tokens in cold requests (a namespace leak)", "leak"))
-    problems += [Problem(text, "hits") for text in _hit_counts(totals, shareable, where)]
+    problems += [Problem(text, "hits")
+                 for text in _hit_counts(totals, shareable, where, evicted)]
     return problems
 
 
-def _hit_counts(totals: StepTotals, shareable: int | None, where: str) -> list[str]:
+def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
+                evicted: bool = False) -> list[str]:
     """What a step's counters say against the hits it may have (not a leak)."""
     problems = []
     if totals.step in ("local", "receiver-local") and totals.external:
@@ -183,10 +200,77 @@ def _hit_counts(totals: StepTotals, shareable: int | None, where: str) -> list[s
     if totals.step in ("local", "receiver-local") and expected and not totals.local:
         problems.append(f"{where}: the responses reported {expected} cached tokens but the "
                         "engine counted no hits in its own prefix cache")
-    if shareable is not None and totals.step != "cold" and expected != shareable:
+    short_by_eviction = evicted and totals.step == "cross" and shareable is not None \
+        and expected <= shareable
+    if shareable is not None and totals.step != "cold" and expected != shareable \
+            and not short_by_eviction:
         problems.append(f"{where}: {expected} of {shareable} shareable tokens were cached")
     if totals.other_local or totals.other_external:
         problems.append(f"{where}: replica {'B' if totals.replica == 'A' else 'A'} counted "
                         f"{totals.other_local} local and {totals.other_external} pool hits "
                         "while it had no requests")
     return problems
+
+
+def split_problems(run: ServiceRun, splits: Mapping[tuple[str, str], KeySplit],
+                   cases: Sequence[Case], step: Step, server: str = "server 2",
+                   gap: int | None = None) -> tuple[list[Problem], list[str]]:
+    """The hosts topology's cross-replica step, by the server's own account: each request
+    must have been served by SERVER (B's, which never saw the prompt) from the L2 alone.
+    Keys from its own L1, or from nowhere, fail ("hits"), naming the split; GAP (the fault
+    cell): exactly the GAP chunks before it, all from the L2. A request that hit but of
+    which the server logged no lookup is unknown (the second list), never a pass."""
+    problems: list[Problem] = []
+    unknown: list[str] = []
+    for case in cases:
+        answer = run.answer(case.id, step.name)
+        if answer is None or answer.error:
+            continue
+        split = splits.get((case.id, step.name))
+        where = f"request {case.id}, step {step.name} on replica {step.replica}"
+        if split is None or not split.known:
+            if answer.cached_tokens:
+                unknown.append(f"{where}: {answer.cached_tokens} tokens cached, and {server} "
+                               "logged no lookup of it: where they came from is unknown")
+            else:
+                problems.append(Problem(f"{where}: served from nowhere: nothing cached, and "
+                                        f"{server} logged no lookup that hit", "hits"))
+            continue
+        if split.l1:
+            problems.append(Problem(f"{where}: {server} took {split.l1} keys from its own L1, "
+                                    f"which never saw this prompt: {split.describe()}", "hits"))
+        elif not split.l2:
+            problems.append(Problem(f"{where}: served from nowhere: {split.describe()}",
+                                    "hits"))
+        elif gap is not None and (split.l2 != gap or split.retained != gap):
+            problems.append(Problem(f"{where}: with chunk {gap} failing to load from the L2, "
+                                    f"{server} must retain exactly the {gap} chunks before "
+                                    f"it: {split.describe()}", "hits"))
+    return problems, unknown
+
+
+def hosts_step(run: ServiceRun, splits: Mapping[tuple[str, str], KeySplit],
+               wait: L2Wait | None, cases: Sequence[Case], step: Step,
+               server: str = "server 2", gap: int | None = None
+               ) -> tuple[list[Problem], list[str], dict[str, object]]:
+    """A cross-replica step of the hosts topology: its problems (the wait for the L2 that
+    ran out, then each request's split), what is unknown, and the record's detail (the
+    step's split summed, the wait)."""
+    problems, unknown = split_problems(run, splits, cases, step, server, gap)
+    if wait is not None and wait.missing:
+        problems.insert(0, Problem("the L2 did not hold every chunk B asks for before B's "
+                                   "step: " + "; ".join(wait.missing[:3]), "hits"))
+    mine = [splits.get((c.id, step.name)) for c in cases]
+    known = [s for s in mine if s is not None and s.known]
+    detail: dict[str, object] = {
+        "server": server, "lookups": len(known), "unlogged": len(mine) - len(known),
+        "retained": sum(s.retained or 0 for s in known),
+        "requested": sum(s.requested or 0 for s in known),
+        "l1": sum(s.l1 or 0 for s in known), "l2": sum(s.l2 or 0 for s in known),
+        "l2_wait": wait.as_dict() if wait is not None else None}
+    return problems, unknown, detail
+
+
+def evicted(evictions: Mapping[str, int | None] | None) -> bool:
+    """Whether a server counted an L1 eviction (unknown counts are no evidence of one)."""
+    return any((n or 0) > 0 for n in (evictions or {}).values())

@@ -8,6 +8,13 @@ them); each request's ``cached_tokens`` comes from its own usage, and the split 
 the engine's own prefix cache and the pool comes from the engines' counters, read before
 and after the step: every step expects one kind of hit only, so step totals account for
 every request.
+
+In the hosts topology (one LMCache server per replica, sharing an L2) the wait before B's
+step is no sleep: the L2 is polled until it holds every chunk of every salt B will ask for
+(a deadline names what was missing), and after B's step server 2's own account of where
+each request's keys came from (its log's ``retained keys (a L1, b L2)``, by request id) is
+kept beside the engines' counters. Each group ends with the L1 evictions each server
+counted so far, where they count them.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
@@ -33,6 +40,10 @@ from pytest_sharedkv.stack.pair import (
 )
 from pytest_sharedkv.stack.request_tags import request_tag
 from pytest_sharedkv.stack.steps import OTHER, STEPS, Step
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.topology import L2Wait
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
 
@@ -64,6 +75,18 @@ class Runner:
         self.log = log or (lambda line: None)
         self.run = ServiceRun(cases, pair.description)
         self._salt: dict[str, str] = {}
+        self.topology = pair.topology
+        # the hosts topology: (case, step) -> server 2's split of that request's lookup;
+        # group -> the wait for the L2 before its B step
+        self.splits: dict[tuple[str, str], KeySplit] = {}
+        self.waits: dict[str, L2Wait] = {}
+        # group -> the L1 evictions each server counted by its end (None: unknown)
+        self.evictions: dict[str, dict[str, int | None]] = {}
+
+    @property
+    def hosts(self) -> bool:
+        """Whether the pair's servers share KV only through an L2 (the hosts topology)."""
+        return self.topology is not None and self.topology.hosts
 
     def salt(self, key: str) -> str:
         if key not in self._salt:
@@ -118,6 +141,8 @@ class Runner:
                     if totals.unread else "")
                  + (f", {exact} as constructed" if self.cases.kind == "copy" else "")
                  + (f", {len(errors)} errors (first: {errors[0]})" if errors else ""))
+        if self.hosts and step.hits == "external":
+            self.log(f"  {self.read_splits(step, cases)}")
         first = next((a for a, c in zip(answers, cases, strict=True)
                       if not a.error and c.expected is not None and a.ids != c.expected), None)
         if first is not None:
@@ -125,17 +150,62 @@ class Runner:
                      f"(prompt {first.prompt_tokens} tokens, {first.cached_tokens} cached)")
         return totals
 
+    def read_splits(self, step: Step, cases: Sequence[Case]) -> str:
+        """Server 2's split of each request of STEP (its log, read once), kept by (case,
+        step); the line the progress log gets."""
+        from pytest_sharedkv.stack.l2_log import KeySplit
+
+        assert self.topology is not None
+        found = self.topology.splits(step.replica)
+        splits = [found.get((c.id, step.name, step.replica))
+                  or KeySplit(request_tag(c.id, step.name, step.replica)) for c in cases]
+        for case, split in zip(cases, splits, strict=True):
+            self.splits[(case.id, step.name)] = split
+        return split_line(splits, self.topology.server_of(step.replica).name)
+
     def chain(self, group: str, cases: Sequence[Case], steps: Sequence[Step] = STEPS
               ) -> None:
         for step in steps:
             if step.hits == "external":  # B reads what A's step stored: let LMCache store it
-                time.sleep(self.settle_for(cases))
+                time.sleep(self.settle_for(cases, group))
             self.step(group, step, cases)
+        self.count_evictions(group)
 
-    def settle_for(self, cases: Sequence[Case]) -> float:
+    def count_evictions(self, group: str) -> None:
+        """The L1 evictions each server counted by the end of GROUP, where it counts."""
+        if self.topology is not None and any(s.counts_evictions
+                                             for s in self.topology.servers):
+            self.evictions[group] = self.topology.evictions()
+            counted = ", ".join(f"{name} {'unknown' if n is None else n}"
+                                for name, n in self.evictions[group].items())
+            self.log(f"{group}: L1 evictions so far: {counted}")
+
+    def chunks(self, tokens: int) -> int:
+        """The whole chunks a lookup of a TOKENS-token prompt asks for (LMCache keeps the
+        last token back)."""
+        chunk = (self.topology.chunk if self.topology is not None else None) \
+            or self.cases.chunk or 1
+        return max(tokens - 1, 0) // chunk
+
+    def settle_for(self, cases: Sequence[Case], group: str = "gate") -> float:
         """The settle before B's step: the option, plus LMCache's store time for the
-        group's tokens (it stores A's KV after A answers, and B must find it stored)."""
+        group's tokens (it stores A's KV after A answers, and B must find it stored). In
+        the hosts topology the wait happens here instead: until the L2 holds every chunk
+        B will ask for of each case's salt (no sleep is left to do), or, where the L2
+        cannot be listed, the settle as in the shared topology."""
         tokens = sum(prompt_size(c.prompt_tokens, c.text) for c in cases)
+        if self.hosts:
+            assert self.topology is not None
+            wait = self.topology.wait_l2(
+                {self.salt(c.id): self.chunks(prompt_size(c.prompt_tokens, c.text))
+                 for c in cases}, tokens)
+            self.waits[group] = wait
+            self.log(f"{group}: the L2 held every chunk B asks for after {wait.seconds:.2f} s"
+                     if wait.listed and not wait.missing else
+                     f"{group}: L2 wait: {'; '.join(wait.missing)}" if wait.listed else
+                     f"{group}: the L2 cannot be listed: the settle stands in for the wait")
+            if wait.listed:
+                return 0.0
         return self.settle_s + self.store_s_per_token * tokens
 
     def zero_hit_controls(self, cases: Sequence[Case]) -> None:
@@ -159,9 +229,17 @@ class Runner:
             return
         turns = max(len(s.turns) for s in sessions)
         for t in range(turns):
-            if t:
-                time.sleep(self.settle_s)
             live = [s for s in sessions if t < len(s.turns)]
+            if t and self.hosts:  # the turn before, in the L2, before the other replica
+                assert self.topology is not None
+                wait = self.topology.wait_l2(
+                    {self.salt(s.id): self.chunks(s.turns[t - 1].prompt_tokens or 0)
+                     for s in live}, sum(s.turns[t - 1].prompt_tokens or 0 for s in live))
+                self.waits[f"sessions turn {t}"] = wait
+                if not wait.listed:
+                    time.sleep(self.settle_s)
+            elif t:
+                time.sleep(self.settle_s)
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 answers = list(pool.map(
                     lambda s, t=t: self.send(s.turns[t].replica, s.id, f"turn-{t}",
@@ -169,3 +247,16 @@ class Runner:
             for session, answer in zip(live, answers, strict=True):
                 self.run.sessions.setdefault(session.id, []).append(answer)
             self.log(f"sessions turn {t}: {len(live)} requests")
+
+
+def split_line(splits: Sequence[KeySplit], server: str) -> str:
+    """One step's splits in a line: how many lookups the server logged, and their keys."""
+    known = [s for s in splits if s.known]
+    l1 = sum(s.l1 or 0 for s in known)
+    l2 = sum(s.l2 or 0 for s in known)
+    retained = sum(s.retained or 0 for s in known)
+    requested = sum(s.requested or 0 for s in known)
+    unknown = len(splits) - len(known)
+    return (f"{server}: {retained}/{requested} retained keys ({l1} L1, {l2} L2) over "
+            f"{len(known)} lookups" + (f"; {unknown} requests with no lookup logged"
+                                       if unknown else ""))

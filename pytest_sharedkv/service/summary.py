@@ -59,21 +59,50 @@ def wall_line(run: ServiceRun, labels: Mapping[str, str]) -> str:
             "latency), settles included")
 
 
+def evictions_line(evictions: Mapping[str, Mapping[str, int | None]],
+                   labels: Mapping[str, str], topology: Mapping[str, object]) -> str:
+    """The L1 evictions each server counted by the end of the pass (the last group's
+    count), with each server's L1; unknown where a count could not be read."""
+    last = list(evictions.values())[-1]
+    name = pair_name(labels.get("provider", ""), labels.get("allocator", ""))
+    servers = topology.get("servers") or []
+    sizes = sorted({s["l1_size_gb"] for s in servers if isinstance(s, dict)}) \
+        if isinstance(servers, list) else []
+    l1 = f" (L1 {', '.join(f'{g:g}' for g in sizes)} GB each)" if sizes else ""
+    return (f"EVICTIONS {name} ({topology.get('topology')}): "
+            + ", ".join(f"{server} {'unknown' if n is None else n}"
+                        for server, n in last.items()) + f" L1 chunks evicted{l1}")
+
+
 def _n(value: object) -> str:
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _split(detail: Mapping[str, object]) -> str:
+    """A hosts-topology cross step's split in the server's own account: '0 L1 / 752 L2'."""
+    hosts = detail.get("hosts")
+    if not isinstance(hosts, dict):
+        return "-"
+    said = f"{_n(hosts.get('l1'))} L1 / {_n(hosts.get('l2'))} L2"
+    unlogged = hosts.get("unlogged")
+    return said + (f" ({unlogged} unlogged)" if unlogged else "")
+
+
 def table(checks: list[Check]) -> list[str]:
     rows = []
-    for c in _steps(checks, warmups=True):
+    steps = _steps(checks, warmups=True)
+    hosts = any("hosts" in c.detail for c in steps)  # server 2's keys: L1 vs L2
+    for c in steps:
         d = c.detail
         rows.append([*_pair(c), c.key.get("size", ""), c.key.get("step", ""),
                      str(d.get("replica", "")), f"{c.passed}/{c.trials}", _n(d.get("cached")),
-                     _n(d.get("local")), _n(d.get("external")), _n(d.get("wall_s"))])
+                     _n(d.get("local")), _n(d.get("external")),
+                     *([_split(d)] if hosts else []), _n(d.get("wall_s"))])
     if not rows:
         return []
     return markdown_table([*PAIR_KEYS, "size", "step", "replica", "exact", "cached tokens",
-                           "own-cache hits", "pool hits", "wall s"], rows)
+                           "own-cache hits", "pool hits",
+                           *(["server 2 keys"] if hosts else []), "wall s"], rows)
 
 
 def _steps(checks: list[Check], warmups: bool = False) -> list[Check]:

@@ -33,6 +33,7 @@ class StubFaults:
     # wrote it (a byte changed in L2); B's server logs no L2 attached (serves without it)
     l2_flip_chunk: int | None = None
     l2_unattached: bool = False
+    hosts_share_l1: bool = False  # the two "hosts" keep one L1: B's server saw A's KV
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what

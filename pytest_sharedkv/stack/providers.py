@@ -422,8 +422,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
                 str(port), "--name", name, "--block", str(spec.chunk_size)]
         if hosts is not None:  # its own server's L1, and the L2 both servers share
-            argv += ["--pool", str(pool.with_name(f"stub-l1-{name}")),
-                     "--l2-adapter", hosts.adapters[index]]
+            l1 = "stub-l1-A" if faults.hosts_share_l1 else f"stub-l1-{name}"
+            argv += ["--pool", str(pool.with_name(l1)), "--l2-adapter", hosts.adapters[index]]
         elif spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
         elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading

@@ -67,6 +67,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -105,6 +106,7 @@ class _State:
         self.l1_writes = 0  # blocks this stub put in its server's L1
         self.evicted = 0  # blocks its L1 evicted
         self.prefetches = 0
+        self.l1_order: OrderedDict[str, None] = OrderedDict()  # the hosts topology's L1, LRU
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         self.audit: AuditLog | None = None
         if args.kv_audit is not None:
@@ -182,19 +184,25 @@ class _State:
         self.last = _ServerLookup((l1 + l2, len(keys), l1, l2), stale)
         stored = []
         for index, (_, key) in enumerate(keys):
+            if index < l1 and key in self.l1_order:  # read from its L1: used most recently
+                self.l1_order.move_to_end(key)
             if key in self.blocks and index not in read:
                 continue
             self.blocks.add(key)
             if not (self.pool / key).exists():
                 (self.pool / key).touch()
+                self.l1_order[key] = None
                 self.l1_writes += 1
             if index < l1 + l2:  # the server had it: a prefetch, not a store
                 continue
             stored.append(index)
             self._write_l2(salt, key, index)
         self.prefetches += 1
-        if self.args.pool_blocks is not None and (stored or read):
-            self.evict(self.args.pool_blocks)
+        capacity = self.args.pool_blocks
+        while capacity is not None and len(self.l1_order) > capacity:  # its own L1: LRU
+            old, _ = self.l1_order.popitem(last=False)
+            (self.pool / old).unlink(missing_ok=True)
+            self.evicted += 1
         return local, external, stored
 
     def _write_l2(self, salt: str, key: str, index: int) -> None:
