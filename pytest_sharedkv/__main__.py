@@ -27,6 +27,7 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md] [--force] [--allow-flag-change]
                                          [--allow-placement-change]
+                                         [--allow-topology-change]
        python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ... [--force]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
@@ -47,7 +48,9 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   session wall time per cell (not judged where the engine flags differ:
                   FLAGS DIFFER, unless --allow-flag-change; nor where one screening ran
                   both replicas on one GPU and the other one per GPU: PLACEMENT DIFFERS,
-                  unless --allow-placement-change); --markdown OUT.md writes it there too
+                  unless --allow-placement-change; nor where the topology or its L2
+                  differs: TOPOLOGY DIFFERS, unless --allow-topology-change);
+                  --markdown OUT.md writes it there too
                   (an existing OUT.md is replaced only with --force); exit 0 same,
                   1 regression or correctness difference, 2 usage error or reports that
                   do not compare

@@ -6,7 +6,9 @@ not A, which the request chain tests judge within the run).
 ``--snapshot-update`` writes the references for this run's key. A run whose key has no
 references yet compares against the newest other engine key of the same model (newest by
 the versions in the key), and a difference there is reported as ENGINE DRIFT, naming both
-keys. A snapshot file is named by
+keys. The key names the topology where it is not the shared one (``+hosts-<L2 type>``):
+a server per replica, or an L1 that evicts, may hit differently, so references of two
+topologies never stand in for each other unnamed. A snapshot file is named by
 its request id and written by the test that owns it, so xdist workers never share a file.
 """
 
@@ -53,8 +55,24 @@ def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
     from pytest_sharedkv.host.environment import dist_version, lmcache_key
     provider = pair.labels.get("provider", "")
     if provider == "vllm":
-        return f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}"
-    return "stub" if provider.startswith("stub") else provider or "unknown"
+        return f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}{topology_key(pair)}"
+    return ("stub" if provider.startswith("stub") else provider or "unknown") \
+        + topology_key(pair)
+
+
+def topology_key(pair: ReplicaPair) -> str:
+    """'' in the shared topology; '+hosts-<L2 type>' (server 1's adapter: fs, resp, ...)
+    in the hosts topology, '+hosts-unknown' where the L2's type cannot be read."""
+    import json
+
+    topology = pair.topology
+    if topology is None or not topology.hosts:
+        return ""
+    try:
+        kind = json.loads(topology.spec.adapter).get("type") if topology.spec else None
+    except (ValueError, AttributeError):
+        kind = None
+    return f"+hosts-{kind if isinstance(kind, str) and kind.isidentifier() else 'unknown'}"
 
 
 def record(run: ServiceRun, case: Case) -> dict[str, Any] | None:
@@ -76,9 +94,18 @@ def record(run: ServiceRun, case: Case) -> dict[str, Any] | None:
 def baseline(root: Path, model: str, engine: str) -> Path | None:
     """Another engine key's references for this model, if any: the newest engine by the
     key they were recorded under (engine_order), never by file times, which a checkout
-    or a copy sets in any order."""
-    found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine]
+    or a copy sets in any order. Only keys of ENGINE's topology: another topology's hits
+    may legitimately differ, so they are no baseline for engine drift."""
+    found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine
+             and same_topology(d.name, engine)]
     return max(found, key=lambda d: engine_order(d.name)) if found else None
+
+
+def same_topology(key: str, other: str) -> bool:
+    """Whether two engine keys name one topology ('+hosts-<type>' or none)."""
+    def topology(text: str) -> str:
+        return text[text.index("+hosts-"):] if "+hosts-" in text else ""
+    return topology(key) == topology(other)
 
 
 def engine_order(key: str) -> tuple[bool, Version, Version, str]:

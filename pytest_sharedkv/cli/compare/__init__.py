@@ -4,7 +4,8 @@ One concern a module: ``reading`` (loading reports), ``schema`` (what a report m
 alike on both sides), ``correctness`` (every tier's correctness differences, ``finding``
 their words; ``legacy`` reads records of older reports), ``speed`` (perf
 verdicts, significance), ``flags`` (the engine settings two screenings ran with),
-``placement`` (where the replicas ran: one GPU or one each), ``rendering`` (the Markdown
+``placement`` (where the replicas ran: one GPU or one each), ``topology`` (one LMCache
+server or one per replica over an L2), ``rendering`` (the Markdown
 lines), ``main`` (the command line).
 
 Correctness first: any failed or unfinished test, any VOID or CONFOUNDED result,
@@ -27,7 +28,8 @@ missing. Where the two screenings' engine settings differ (CUDA graphs or eager,
 user's ``--sharedkv-vllm-args``), a FLAGS DIFFER line names them and speed cells are shown
 but not judged as regressions, unless ``--allow-flag-change``; so where one screening ran
 both replicas on one GPU and the other one per GPU (PLACEMENT DIFFERS), unless
-``--allow-placement-change``.
+``--allow-placement-change``; and where the topology or its L2 differs (TOPOLOGY DIFFERS),
+unless ``--allow-topology-change``.
 
 Exit status: 0 no difference, 1 a regression or a correctness difference, 2 a usage error
 or reports that do not compare (another schema, model or corpus; a file that is missing,

@@ -23,6 +23,7 @@ from pytest_sharedkv.cli.compare.reading import (
     same_line,
 )
 from pytest_sharedkv.cli.compare.rendering import report_lines
+from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS, topology_difference
 from pytest_sharedkv.cli.output import Output, OutputError
 
 DEFAULT_MAX_REGRESSION = "10%"
@@ -52,10 +53,12 @@ def max_regression(text: str) -> float:
 
 
 def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False,
-            allow_placement_change: bool = False) -> tuple[int, list[str]]:
+            allow_placement_change: bool = False,
+            allow_topology_change: bool = False) -> tuple[int, list[str]]:
     """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
-    differ, or the replicas' placement (one GPU, one each), speed cells are shown but not
-    judged (no regression) unless ALLOW_FLAG_CHANGE, ALLOW_PLACEMENT_CHANGE respectively.
+    differ, the replicas' placement (one GPU, one each) or the topology (one server, one
+    per replica over an L2), speed cells are shown but not judged (no regression) unless
+    ALLOW_FLAG_CHANGE, ALLOW_PLACEMENT_CHANGE, ALLOW_TOPOLOGY_CHANGE respectively.
     Where each ran one allocator and they differ, BEFORE is read as its AFTER-allocator twin."""
     found = switch(before, after)
     if found is not None:
@@ -66,15 +69,18 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     every = changes + sessions
     flags = flag_differences(before, after)
     moved = placement_difference(before, after)
+    topology = topology_difference(before, after)
     # the differences that keep speed from being judged, each unless its option allows it
     blocked = [label for label, differs, allowed in (
         (FLAGS_DIFFER, bool(flags), allow_flag_change),
-        (PLACEMENT_DIFFERS, moved is not None, allow_placement_change)) if differs and not allowed]
+        (PLACEMENT_DIFFERS, moved is not None, allow_placement_change),
+        (TOPOLOGY_DIFFERS, topology is not None, allow_topology_change))
+        if differs and not allowed]
     regressed = not blocked and bool(speed.regressions(every, limit))
     status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
-                                placement=moved, blocked=blocked,
+                                placement=moved, topology=topology, blocked=blocked,
                                 switched=switch_line(found) if found is not None else "",
                                 arms=speed.arms_line(before.perf, after.perf),
                                 same=same_line(before, after))
@@ -98,6 +104,11 @@ def main(argv: Sequence[str]) -> int:
                         help="judge speed cells even where the two screenings placed their "
                              "replicas differently (PLACEMENT DIFFERS: both on one GPU, one "
                              "per GPU): the placement is then what is measured")
+    parser.add_argument("--allow-topology-change", action="store_true",
+                        help="judge speed cells even where the two runs' topologies differ "
+                             "(TOPOLOGY DIFFERS: one LMCache server, or one per replica "
+                             "over an L2, or another L2): the topology is then what is "
+                             "measured")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
                         help="also write the report to this file (never BEFORE.json or "
                              "AFTER.json, under any name)")
@@ -113,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
         before, after = read_report(args.before), read_report(args.after)
         comparable(before, after)
         status, lines = compare(before, after, args.max_regression, args.allow_flag_change,
-                                args.allow_placement_change)
+                                args.allow_placement_change, args.allow_topology_change)
         text = "\n".join(lines) + "\n"
         if markdown is not None:
             markdown.write(text)

@@ -13,6 +13,7 @@ from pytest_sharedkv.cli.compare.kernels import kernel_line
 from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS
 from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
+from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS
 from pytest_sharedkv.perf.significance import MIN_PAIRS
 from pytest_sharedkv.report.markdown import markdown_table
 
@@ -96,13 +97,16 @@ def _noise_notes(changes: Sequence[Change], limit: float) -> list[str]:
 def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  new: Sequence[Finding], old: Sequence[Finding], changes: Sequence[Change],
                  sessions: Sequence[Change], flags: Sequence[str] = (),
-                 placement: tuple[str, str] | None = None, blocked: Sequence[str] = (),
+                 placement: tuple[str, str] | None = None,
+                 topology: tuple[str, str] | None = None, blocked: Sequence[str] = (),
                  switched: str = "", arms: str = "", same: str = "") -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
-    differ; BLOCKED: the differences that keep speed from being judged (FLAGS DIFFER
-    unless --allow-flag-change, PLACEMENT DIFFERS unless --allow-placement-change);
+    differ; TOPOLOGY: (BEFORE's, AFTER's) topology and L2 where they differ; BLOCKED: the
+    differences that keep speed from being judged (FLAGS DIFFER unless
+    --allow-flag-change, PLACEMENT DIFFERS unless --allow-placement-change, TOPOLOGY
+    DIFFERS unless --allow-topology-change);
     SWITCHED: the allocator switch BEFORE was read across, if any; ARMS: the perf arms
     only one side screened, if any (CHANGES and SESSIONS hold the shared arms only); SAME:
     the line that says BEFORE and AFTER are one report, if they are."""
@@ -151,6 +155,11 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
         lines += [f"{PLACEMENT_DIFFERS}: BEFORE {placement[0]}, AFTER {placement[1]}: "
                   + _judging(PLACEMENT_DIFFERS, "--allow-placement-change", blocked,
                              "the replicas shared a GPU on one side only"), ""]
+    if topology is not None:
+        lines += [f"{TOPOLOGY_DIFFERS}: BEFORE {topology[0]}, AFTER {topology[1]}: " + (
+            "correctness compared as always (no perf screening)" if before.perf is None
+            else _judging(TOPOLOGY_DIFFERS, "--allow-topology-change", blocked,
+                          "the KV took another path between the replicas")), ""]
     lines += ["## Correctness (AFTER)", ""]
     if new or old:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]
