@@ -393,6 +393,41 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
         pytest.fail("\n".join(shown) + more, pytrace=False)
 
 
+def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
+                      sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                      request: pytest.FixtureRequest) -> None:
+    """The hosts topology's L2 fault cell: a pair whose server 2 reads the L2 through
+    LMCache's fault_inject adapter, which fails chunk --sharedkv-l2-fault-gap of each load.
+    B must serve the chunks before the gap from the L2 and recompute the rest: every
+    answer exact, every hit exactly that prefix (a hit past the gap fails), server 2's
+    split that many keys from the L2, and with the KV audit on, every digest A's."""
+    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.report.records import kinds_of, worst_kind
+    from pytest_sharedkv.service.execute import gap_cell
+
+    if not uses_l2(sharedkv_settings):
+        skip_not_asked(request.node, "the L2 fault cell runs in the hosts topology "
+                       "(--sharedkv-topology hosts)")
+    sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
+    gap = sharedkv_settings.l2_fault_gap
+    cell = gap_cell(sharedkv_service_pass, sharedkv_pair_slot,
+                    request.getfixturevalue("sharedkv_l2"), gap)
+    problems = [*cell.problems]
+    kind = worst_kind(kinds_of(problems), "hits")
+    if not problems and (cell.error or cell.unknown):
+        kind = "error" if cell.error else "hits-unknown"
+    status = "fail" if problems else "unknown" if cell.error or cell.unknown else "pass"
+    sharedkv_results.check(
+        TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
+               "step": f"l2 fault gap {gap}"}, cell.exact, cell.requests, kind=kind,
+        status=status, message="; ".join([*problems, *cell.unknown][:3]) or (cell.error or ""),
+        detail=cell.detail)
+    if cell.error:
+        pytest.fail(f"l2 fault gap: {cell.error}", pytrace=False)
+    if problems or cell.unknown:
+        pytest.fail("\n".join([*problems, *cell.unknown][:20]), pytrace=False)
+
+
 def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
                 sharedkv_settings: Settings, sharedkv_results: ResultSink,
                 tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
@@ -421,3 +456,4 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     if result.unknown:
         pytest.fail(line + "\n" + "\n".join(f"cell {c.control.name}: {c.why_unknown or c.counts()}"
                                             for c in result.unknown), pytrace=False)
+

@@ -39,9 +39,9 @@ def _stubs_left(tag: str) -> bool:
 
 def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
-    # skipped: no stored references to compare, the KV audit (off; needs launched vLLM) and
-    # the triage (off)
-    result.assert_outcomes(passed=ALL, skipped=CHAINS + 2)
+    # skipped: no stored references to compare, the KV audit (off; needs launched vLLM),
+    # the triage (off) and the L2 fault cell (the hosts topology's)
+    result.assert_outcomes(passed=ALL, skipped=CHAINS + 3)
     result.stdout.fnmatch_lines([
         "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 10/10 | 30,080*| 0*| 30,080*",
         "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"

@@ -86,6 +86,25 @@ def hit_problem(case: Case, step: Step, answer: Answer, evicted: bool = False
     return None
 
 
+def gap_hit_problem(case: Case, answer: Answer, gap: int, chunk: int) -> Problem | None:
+    """The L2 fault cell's hit: chunk GAP of server 2's L2 load failed, so B takes exactly
+    the GAP chunks of CHUNK tokens before it; a hit past the gap (KV B never loaded, or
+    took from somewhere else) or short of it fails."""
+    cached, prefix = answer.cached_tokens, gap * chunk
+    where = f"request {case.id}, step {answer.step} on replica {answer.replica}"
+    if cached is None:
+        return Problem(f"{where}: no usage.prompt_tokens_details.cached_tokens",
+                       "hits-unknown")
+    if cached > prefix:
+        return Problem(f"{where}: a hit past the gap: {cached} tokens cached, but chunk {gap} "
+                       f"of server 2's L2 load failed, so only the {prefix} before it may "
+                       "hit", "hits")
+    if cached < prefix:
+        return Problem(f"{where}: {cached} tokens cached, short of the {prefix} before the "
+                       f"gap at chunk {gap} (server 2's L2 held them)", "hits")
+    return None
+
+
 def failed_requests(run: ServiceRun, cases: list[Case], step: str) -> int:
     """CASES whose request at STEP got no answer (an error, or none recorded)."""
     return sum(1 for c in cases if (a := run.answer(c.id, step)) is None or a.error)

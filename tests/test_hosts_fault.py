@@ -1,0 +1,98 @@
+"""The hosts topology's L2 fault cell on the stub double: server 2 reads the L2 through a
+fault_inject adapter that fails chunk 4 of each load, so B must take exactly the 4 chunks
+before it from the L2 and recompute the rest. A clean cell passes with every answer exact
+and audited; a server 2 that took the prompt from its own L1 (a hit past the gap) and a
+byte changed in the L2 before the gap (a wrong answer) fail, each by its kind. In-process
+runs of two 3k requests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.conftest import keep_loaded
+from tests.launch_faults import LaunchFaults, Planted, StubFaults
+
+keep_loaded("redis", "redis.backoff", "redis.retry")
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression", "-p",
+        "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
+        "--sharedkv-service-sizes=3k", "--sharedkv-json=r.json", "-k", "l2_fault_gap",
+        "--sharedkv-kv-audit"]
+HOSTS = ["--sharedkv-topology=hosts"]
+CHAINS, GAP, CHUNK = 2, 4, 32
+
+
+@pytest.fixture(autouse=True)
+def _small_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEASURED_ENV, str(CHAINS))
+
+
+def _cell(pytester: pytest.Pytester, *args: str, faults: StubFaults | None = None
+          ) -> tuple[pytest.RunResult, dict[str, Any]]:
+    plugins = [Planted(LaunchFaults(stub=faults))] if faults is not None else []
+    result = pytester.runpytest_inprocess(*BASE, *args, plugins=plugins)
+    report = json.loads((pytester.path / "r.json").read_text())
+    found: dict[str, Any] = next(c for c in report["checks"]
+                                 if c["key"].get("step") == f"l2 fault gap {GAP}")
+    return result, found
+
+
+def test_the_prefix_before_the_gap_is_served_and_the_rest_recomputed(
+        pytester: pytest.Pytester) -> None:
+    result, cell = _cell(pytester, *HOSTS)
+    result.assert_outcomes(passed=1)
+    assert (cell["kind"], cell["status"], cell["passed"], cell["trials"]) == \
+        ("hits", "pass", CHAINS, CHAINS)
+    detail = cell["detail"]
+    assert detail["cached_by_request"] == {f"3k-00{i}": GAP * CHUNK for i in range(CHAINS)}
+    assert {k: detail["hosts"][k] for k in ("l1", "l2", "retained")} == \
+        {"l1": 0, "l2": CHAINS * GAP, "retained": CHAINS * GAP}
+    assert detail["audit"]["compared"] > 0 and detail["audit"]["mismatches"] == 0
+    argv = detail["launches"][1]["argv"]  # replica B's stub: server 2
+    reader = json.loads(argv[argv.index("--l2-adapter") + 1])
+    assert reader["type"] == "fault_inject" and reader["gap_indices"] == [GAP]
+    result.stdout.fnmatch_lines([f"*server 2: {CHAINS * GAP}/* retained keys (0 L1, "
+                                 f"{CHAINS * GAP} L2)*"])
+
+
+def test_a_hit_past_the_gap_fails(pytester: pytest.Pytester) -> None:
+    """Two "hosts" that keep one L1: B's server has the whole prompt in it, so B hits past
+    the gap with every answer exact, and still fails."""
+    result, cell = _cell(pytester, *HOSTS, faults=StubFaults(hosts_share_l1=True))
+    result.assert_outcomes(failed=1)
+    assert (cell["kind"], cell["status"], cell["passed"]) == ("hits", "fail", CHAINS)
+    result.stdout.fnmatch_lines(["*request 3k-000, step cross on replica B: a hit past the "
+                                 f"gap: * tokens cached, but chunk {GAP} of server 2's L2 load "
+                                 f"failed, so only the {GAP * CHUNK} before it may hit*"])
+
+
+def test_a_byte_changed_before_the_gap_is_a_wrong_answer(pytester: pytest.Pytester) -> None:
+    result, cell = _cell(pytester, *HOSTS, faults=StubFaults(l2_flip_chunk=2))
+    result.assert_outcomes(failed=1)
+    assert (cell["kind"], cell["status"], cell["passed"]) == ("divergence", "fail", 0)
+    assert cell["detail"]["audit"]["mismatches"] == CHAINS
+
+
+def test_the_cell_is_the_hosts_topologys(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess(*BASE, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*the L2 fault cell runs in the hosts topology*"])
+
+
+def test_the_gap_hit_judge() -> None:
+    from pytest_sharedkv.corpus.cases import Case
+    from pytest_sharedkv.service.answers import Answer
+    from pytest_sharedkv.service.checks import gap_hit_problem
+
+    case = Case("3k-000", "measured", "3k", "w00", "0" * 64, prompt_tokens=3009)
+
+    def judged(cached: int | None) -> str | None:
+        found = gap_hit_problem(case, Answer("3k-000", "cross", "B", cached_tokens=cached),
+                                GAP, CHUNK)
+        return None if found is None else found.kind
+
+    assert [judged(n) for n in (128, 160, 96, 0, None)] == \
+        [None, "hits", "hits", "hits", "hits-unknown"]
