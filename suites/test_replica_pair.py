@@ -77,3 +77,40 @@ def test_transfer_pair_moves_every_byte_through_the_server(
                 "fetch": fetch, "delayed_calls": outcome.delayed_calls})
     if outcome.problems:
         pytest.fail("; ".join(outcome.problems), pytrace=False)
+
+
+@pytest.mark.replica_pair
+@pytest.mark.sharedkv_requires("lmcache")
+def test_transfer_across_hosts(sharedkv_settings: Settings, tmp_path: Path,
+                               sharedkv_kv_namespace: Namespaces, sharedkv_results: ResultSink,
+                               request: pytest.FixtureRequest) -> None:
+    """The hosts topology's transfer check (model-free, CPU): A stores through server 1,
+    B fetches through a server 2 that shares only the session's L2 (--sharedkv-l2), once
+    the L2 holds every key: a full hit from the L2 by server 2's own account, byte-exact;
+    a byte flipped in the L2 shows as exactly that page wrong; a fault_inject gap trims
+    the hit to the chunks before it; a server 2 without the L2 hits nothing."""
+    from pytest_sharedkv.config.markers import skip_not_asked
+    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.stack.l2_transfer import check_through, record_verdict
+
+    if not uses_l2(sharedkv_settings):
+        skip_not_asked(request.node, "the transfer check across hosts runs in the hosts "
+                       "topology (--sharedkv-topology hosts)")
+    l2 = request.getfixturevalue("sharedkv_l2")
+    outcomes = check_through(l2, tmp_path, sharedkv_kv_namespace("transfer-hosts").salt,
+                             sharedkv_settings.l2_fault_gap)
+    failed = []
+    for name, outcome in outcomes.items():
+        kind, status = record_verdict(outcome)
+        sharedkv_results.check(
+            "replica_pair", {"provider": "transfer (cpu, hosts)", "allocator": "mixed",
+                             "delay": "0", "step": f"across hosts: {name}"},
+            int(status == "pass"), 1, message="; ".join(p.message for p in outcome.problems)
+            [:500] or (outcome.void or ""), kind=kind, status=status,
+            role="check" if name == "l2" else "negative-control",
+            detail=outcome.as_dict())
+        if status != "pass":
+            failed.append(f"{name}: " + ("; ".join(p.message for p in outcome.problems)
+                                         or str(outcome.void)))
+    if failed:
+        pytest.fail("\n".join(failed), pytrace=False)

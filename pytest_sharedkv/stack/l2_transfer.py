@@ -410,3 +410,51 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# A HostsOutcome's problem kinds as the report's record kinds (report.records.Kind).
+RECORD_KINDS = {"leak": "leak", "hits": "hits", "source": "hits", "bytes": "bytes",
+                "l2": "hits", "process": "error", "void": "bytes", "l2-transfer": "bytes"}
+
+
+def record_verdict(outcome: HostsOutcome) -> tuple[str, str]:
+    """(record kind, status) of OUTCOME: a pass is a byte-exact transfer (kind bytes)."""
+    kind, status = outcome.verdict()
+    return RECORD_KINDS.get(kind, "error"), status
+
+
+def check_through(l2: L2, workdir: Path, salt: str, gap: int,
+                  env: dict[str, str] | None = None) -> dict[str, HostsOutcome]:
+    """The transfer check across hosts over the session's L2 (started, left running): a
+    writer and a reader over L2, a reader through fault_inject (gap index GAP) over it, a
+    reader without an L2 (the control); cases none, corrupt (a byte flipped in L2), gap and
+    no-l2. The servers run on CPU and are stopped before this returns."""
+    from pytest_sharedkv.stack.l2 import fault_inject
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if env is None else env
+    servers: list[LMCacheServer] = []
+
+    def server(role: str, *adapters: str) -> LMCacheServer:
+        made = LMCacheServer(ServerConfig(l1_size_gb=0.25, chunk_size=CHUNK,
+                                          l2_adapters=adapters), workdir, env=env, role=role)
+        servers.append(made)
+        return made
+
+    try:
+        writer = server("1", l2.adapter_json())
+        reader = server("2", l2.adapter_json())
+        gapped = server("2 (fault_inject)", json.dumps(fault_inject(l2, (gap,))))
+        control = server("2 (no L2)")
+        for each in servers:
+            each.launch()
+        for each in servers:
+            each.wait_ready()
+        cases = [HostCase("l2", reader, l2), HostCase("corrupt", reader, l2, "corrupt"),
+                 HostCase("gap", gapped, l2, "gap"), HostCase("no-l2", control, None)]
+        run = workdir / "run"
+        run.mkdir(exist_ok=True)
+        return run_across_hosts(run, writer, cases, salt)
+    finally:
+        for each in servers:
+            each.stop()
