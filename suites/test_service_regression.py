@@ -307,7 +307,8 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
 
 def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
                   sharedkv_results: ResultSink, request: pytest.FixtureRequest) -> None:
-    """--sharedkv-kv-audit: every chunk, KV group and layer B loaded from the pool equals,
+    """The in-engine KV audit (on by default; --no-sharedkv-kv-audit turns it off): every
+    chunk, KV group and layer B loaded from the pool equals,
     byte for byte, what A stored (digests taken inside both engines). The sensitivity gate
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
@@ -319,11 +320,12 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     from pytest_sharedkv.stack import kv_audit
 
     if not sharedkv_settings.kv_audit:
-        skip_not_asked(request.node, "the in-engine KV audit is off (--sharedkv-kv-audit "
-                       "turns it on)")
+        skip_not_asked(request.node, "the in-engine KV audit is off "
+                       f"({sharedkv_settings.source_of('kv_audit')})")
     if pair.kv_audit_dir is None:
-        pytest.skip("the KV audit runs inside launched vLLM replicas (and the stub test "
-                    "double); this pair has none")
+        pytest.skip("the KV audit runs inside replicas the suite launches (vLLM, and the "
+                    "stub test double); this pair's replicas were not launched by the suite "
+                    "(external endpoints), so it has none")
     run = sharedkv_service_pass.ensure(SESSIONS)
     report = kv_audit.audit(pair.kv_audit_dir)
     assert report is not None

@@ -345,8 +345,10 @@ def test_a_default_is_written_once(pytester: pytest.Pytester) -> None:
     for opt in OPTIONS:
         field = next(f for f in dataclasses.fields(Settings) if f.name == opt.field)
         assert opt.default == field.default == getattr(defaults, opt.field)
-        if opt.flag:
-            assert opt.default is False
+        if opt.flag:  # off by default, or on and said so, with the flag that turns it off
+            assert opt.default is False or (opt.default is True and opt.ini
+                                             and "on by default" in opt.help
+                                             and opt.off_name in opt.help), opt.flag_name
         elif opt.default is not None:
             assert "{default}" in opt.about, f"{opt.flag_name}: its help must show the default"
             shown = f"default {opt.show(opt.default)}"

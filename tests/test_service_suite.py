@@ -39,9 +39,9 @@ def _stubs_left(tag: str) -> bool:
 
 def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
-    # skipped: no stored references to compare, the KV audit (off; needs launched vLLM) and
-    # the triage (off)
-    result.assert_outcomes(passed=ALL, skipped=CHAINS + 2)
+    # skipped: no stored references to compare, and the triage (nothing to triage); the KV
+    # audit is on by default, in the stub as in launched vLLM, and passes
+    result.assert_outcomes(passed=ALL + 1, skipped=CHAINS + 1)
     result.stdout.fnmatch_lines([
         "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 10/10 | 30,080*| 0*| 30,080*",
         "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"
@@ -53,6 +53,9 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     report = json.loads((pytester.path / "r.json").read_text())
     gate = next(c for c in report["checks"] if c["key"].get("size") == "gate")
     assert gate["role"] == "negative-control" and gate["detail"]["status"] == "proven"
+    audit = next(c for c in report["checks"] if c["key"].get("size") == "audit")
+    assert (audit["kind"], audit["status"]) == ("audit-mismatch", "pass")
+    assert audit["detail"]["cost_us_per_token"] is not None  # its cost, as the report says
     # a clean pass has nothing to triage, and its skip says so (not "triage is off")
     triage = next(t for t in report["tests"] if t["nodeid"].endswith("::test_triage[stub]")
                   or "test_triage" in t["nodeid"])

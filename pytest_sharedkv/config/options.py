@@ -586,10 +586,11 @@ class Settings:
         "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
         parse_path, kind=PATH, metavar="DIR")
     kv_audit: bool = setting(
-        False,
-        "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
-        "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
-        "when the hook finds nothing to audit)",
+        True,
+        "replica tiers: digest, inside the replicas the suite launches, the KV of every chunk "
+        "A stores and B loads (per KV group and layer) and compare them: on by default, "
+        "--no-sharedkv-kv-audit turns it off (its cost per audited token is in the report; "
+        "VOID when the hook finds nothing to audit; external endpoints have none)",
         parse_bool, flag=True)
     triage: bool = setting(
         False,
