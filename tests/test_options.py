@@ -379,7 +379,7 @@ def test_readme_option_table_shows_the_defaults() -> None:
         r"^\| `(--sharedkv-[a-z-]+)[^`]*` \| [^|]* \| ([^|]*) \|", README.read_text(), re.M)}
     for opt in OPTIONS:
         if opt.flag and opt.ini:
-            assert rows[opt.flag_name] == "off", opt.flag_name
+            assert rows[opt.flag_name] == ("on" if opt.default else "off"), opt.flag_name
         elif not opt.flag and opt.default is not None:
             assert rows[opt.flag_name] == opt.show(opt.default), opt.flag_name
 
