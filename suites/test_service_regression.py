@@ -395,3 +395,40 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     if result.unknown:
         pytest.fail(line + "\n" + "\n".join(f"cell {c.control.name}: {c.why_unknown or c.counts()}"
                                             for c in result.unknown), pytrace=False)
+
+
+def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
+                         sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                         tmp_path_factory: pytest.TempPathFactory,
+                         request: pytest.FixtureRequest) -> None:
+    """--sharedkv-fault-catalogue: after a pass, each fault class injected in turn on a
+    slice of the corpus (a relaunched pair; one record per class: which of the answers, the
+    KV audit and the hit accounting caught it); a class applied and caught by nothing fails
+    ("this suite cannot see <class> on this stack"), as does a VOID cell."""
+    from pytest_sharedkv.service import catalogue
+    from pytest_sharedkv.service.execute import GATE
+    from pytest_sharedkv.service.triage import diverging_group
+
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
+    if sharedkv_settings.fault_catalogue is None:
+        skip_not_asked(request.node, "the fault catalogue is off (--sharedkv-fault-catalogue "
+                       "all shows which fault classes the suite can see on this stack)")
+    # the pass's judgement of its answers: the gate and every size (sessions and protocol
+    # checks are their own tests' and the catalogue does not wait for them)
+    run = sharedkv_service_pass.ensure([GATE, *sharedkv_service_pass.run.cases.sizes()][-1])
+    if run.error:
+        pytest.fail(f"no fault catalogue: the pass stopped ({run.error})", pytrace=False)
+    gate = run.gate
+    if diverging_group(run) is not None or (gate is not None and gate.void):
+        skip_not_asked(request.node, "no fault catalogue: it measures the suite's sight on a "
+                       "pair that passed, and this one answered wrong or its gate proves "
+                       "nothing (the triage names its fault)")
+    plan = catalogue.Plan(sharedkv_service_pass, sharedkv_pair_slot,
+                          lambda name: tmp_path_factory.mktemp(f"catalogue-{name}"),
+                          sharedkv_settings.inject_delay or sharedkv_settings.delay_cycles,
+                          sharedkv_settings.settle_for(1))
+    found = catalogue.run(plan, catalogue.chosen(sharedkv_settings.fault_catalogue))
+    catalogue.record(sharedkv_results, pair.labels, found)
+    if found.failures:
+        pytest.fail("\n".join(c.verdict() for c in found.failures), pytrace=False)

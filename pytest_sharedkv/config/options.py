@@ -303,6 +303,18 @@ def parse_perf_arms(text: str) -> tuple[str, ...]:
     return tuple(arm for arm in TREATMENT_ARMS if arm in names)
 
 
+def parse_fault_classes(text: str) -> tuple[str, ...]:
+    """The fault catalogue's classes: ``all``, or names, each once (which names are classes
+    is the service tier's to say, at configure: this layer does not import the table)."""
+    names = tuple(s for s in (p.strip().lower() for p in text.split(",")) if s)
+    if not names:
+        raise OptionError("needs all or at least one fault class (e.g. misrouted,lost-write)")
+    if "all" in names and len(names) > 1:
+        raise OptionError(f"{text!r} names all and classes besides: give all, or the classes")
+    _no_duplicates(text, names, example="misrouted,lost-write")
+    return names
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -600,6 +612,15 @@ class Settings:
         "the server; one request in flight; the other allocator), each a cell with the KV "
         "audit, and name the class of fault from the controls that removed it",
         parse_bool, flag=True)
+    fault_catalogue: tuple[str, ...] | None = setting(
+        None,
+        "service tier: after a launched pair passed, relaunch it with each fault class in "
+        "turn (all, or a list: misrouted, key-collision, lost-write, bit-flip, "
+        "bit-flip-unread, state-unrestored, state-foreign, delayed-producer, "
+        "l2-load-failure) on a slice of the corpus, a cell each, and show which of the "
+        "answers, the KV audit and the hit accounting caught it; a class applied and caught "
+        "by nothing fails the run",
+        parse_fault_classes, metavar="CLASSES")
     baseline: Path | None = setting(
         None,
         "service tier: a JSON report (--sharedkv-json) of an earlier run whose exact pairs "
@@ -785,6 +806,11 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{where}: the {provider} provider launches no process to delay (the "
                 "delay goes into launched LMCache processes: provider vllm, transfer, or "
                 "auto without endpoints); drop it or choose one of those")
+    if settings.fault_catalogue is not None and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('fault_catalogue')}: the fault catalogue relaunches the "
+                f"pair with each fault, and the external provider "
+                f"({_provider_named_by(settings)}) serves a deployment the suite never starts "
+                "or stops; drop one of them")
     if settings.triage and provider is Provider.EXTERNAL:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "

@@ -87,19 +87,25 @@ class Control:
 class Relaunch:
     """What a control's cell changes in the pass's launch: its own logs, its control, and
     the KV audit on; no sensitivity gate and no injected delay (the cell judges the fault
-    the pass saw, not the gate or the delay)."""
+    the pass saw, not the gate or the delay). The fault catalogue's cells keep the pass's
+    audit setting (``kv_audit`` None: the catalogue shows what the run as configured sees)
+    and inject the delay where that is the class."""
 
     log_dir: Path
     server_env: tuple[tuple[str, str], ...] = ()
     replica_env: tuple[tuple[str, str], ...] = ()
     sync_transfers: bool = False
     allocator: str | None = None  # None: the pass's
+    kv_audit: bool | None = True  # None: the pass's
+    inject_delay_cycles: int = 0
 
     def apply(self, spec: LaunchSpec) -> LaunchSpec:
         """SPEC with these changes; the environment the pass's launch set stays, with the
         control's on top."""
-        return replace(spec, log_dir=self.log_dir, gate=False, kv_audit=True,
-                       inject_delay_cycles=0, server_env=spec.server_env + self.server_env,
+        audit = spec.kv_audit if self.kv_audit is None else self.kv_audit
+        return replace(spec, log_dir=self.log_dir, gate=False, kv_audit=audit,
+                       inject_delay_cycles=self.inject_delay_cycles,
+                       server_env=spec.server_env + self.server_env,
                        replica_env=spec.replica_env + self.replica_env,
                        sync_transfers=self.sync_transfers,
                        allocator=self.allocator or spec.allocator)

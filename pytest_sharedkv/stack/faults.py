@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,6 +30,11 @@ class StubFaults:
     fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
     no_gate: bool = False  # B has no gate hook: the gate's corruption never happens
+    # a race in the pool's copies: B's pool hits are stale unless the server runs this
+    # stream remedy (a triage remedy cell removes it), or while the delay hook is on
+    race_unless_remedy: str | None = None
+    race_under_delay: bool = False
+    no_hooks: bool = False  # both: the server hooks' stand-ins never load (their flags idle)
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -48,7 +54,33 @@ class StubFaults:
             argv += ["--fail-metrics", ",".join(str(n) for n in self.fail_metrics)]
         if b and self.diverge:
             argv.append("--diverge")
+        if b and self.race_unless_remedy is not None:
+            argv += ["--race-unless-remedy", self.race_unless_remedy]
+        if b and self.race_under_delay:
+            argv.append("--race-under-delay")
+        if self.no_hooks:
+            argv.append("--no-hooks")
         return argv
+
+
+# The LMCache server's hook switches (a triage control's or the catalogue's server_env) as
+# the stub's flags: the stub pair has no server, so its replicas stand in for its hooks.
+STUB_HOOK_FLAGS = (("SHAREDKV_FAULT_CONTROL", "--fault-control"),  # fault_hook.CONTROL_ENV
+                   ("SHAREDKV_FAULT_LOG", "--fault-log"),  # fault_hook.LOG_ENV
+                   ("SHAREDKV_STREAM_REMEDY", "--stream-remedy"),  # stream_remedy_hook
+                   ("SHAREDKV_STREAM_REMEDY_LOG", "--stream-remedy-log"))
+
+
+def stub_hook_flags(server_env: Mapping[str, str], inject_log: Path | None) -> list[str]:
+    """The stub's flags for the server hooks SERVER_ENV arms, and the delay hook's log where
+    the launch injects a delay (INJECT_LOG)."""
+    argv = []
+    for name, flag in STUB_HOOK_FLAGS:
+        if server_env.get(name):
+            argv += [flag, server_env[name]]
+    if inject_log is not None:
+        argv += ["--inject-log", str(inject_log)]
+    return argv
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     ROLE_ENV,
     SERVER_ROLE,
 )
+from pytest_sharedkv.engine_hooks.switches import arms_a_hook
 from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
-from pytest_sharedkv.stack.faults import StubFaults
+from pytest_sharedkv.stack.faults import StubFaults, stub_hook_flags
 from pytest_sharedkv.stack.launch_record import (
     Launched,
     LaunchPaths,
@@ -191,6 +192,7 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
         hooked = True
     if role == SERVER_ROLE:
         env.update(spec.server_env)
+        hooked = hooked or arms_a_hook(spec.server_env)  # a control's hook, by its switch
         if spec.sync_transfers:
             env[sync_hook.LOG_ENV] = str(sync_log(spec.log_dir))
             env[ROLE_ENV] = role
@@ -355,6 +357,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     self-test planted (``spec.stub_faults``) become the stubs' own flags."""
     faults = spec.stub_faults
     pool = spec.log_dir / "stub-pool"
+    delayed = inject_log(spec.log_dir) if spec.inject_delay_cycles else None
     control, log = gate_paths(spec.log_dir)
     processes: list[Launched] = []
     replicas: dict[str, Replica] = {}
@@ -370,6 +373,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))
+        argv += stub_hook_flags(dict(spec.server_env), delayed)  # it stands in for the server
         if name == "B" and not faults.no_gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
@@ -388,7 +392,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         arm=spec.arm, processes=tuple(processes),
         engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
         paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
-                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None))
+                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
+                          inject_log=delayed))
     pair = ReplicaPair(replicas["A"], replicas["B"], record,
                        relaunch=lambda **changes: stub_pair(replace(spec, **changes)))
     start_all(pair, together=True)  # stops both if one fails
