@@ -386,8 +386,12 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
         pytest.fail(f"nothing to triage: the pass stopped ({found.error})", pytrace=False)
     if found.group is None:
         skip_not_asked(request.node, found.nothing)
+    status = (request.getfixturevalue("sharedkv_lmcache_status")  # the code remedies' path
+              if sharedkv_service_pass.pair.has_server else None)
+    kernel_path = None if status is None or isinstance(status, str) else status.kernel_path
     result = triage.triage(sharedkv_service_pass, sharedkv_pair_slot, found.group,
-                           lambda name: tmp_path_factory.mktemp(f"triage-{name}"))
+                           lambda name: tmp_path_factory.mktemp(f"triage-{name}"),
+                           kernel_path)
     triage.record(sharedkv_results, sharedkv_service_pass.pair.labels, result)
     line = result.verdict.line(result.base)
     if result.verdict.klass == "undecided":

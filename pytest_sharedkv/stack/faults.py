@@ -31,7 +31,8 @@ class StubFaults:
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
     no_gate: bool = False  # B has no gate hook: the gate's corruption never happens
     # a race in the pool's copies: B's pool hits are stale unless the server runs this
-    # stream remedy (a triage remedy cell removes it), or while the delay hook is on
+    # stream remedy (a triage remedy cell removes it) or the replicas' launches are
+    # synchronous (CUDA_LAUNCH_BLOCKING, as a real race's); or while the delay hook is on
     race_unless_remedy: str | None = None
     race_under_delay: bool = False
     no_hooks: bool = False  # both: the server hooks' stand-ins never load (their flags idle)
@@ -54,7 +55,8 @@ class StubFaults:
             argv += ["--fail-metrics", ",".join(str(n) for n in self.fail_metrics)]
         if b and self.diverge:
             argv.append("--diverge")
-        if b and self.race_unless_remedy is not None:
+        if b and self.race_unless_remedy is not None \
+                and "CUDA_LAUNCH_BLOCKING" not in replica_env:
             argv += ["--race-unless-remedy", self.race_unless_remedy]
         if b and self.race_under_delay:
             argv.append("--race-under-delay")
