@@ -2,12 +2,14 @@
 pair with ``stream_remedy_hook`` armed in the LMCache server, says whether the fault was
 removed or persists with counts, is VOID where the remedy changed no copy, and its remedy
 is said as proven only where its cell removed the fault. On CPU the stub stands in for the
-server's hook (the same log lines) and plants a race that only one remedy lifts."""
+server's hook (the same log lines) and plants a race that only one remedy lifts; a fake
+server's log stands in for one whose remedy changed no copy."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -114,14 +116,41 @@ def test_the_remedy_that_lifts_a_race_is_proven_and_the_other_persists(
                       "wait-producer: 3/3 exact, 0 mismatching digests)")
 
 
-def test_a_remedy_that_changed_no_copy_is_void_and_decides_nothing(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    result, cells, remedy = _run(pytester, monkeypatch,
-                                 StubFaults(race_unless_remedy="wait-producer", no_hooks=True))
-    result.assert_outcomes(failed=1)
-    assert cells["wait-producer"]["status"] == "unknown"
-    assert cells["wait-producer"]["message"] == (
-        "VOID: the wait-producer remedy never loaded in the LMCache server")
-    result.stdout.fnmatch_lines(["*cell wait-producer: VOID: the wait-producer remedy never "
-                                 "loaded in the LMCache server*"])
-    assert "lmcache_memcpy_async" not in remedy  # no remedy cell removed it: none proven
+@pytest.mark.parametrize(("lines", "why"), [
+    ([], "VOID: the current-stream remedy never loaded in the LMCache server"),
+    ([{"kind": "armed", "remedy": "current-stream"},
+      {"kind": "wrapped", "target": "mem_kernels:lmcache_memcpy_async"}],
+     "VOID: the current-stream remedy wrapped mem_kernels:lmcache_memcpy_async but no "
+     "pointer copy ran through it"),
+    ([{"kind": "armed", "remedy": "current-stream"},
+      {"kind": "applied", "remedy": "current-stream", "direction": "H2D"}], None),
+])
+def test_a_remedy_cell_that_changed_no_copy_is_void_and_decides_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[dict[str, str]],
+        why: str | None) -> None:
+    """run_cell reads the log the relaunched server's hook wrote (here a fake server writes
+    LINES where the cell's environment says): no applied copy, whatever the answers, is
+    VOID and decides nothing."""
+    from pytest_sharedkv.service import triage
+
+    monkeypatch.setattr(triage, "right_answer", lambda *a: True)
+    target = SimpleNamespace(launches=[], kv_audit_dir=None, sync_log=None,
+                             close=lambda: [])
+
+    def relaunch(changes: Any) -> Any:
+        env = dict(changes.server_env)
+        assert env[stream_remedy_hook.REMEDY_ENV] == "current-stream"
+        Path(env[stream_remedy_hook.LOG_ENV]).write_text(
+            "".join(json.dumps(line) + "\n" for line in lines))
+        return target
+
+    pair: Any = SimpleNamespace(labels={"provider": "vllm", "allocator": "lazy"})
+    runner: Any = SimpleNamespace(chain=lambda *a: None, run=SimpleNamespace())
+    cases: Any = [SimpleNamespace(id="3k-000")]
+    cell = triage.run_cell(CONTROLS["current-stream"], pair, cases, [], lambda *a: runner,
+                           lambda key: key, 4, tmp_path, lambda line: None, relaunch, True,
+                           "torch-fallback")
+    assert (cell.requests, cell.exact) == (1, 1)
+    assert cell.removed is (None if why else True)
+    assert (cell.why_unknown or "").startswith(why or "")
+    assert cell.status == ("unknown" if why else "pass")
