@@ -335,7 +335,8 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
 
 def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
                   sharedkv_results: ResultSink, request: pytest.FixtureRequest) -> None:
-    """--sharedkv-kv-audit: every chunk, KV group and layer B loaded from the pool equals,
+    """The in-engine KV audit (on by default; --no-sharedkv-kv-audit turns it off): every
+    chunk, KV group and layer B loaded from the pool equals,
     byte for byte, what A stored (digests taken inside both engines). The sensitivity gate
     is the audit's own positive control: the chunk it zeroes must show as a mismatch in
     every control request, or the audit is VOID. Requests whose answers diverged are
@@ -347,11 +348,12 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     from pytest_sharedkv.stack import kv_audit
 
     if not sharedkv_settings.kv_audit:
-        skip_not_asked(request.node, "the in-engine KV audit is off (--sharedkv-kv-audit "
-                       "turns it on)")
+        skip_not_asked(request.node, "the in-engine KV audit is off "
+                       f"({sharedkv_settings.source_of('kv_audit')})")
     if pair.kv_audit_dir is None:
-        pytest.skip("the KV audit runs inside launched vLLM replicas (and the stub test "
-                    "double); this pair has none")
+        pytest.skip("the KV audit runs inside replicas the suite launches (vLLM, and the "
+                    "stub test double); this pair's replicas were not launched by the suite "
+                    "(external endpoints), so it has none")
     run = sharedkv_service_pass.ensure(SESSIONS)
     report = kv_audit.audit(pair.kv_audit_dir)
     assert report is not None
@@ -447,8 +449,12 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
         pytest.fail(f"nothing to triage: the pass stopped ({found.error})", pytrace=False)
     if found.group is None:
         skip_not_asked(request.node, found.nothing)
+    status = (request.getfixturevalue("sharedkv_lmcache_status")  # the code remedies' path
+              if sharedkv_service_pass.pair.has_server else None)
+    kernel_path = None if status is None or isinstance(status, str) else status.kernel_path
     result = triage.triage(sharedkv_service_pass, sharedkv_pair_slot, found.group,
-                           lambda name: tmp_path_factory.mktemp(f"triage-{name}"))
+                           lambda name: tmp_path_factory.mktemp(f"triage-{name}"),
+                           kernel_path)
     triage.record(sharedkv_results, sharedkv_service_pass.pair.labels, result)
     line = result.verdict.line(result.base)
     if result.verdict.klass == "undecided":
@@ -457,3 +463,39 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
         pytest.fail(line + "\n" + "\n".join(f"cell {c.control.name}: {c.why_unknown or c.counts()}"
                                             for c in result.unknown), pytrace=False)
 
+
+def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
+                         sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                         tmp_path_factory: pytest.TempPathFactory,
+                         request: pytest.FixtureRequest) -> None:
+    """--sharedkv-fault-catalogue: after a pass, each fault class injected in turn on a
+    slice of the corpus (a relaunched pair; one record per class: which of the answers, the
+    KV audit and the hit accounting caught it); a class applied and caught by nothing fails
+    ("this suite cannot see <class> on this stack"), as does a VOID cell."""
+    from pytest_sharedkv.service import catalogue
+    from pytest_sharedkv.service.execute import GATE
+    from pytest_sharedkv.service.triage import diverging_group
+
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
+    if sharedkv_settings.fault_catalogue is None:
+        skip_not_asked(request.node, "the fault catalogue is off (--sharedkv-fault-catalogue "
+                       "all shows which fault classes the suite can see on this stack)")
+    # the pass's judgement of its answers: the gate and every size (sessions and protocol
+    # checks are their own tests' and the catalogue does not wait for them)
+    run = sharedkv_service_pass.ensure([GATE, *sharedkv_service_pass.run.cases.sizes()][-1])
+    if run.error:
+        pytest.fail(f"no fault catalogue: the pass stopped ({run.error})", pytrace=False)
+    gate = run.gate
+    if diverging_group(run) is not None or (gate is not None and gate.void):
+        skip_not_asked(request.node, "no fault catalogue: it measures the suite's sight on a "
+                       "pair that passed, and this one answered wrong or its gate proves "
+                       "nothing (the triage names its fault)")
+    plan = catalogue.Plan(sharedkv_service_pass, sharedkv_pair_slot,
+                          lambda name: tmp_path_factory.mktemp(f"catalogue-{name}"),
+                          sharedkv_settings.inject_delay or sharedkv_settings.delay_cycles,
+                          sharedkv_settings.settle_for(1))
+    found = catalogue.run(plan, catalogue.chosen(sharedkv_settings.fault_catalogue))
+    catalogue.record(sharedkv_results, pair.labels, found)
+    if found.failures:
+        pytest.fail("\n".join(c.verdict() for c in found.failures), pytrace=False)

@@ -321,16 +321,27 @@ def test_a_failure_in_the_hook_never_reaches_lmcache(tmp_path: Path,
     assert record["why"] == "RuntimeError: placement exploded"
 
 
-def test_one_class_a_process_a_later_class_is_refused(tmp_path: Path, pair: Pair) -> None:
-    armed = Armed(tmp_path, {"class": "bit-flip", "requests": ["nobody"]})
+def test_a_later_control_is_the_next_cell_and_each_cell_counts_its_own(
+        tmp_path: Path, pair: Pair) -> None:
+    """The catalogue's cells share one server: a control naming another class replaces the
+    last (said in a control line), and each line carries its cell, so a cell whose class
+    never applied is VOID whatever the next cell did."""
+    armed = Armed(tmp_path, {"class": "bit-flip", "requests": ["nobody"], "cell": "one"})
     ids_a, objs = stored(pair)
     pair.transfer(armed.transfer, "b", pair.take("b", CHUNKS), objs, "H2D", "reqB")
-    armed.control.write_text(json.dumps({"class": "misrouted", "seed": 12345}))
+    armed.control.write_text(json.dumps({"class": "misrouted", "cell": "two"}))
     ids_b = pair.take("b", CHUNKS)
     pair.transfer(armed.transfer, "b", ids_b, objs, "H2D", "reqB")
-    assert attention_moved(pair, ids_a, ids_b) == [True] * CHUNKS
-    (record,) = armed.records("error")
-    assert record["why"] == "one class per process: bit-flip ran, misrouted refused"
+    assert attention_moved(pair, ids_a, ids_b) == [True, False, False, True]
+    (switch,) = armed.records("control")
+    assert (switch["class"], switch["cell"], switch["replaces"]) == ("misrouted", "two",
+                                                                     "bit-flip")
+    records = armed.records()
+    assert [r["cell"] for r in armed.records("applied")] == ["two"]
+    assert fault_hook.void_problem(fault_hook.of_cell(records, "one"), "bit-flip") == (
+        "VOID: bit-flip was never applied: no transfer it acts on was selected")
+    assert len(fault_hook.applications(fault_hook.of_cell(records, "two"), "misrouted")) == 1
+    assert not fault_hook.applications(fault_hook.of_cell(records, "one"), "misrouted")
     pair.release(objs)
 
 

@@ -1,8 +1,9 @@
-"""The suite's KV audit test (``test_kv_audit``), end to end on the stub provider: with
-``--sharedkv-kv-audit`` the stub replicas write the audit hook's records (a test double's
+"""The suite's KV audit test (``test_kv_audit``), end to end on the stub provider: the audit
+is on by default, and the stub replicas write the audit hook's records (a test double's
 digests), so the test's body runs on CPU. A clean pass passes and shows the gate's
 zeroed chunk as the audit's positive control; B loading bytes A never stored
-(``corrupt-external``) fails by naming the mismatching chunks."""
+(``corrupt-external``) fails by naming the mismatching chunks; ``--no-sharedkv-kv-audit``
+launches the replicas without it and says so."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pytest_sharedkv.config.options import MEASURED_ENV
 from tests.launch_faults import StubFaults, plant
 from tests.test_service_suite import BASE, CHAINS, _stubs_left
 
-AUDIT = [*BASE, "--sharedkv-kv-audit", "-k", "kv_audit or gate"]
+AUDIT = [*BASE, "-k", "kv_audit or gate"]  # no option: the audit is on by default
 
 
 @pytest.fixture(autouse=True)
@@ -55,4 +56,17 @@ def test_bytes_b_loaded_that_a_never_stored_are_named(
         "*KV AUDIT n/a: * mismatching digests in * requests*",
         "FAILED *test_kv_audit[[]stub[]] - Failed: request *",
     ])
+    assert not _stubs_left(process_tag)
+
+
+def test_the_off_switch_launches_no_audit_and_says_which_switch(
+        pytester: pytest.Pytester, process_tag: str) -> None:
+    result = pytester.runpytest_subprocess(*AUDIT, "--no-sharedkv-kv-audit", "-rs",
+                                           "--sharedkv-json=r.json")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*the in-engine KV audit is off (--no-sharedkv-kv-audit)*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    launches = [json.loads(f["value"]) for f in report["facts"] if f["name"] == "launch"]
+    assert launches and not any("--kv-audit" in launch["argv"] for launch in launches)
+    assert not any(c["key"].get("size") == "audit" for c in report["checks"])
     assert not _stubs_left(process_tag)

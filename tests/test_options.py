@@ -346,8 +346,10 @@ def test_a_default_is_written_once(pytester: pytest.Pytester) -> None:
     for opt in OPTIONS:
         field = next(f for f in dataclasses.fields(Settings) if f.name == opt.field)
         assert opt.default == field.default == getattr(defaults, opt.field)
-        if opt.flag:
-            assert opt.default is False
+        if opt.flag:  # off by default, or on and said so, with the flag that turns it off
+            assert opt.default is False or (opt.default is True and opt.ini
+                                             and "on by default" in opt.help
+                                             and opt.off_name in opt.help), opt.flag_name
         elif opt.default is not None:
             assert "{default}" in opt.about, f"{opt.flag_name}: its help must show the default"
             shown = f"default {opt.show(opt.default)}"
@@ -378,7 +380,7 @@ def test_readme_option_table_shows_the_defaults() -> None:
         r"^\| `(--sharedkv-[a-z0-9-]+)[^`]*` \| [^|]* \| ([^|]*) \|", README.read_text(), re.M)}
     for opt in OPTIONS:
         if opt.flag and opt.ini:
-            assert rows[opt.flag_name] == "off", opt.flag_name
+            assert rows[opt.flag_name] == ("on" if opt.default else "off"), opt.flag_name
         elif not opt.flag and opt.default is not None:
             assert rows[opt.flag_name] == opt.show(opt.default), opt.flag_name
 

@@ -39,9 +39,10 @@ def _stubs_left(tag: str) -> bool:
 
 def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
-    # skipped: no stored references to compare, the KV audit (off; needs launched vLLM),
-    # the triage (off) and the L2 fault cell (the hosts topology's)
-    result.assert_outcomes(passed=ALL, skipped=CHAINS + 3)
+    # skipped: no stored references to compare, the triage (nothing to triage), the fault
+    # catalogue (off) and the L2 fault cell (the hosts topology's); the KV audit is on by
+    # default, in the stub as in launched vLLM, and passes
+    result.assert_outcomes(passed=ALL + 1, skipped=CHAINS + 3)
     result.stdout.fnmatch_lines([
         "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 10/10 | 30,080*| 0*| 30,080*",
         "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"
@@ -49,10 +50,16 @@ def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
         "*VERDICT stub (test double): 10/10 requests exact in every step (cold, local, "
         "cross-replica, receiver-local), hits as expected; sessions 48/48 turns, protocol "
         "15/15",
+        # a launched pair that passed is offered the fault catalogue
+        "*CATALOGUE stub (test double): not run; --sharedkv-fault-catalogue all relaunches "
+        "this pair once per fault class*",
     ])
     report = json.loads((pytester.path / "r.json").read_text())
     gate = next(c for c in report["checks"] if c["key"].get("size") == "gate")
     assert gate["role"] == "negative-control" and gate["detail"]["status"] == "proven"
+    audit = next(c for c in report["checks"] if c["key"].get("size") == "audit")
+    assert (audit["kind"], audit["status"]) == ("audit-mismatch", "pass")
+    assert audit["detail"]["cost_us_per_token"] is not None  # its cost, as the report says
     # a clean pass has nothing to triage, and its skip says so (not "triage is off")
     triage = next(t for t in report["tests"] if t["nodeid"].endswith("::test_triage[stub]")
                   or "test_triage" in t["nodeid"])

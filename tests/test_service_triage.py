@@ -200,11 +200,15 @@ def test_a_fault_launch_blocking_hides_is_named_a_stream_ordering_race(
     assert {k: c["status"] for k, c in cells.items()} == {
         "one-in-flight": "fail", "launch-blocking-all": "pass",
         # the stub pair has no LMCache server and no allocator: nothing to change
-        "launch-blocking-server": "info", "sync-transfers": "info", "other-allocator": "info"}
+        "launch-blocking-server": "info", "sync-transfers": "info", "other-allocator": "info",
+        # the stub stands in for a torch-fallback server's hooks: its code remedies run
+        "current-stream": "fail", "wait-producer": "fail"}
     assert cells["one-in-flight"]["detail"]["mismatches"] > 0  # the audit saw it too
     result.stdout.fnmatch_lines([
         "*TRIAGE n/a: stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 in the LMCache "
-        "server and both replicas) (the pass: 4 of 4 3k cross-replica answers wrong*",
+        "server and both replicas); code remedies: current-stream left it (4 of 4 wrong, * "
+        "mismatching digests of *); wait-producer left it (4 of 4 wrong, * (the pass: 4 of 4 "
+        "3k cross-replica answers wrong*",
         "*| n/a *| launch-blocking-all *| CUDA_LAUNCH_BLOCKING=1 *| 3k *| 4/4 *| 0 *| removed*",
         "*| n/a *| launch-blocking-server *|*| n/a *|*"])
 

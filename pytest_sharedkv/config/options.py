@@ -329,6 +329,18 @@ def parse_l2(text: str) -> str:
     return value
 
 
+def parse_fault_classes(text: str) -> tuple[str, ...]:
+    """The fault catalogue's classes: ``all``, or names, each once (which names are classes
+    is the service tier's to say, at configure: this layer does not import the table)."""
+    names = tuple(s for s in (p.strip().lower() for p in text.split(",")) if s)
+    if not names:
+        raise OptionError("needs all or at least one fault class (e.g. misrouted,lost-write)")
+    if "all" in names and len(names) > 1:
+        raise OptionError(f"{text!r} names all and classes besides: give all, or the classes")
+    _no_duplicates(text, names, example="misrouted,lost-write")
+    return names
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -612,10 +624,11 @@ class Settings:
         "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
         parse_path, kind=PATH, metavar="DIR")
     kv_audit: bool = setting(
-        False,
-        "replica tiers: digest, inside the launched vLLM replicas, the KV of every chunk A "
-        "stores and B loads (per KV group and layer) and compare them (costs time; VOID "
-        "when the hook finds nothing to audit)",
+        True,
+        "replica tiers: digest, inside the replicas the suite launches, the KV of every chunk "
+        "A stores and B loads (per KV group and layer) and compare them: on by default, "
+        "--no-sharedkv-kv-audit turns it off (its cost per audited token is in the report; "
+        "VOID when the hook finds nothing to audit; external endpoints have none)",
         parse_bool, flag=True)
     triage: bool = setting(
         False,
@@ -625,6 +638,15 @@ class Settings:
         "the server; one request in flight; the other allocator), each a cell with the KV "
         "audit, and name the class of fault from the controls that removed it",
         parse_bool, flag=True)
+    fault_catalogue: tuple[str, ...] | None = setting(
+        None,
+        "service tier: after a launched pair passed, relaunch it with each fault class in "
+        "turn (all, or a list: misrouted, key-collision, lost-write, bit-flip, "
+        "bit-flip-unread, state-unrestored, state-foreign, delayed-producer, "
+        "l2-load-failure) on a slice of the corpus, a cell each, and show which of the "
+        "answers, the KV audit and the hit accounting caught it; a class applied and caught "
+        "by nothing fails the run",
+        parse_fault_classes, metavar="CLASSES")
     baseline: Path | None = setting(
         None,
         "service tier: a JSON report (--sharedkv-json) of an earlier run whose exact pairs "
@@ -854,6 +876,13 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{', '.join(hosts_only)}: only the hosts topology uses an L2, and "
                 f"{settings.source_of('topology')} is {settings.topology}; give "
                 f"{OPTION_PREFIX}topology hosts or drop {' and '.join(hosts_only)}")
+
+
+    if settings.fault_catalogue is not None and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('fault_catalogue')}: the fault catalogue relaunches the "
+                f"pair with each fault, and the external provider "
+                f"({_provider_named_by(settings)}) serves a deployment the suite never starts "
+                "or stops; drop one of them")
     if settings.triage and provider is Provider.EXTERNAL:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "

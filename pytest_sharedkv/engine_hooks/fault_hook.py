@@ -1,8 +1,11 @@
 """Fault classes injected into the launched LMCache server, placed by the layout its
 registration gives, so the catalogue can show what each does to answers, audit and hits.
 
-One class per process, named by the control file the suite writes (``CONTROL_ENV``):
-``{"class": NAME, "every": N, "seed": S, "requests": [...], "bit": B}``; a transfer is
+One class at a time, named by the control file the suite writes (``CONTROL_ENV``):
+``{"class": NAME, "every": N, "seed": S, "requests": [...], "bit": B, "cell": C}``; the
+catalogue runs its cells one after another on one server, each with a control of its own,
+so a control naming another class replaces the last (a ``control`` line says so, and every
+line carries the control's ``cell``, by which a cell counts its applications); a transfer is
 selected when its request id (from LMCache's ``transfer_key``) hashes, with the seed, to 0
 mod N, or contains one of ``requests`` where given. The hook wraps the function the server
 calls per object group (``corrupt_hook.TARGETS``, as the gate does) and places each class
@@ -70,6 +73,7 @@ class Control:
     seed: int = 0
     requests: tuple[str, ...] = ()
     bit: int = DEFAULT_BIT
+    cell: str = ""  # the catalogue cell this control is for ("": none named)
 
     def selects(self, request: str) -> bool:
         if self.requests and not any(r in request for r in self.requests):
@@ -95,7 +99,7 @@ def parse_control(data: Any) -> Control:
             raise ControlError(f"class {name!r} is injected by {injector}, not this hook")
         raise ControlError(f"'class' must name one of {known}")
     every, seed, bit = data.get("every", 1), data.get("seed", 0), data.get("bit", DEFAULT_BIT)
-    requests = data.get("requests", [])
+    requests, cell = data.get("requests", []), data.get("cell", "")
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ControlError("'every' must be an integer >= 1")
     if not isinstance(seed, int) or isinstance(seed, bool):
@@ -104,7 +108,9 @@ def parse_control(data: Any) -> Control:
         raise ControlError("'bit' must be an integer 0..7")
     if not isinstance(requests, list) or not all(isinstance(r, str) and r for r in requests):
         raise ControlError("'requests' must be a list of non-empty strings")
-    return Control(name, every, seed, tuple(requests), bit)
+    if not isinstance(cell, str):
+        raise ControlError("'cell' must be a string")
+    return Control(name, every, seed, tuple(requests), bit, cell)
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -122,6 +128,12 @@ def read_log(path: Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def of_cell(records: Sequence[dict[str, Any]], cell: str) -> list[dict[str, Any]]:
+    """The records that speak for CELL: the process's own (armed, wrapped: no cell) and the
+    lines written under CELL's control."""
+    return [r for r in records if "cell" not in r or r.get("cell") == cell]
 
 
 def applications(records: Sequence[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -240,7 +252,7 @@ class FaultHook:
         self.sync = sync
         self.lock = threading.Lock()
         self.control: Control | None = None
-        self.pinned: str | None = None
+        self.last: Control | None = None  # the last control followed
         self.control_stamp: tuple[int, int] | None = None
         self.donors: OrderedDict[str, Donor] = OrderedDict()
         # (id of the cache context, object group) -> (a weak reference to it, its layout):
@@ -275,11 +287,13 @@ class FaultHook:
         except (OSError, ValueError) as exc:
             self.write({"kind": "error", "why": f"control file {self.control_path}: {exc}"})
             return None
-        if self.pinned is not None and control.fault != self.pinned:
-            self.write({"kind": "error", "why": f"one class per process: {self.pinned} ran, "
-                        f"{control.fault} refused"})
-            return None
-        self.control, self.pinned = control, control.fault
+        if self.last is not None and (control.fault, control.cell) != (self.last.fault,
+                                                                       self.last.cell):
+            # the next cell: its class from now on, no donor of the last kept
+            self.write({"kind": "control", "class": control.fault, "cell": control.cell,
+                        "replaces": self.last.fault})
+            self.donors.clear()
+        self.control = self.last = control
         return control
 
     # -- one call --------------------------------------------------------------------------
@@ -300,7 +314,8 @@ class FaultHook:
                 self.remember(call, request)
             if not chosen:
                 return None
-            base = {"class": control.fault, "request": call.request, "op": call.op,
+            base = {"class": control.fault, "cell": control.cell, "request": call.request,
+                    "op": call.op,
                     "direction": direction, "object_group": call.get("object_group_id")}
             try:
                 layout = self.layout(call)

@@ -55,6 +55,9 @@ class Kind(Word):
     PINNED = "pinned"  # a pinned-pool allocation route
     TRIAGE = "triage"  # a triage cell (pass: its control removed the fault; fail: it showed)
     TRIAGE_VERDICT = "triage-verdict"  # the class of fault the triage's cells name
+    # a fault catalogue cell: one fault class injected, and which checks caught it (pass:
+    # seen as its class expects; fail: applied and seen by nothing, or a control caught)
+    FAULT_CATALOGUE = "fault-catalogue"
     NOTE = "note"  # a note's default: it judges nothing
 
 

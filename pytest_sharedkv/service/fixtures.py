@@ -85,8 +85,17 @@ BASELINE: pytest.StashKey[Baseline] = pytest.StashKey()
 @pytest.hookimpl(trylast=True)  # after the plugin's own, which puts the settings in place
 def pytest_configure(config: pytest.Config) -> None:
     """--sharedkv-baseline is read now: a file that is no sharedkv report stops the run
-    before any test, naming the option and the file."""
+    before any test, naming the option and the file; so does a fault catalogue naming a
+    class there is none of."""
     settings = state_of(config).settings
+    if settings.fault_catalogue is not None:
+        from pytest_sharedkv.service.catalogue import CatalogueError, chosen
+
+        try:
+            chosen(settings.fault_catalogue)
+        except CatalogueError as exc:
+            raise pytest.UsageError(f"{settings.source_of('fault_catalogue')}: {exc}"
+                                    ) from None
     if settings.baseline is None:
         return
     from pytest_sharedkv.service.baseline import BaselineError, read_baseline

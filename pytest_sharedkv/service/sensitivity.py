@@ -150,7 +150,7 @@ def judge(result: GateResult, broken: list[str]) -> GateResult:
             "corruption, so the model's sensitivity is not proven and exact answers of this "
             "pair prove nothing; wrong answers are still divergences. Remedy: fix the pool "
             "(for LMCache's lazy allocator on its torch fallback: --no-l1-use-lazy) and run "
-            "again; --sharedkv-kv-audit shows where B's bytes differ")
+            "again; the KV audit (on by default) shows where B's bytes differ")
     elif result.changed < result.copying:
         result.status, result.message = VOID, (
             f"VOID: with {where}, only {result.changed} of {result.copying} answers that copy "

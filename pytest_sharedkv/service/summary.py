@@ -192,6 +192,10 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
             lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
                          f"local, cross-replica, receiver-local), hits as expected"
                          + (f"; {extra}" if extra else ""))
+            if void is None and (gate is None or status == "pass"):  # a pass: offer it
+                from pytest_sharedkv.service.catalogue import offer
+
+                lines += offer(mine, pair[0], name)
         elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
             remedy = f"; {remedy_line(checks, pair[1], baseline, kernel_path)}" \
                 if pair[0] == "vllm" else ""
@@ -232,8 +236,10 @@ def summary_lines(log: RunLog, baseline: Baseline | None = None,
                   kernel_path: str | None = None) -> list[str]:
     checks = [c for c in log.bundle.checks if c.tier == TIER]
     lines: list[str] = []  # the triage's verdict is a note: the summary shows notes first
+    from pytest_sharedkv.service.catalogue import matrix
+
     for block in (model_table(checks), table(checks), triage_table(checks),
-                  verdicts(checks, baseline, kernel_path)):
+                  verdicts(checks, baseline, kernel_path), matrix(checks)):
         if block:
             lines += ([""] if lines else []) + block
     return lines

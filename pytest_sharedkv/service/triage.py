@@ -5,11 +5,20 @@ own with the KV audit, and the controls that removed the fault name its class.
 A control *removes* the fault when its cell answers every cross-replica request as
 constructed and the audit finds no mismatching digest; it *leaves* it when either shows
 again. A cell that could not start, lost requests, or whose control never acted (the
-server's sync log is empty, the pair has no server or allocator to change) is unknown and
-decides nothing. Cells run one after the other, each alone on the GPU as the pass was: the
-session's pair is released (``PairSlot.release``) before the first cell that launches a
-pair of its own, and the next test that needs it gets it launched again, so the triage's
-place in the test order changes nothing.
+server's sync log is empty, a code remedy's log shows no copy it changed) is unknown and
+decides nothing; a control the pair offers nothing to change (no server, no other
+allocator, no torch-fallback copy for a code remedy) is n/a.
+
+Two cells test code remedies for LMCache's torch-fallback copy (``stream_remedy_hook``):
+its copy queued on the current stream, and its copy made to wait for the producing stream.
+They apply to the lazy allocator on the torch fallback, whose transfers run that copy (the
+stub, which stands in for the server's hooks, too). A code remedy is said as proven only
+where its cell removed the fault; the verdict says each one's outcome with counts.
+
+Cells run one after the other, each alone on the GPU as the pass was: the session's pair
+is released (``PairSlot.release``) before the first cell that launches a pair of its own,
+and the next test that needs it gets it launched again, so the triage's place in the test
+order changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case
+from pytest_sharedkv.engine_hooks import stream_remedy_hook
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
@@ -40,6 +50,7 @@ OTHER_ALLOCATOR = {"lazy": "mixed", "mixed": "lazy"}
 ALLOCATOR_REMEDY = {"mixed": "start the LMCache server with --no-l1-use-lazy",
                     "lazy": "start the LMCache server with --l1-use-lazy"}
 ORDERING, CONCURRENCY, ALLOCATOR = "ordering", "concurrency", "allocator"
+FALLBACK = "torch-fallback"  # host/lmcache_status's kernel path the code remedies change
 TIER = "service_regression"
 
 
@@ -58,20 +69,33 @@ class Control:
     allocator: str | None = None  # the other allocator's name
     remedy: str = ""
     suggestion: str = ""  # what a user could try where it removed the fault, untested
+    stream_remedy: str | None = None  # stream_remedy_hook's remedy the server runs
 
     @property
     def needs_server(self) -> bool:
         """Whether it changes only the LMCache server (a pair without one: not applicable)."""
         return (bool(self.server_env) and not self.replica_env) or self.sync_transfers \
-            or self.allocator is not None
+            or self.allocator is not None or self.stream_remedy is not None
 
-    def not_applicable(self, relaunchable: bool, has_server: bool, allocator: str
-                       ) -> str | None:
-        """Why this control has nothing to change on the pass's pair, or None."""
+    def not_applicable(self, relaunchable: bool, has_server: bool, allocator: str,
+                       kernel_path: str | None = None, stub: bool = False) -> str | None:
+        """Why this control has nothing to change on the pass's pair, or None. KERNEL_PATH:
+        LMCache's in this run (None: not probed); STUB: the test double, which stands in
+        for the server's hooks."""
         if self.one_in_flight:
             return None
         if not relaunchable:
             return "the suite did not launch this pair: it cannot relaunch it"
+        if self.stream_remedy is not None:
+            if stub:
+                return None
+            if not has_server:
+                return "this pair has no LMCache server for the remedy to change"
+            if allocator != "lazy" or kernel_path != FALLBACK:
+                return (f"the remedy changes the torch fallback's copy, which the lazy "
+                        f"allocator's transfers run; this pair runs the {allocator} allocator "
+                        f"on LMCache's {kernel_path or 'unprobed'} kernel path")
+            return None
         if self.needs_server and not has_server:
             return "this pair has no LMCache server for the control to change"
         if self.allocator == "":
@@ -79,27 +103,42 @@ class Control:
         return None
 
     def relaunch(self, log_dir: Path) -> Relaunch:
-        return Relaunch(log_dir, self.server_env, self.replica_env, self.sync_transfers,
+        server_env = self.server_env
+        if self.stream_remedy is not None:
+            server_env += ((stream_remedy_hook.REMEDY_ENV, self.stream_remedy),
+                           (stream_remedy_hook.LOG_ENV, str(remedy_log(log_dir))))
+        return Relaunch(log_dir, server_env, self.replica_env, self.sync_transfers,
                         self.allocator or None)
+
+
+def remedy_log(log_dir: Path) -> Path:
+    """Where a code remedy's cell has the server log each copy it changed."""
+    return log_dir / "stream-remedy.jsonl"
 
 
 @dataclass(frozen=True)
 class Relaunch:
     """What a control's cell changes in the pass's launch: its own logs, its control, and
     the KV audit on; no sensitivity gate and no injected delay (the cell judges the fault
-    the pass saw, not the gate or the delay)."""
+    the pass saw, not the gate or the delay). The fault catalogue's cells keep the pass's
+    audit setting (``kv_audit`` None: the catalogue shows what the run as configured sees)
+    and inject the delay where that is the class."""
 
     log_dir: Path
     server_env: tuple[tuple[str, str], ...] = ()
     replica_env: tuple[tuple[str, str], ...] = ()
     sync_transfers: bool = False
     allocator: str | None = None  # None: the pass's
+    kv_audit: bool | None = True  # None: the pass's
+    inject_delay_cycles: int = 0
 
     def apply(self, spec: LaunchSpec) -> LaunchSpec:
         """SPEC with these changes; the environment the pass's launch set stays, with the
         control's on top."""
-        return replace(spec, log_dir=self.log_dir, gate=False, kv_audit=True,
-                       inject_delay_cycles=0, server_env=spec.server_env + self.server_env,
+        audit = spec.kv_audit if self.kv_audit is None else self.kv_audit
+        return replace(spec, log_dir=self.log_dir, gate=False, kv_audit=audit,
+                       inject_delay_cycles=self.inject_delay_cycles,
+                       server_env=spec.server_env + self.server_env,
                        replica_env=spec.replica_env + self.replica_env,
                        sync_transfers=self.sync_transfers,
                        allocator=self.allocator or spec.allocator)
@@ -123,6 +162,18 @@ def controls_for(allocator: str) -> tuple[Control, ...]:
                 ORDERING, sync_transfers=True,
                 suggestion="make LMCache's KV transfers wait for the streams that produce "
                            "and read their buffers (a code change)"),
+        Control(stream_remedy_hook.CURRENT_STREAM,
+                "the fallback's copy on the current stream (cudaMemcpyAsync, split at pin "
+                "chunks)", ORDERING, stream_remedy=stream_remedy_hook.CURRENT_STREAM,
+                remedy="patch LMCache's torch-fallback lmcache_memcpy_async to queue its copy "
+                       "on the current stream with cudaMemcpyAsync, split at pin-chunk "
+                       "boundaries as the compiled kernel does (a code change)"),
+        Control(stream_remedy_hook.WAIT_PRODUCER,
+                "the fallback's copy waiting for the producing stream", ORDERING,
+                stream_remedy=stream_remedy_hook.WAIT_PRODUCER,
+                remedy="patch LMCache's torch-fallback lmcache_memcpy_async to make its copy "
+                       "wait for the stream that produced its buffer (an event recorded there, "
+                       "waited by the stream the copy runs on; a code change)"),
     ]
     other = OTHER_ALLOCATOR.get(allocator)
     controls.append(Control("other-allocator", f"the {other or 'other'} allocator", ALLOCATOR,
@@ -216,7 +267,25 @@ def _names(cells: Sequence[Cell]) -> str:
 
 
 def classify(base: Base, cells: Sequence[Cell]) -> Verdict:
-    """The class of fault, from which controls removed it and which left it."""
+    """The class of fault, from which controls removed it and which left it; then what each
+    code remedy's cell did (a remedy is proven only where its cell removed the fault)."""
+    verdict = _classify(base, cells)
+    coded = [c for c in cells if c.control.stream_remedy is not None
+             and c.not_applicable is None]
+    if verdict.klass == "none" or not coded:
+        return verdict
+    return replace(verdict, text=verdict.text + "; code remedies: " + "; ".join(
+        f"{c.control.name} {remedy_outcome(c)}" for c in coded))
+
+
+def remedy_outcome(cell: Cell) -> str:
+    """What a code remedy's cell did to the fault, with its counts."""
+    if cell.removed is None:
+        return f"decided nothing ({cell.why_unknown or cell.counts()})"
+    return f"{'removed it' if cell.removed else 'left it'} ({cell.counts()})"
+
+
+def _classify(base: Base, cells: Sequence[Cell]) -> Verdict:
     removed = [c for c in cells if c.removed is True]
     unknown = [c for c in cells if c.removed is None and c.not_applicable is None]
     by_name = {c.control.name: c for c in cells}
@@ -302,15 +371,18 @@ Relauncher = Callable[[Relaunch], ReplicaPair]
 def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups: Sequence[Case],
              runner_of: Callable[[ReplicaPair, Salts, int], Runner], salts: Salts,
              concurrency: int, log_dir: Path, log: Callable[[str], None],
-             relaunch: Relauncher | None, has_server: bool) -> Cell:
+             relaunch: Relauncher | None, has_server: bool, kernel_path: str | None = None
+             ) -> Cell:
     """One control's cell: PAIR (the pass's, for one-in-flight) or a pair of its own that
     RELAUNCH starts with the control's change (None: the suite launched nothing it could
-    start again), COLD on A and CROSS on B for every case, then its audit."""
+    start again), COLD on A and CROSS on B for every case, then its audit and, for a code
+    remedy, the server's log of the copies it changed (none: VOID)."""
     started = time.perf_counter()
     cell = Cell(control)
     target = pair
     cell.not_applicable = control.not_applicable(relaunch is not None, has_server,
-                                                 pair.labels.get("allocator", ""))
+                                                 pair.labels.get("allocator", ""),
+                                                 kernel_path, is_stub(pair))
     if cell.not_applicable is not None:
         return cell
     if relaunch is not None and not control.one_in_flight:
@@ -345,6 +417,9 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
             if not done.get("server"):
                 cell.why_unknown = ("VOID: the synchronize never ran in the LMCache server "
                                     f"(synchronized calls per process: {done or 'none'})")
+        if control.stream_remedy is not None:
+            cell.why_unknown = cell.why_unknown or stream_remedy_hook.void_problem(
+                stream_remedy_hook.read_log(remedy_log(log_dir)), control.stream_remedy)
     finally:
         if target is not pair:
             leftovers = target.close()
@@ -353,6 +428,11 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
     cell.wall_s = time.perf_counter() - started
     log(f"triage {control.name}: {cell.counts()} ({cell.wall_s:.0f}s)")
     return cell
+
+
+def is_stub(pair: ReplicaPair) -> bool:
+    """The test double, whose replicas stand in for the server's hooks."""
+    return str(pair.labels.get("provider", "")).startswith("stub")
 
 
 def diverging_group(run: ServiceRun) -> str | None:
@@ -417,11 +497,12 @@ class Triage:
 
 
 def triage(service_pass: Pass, slot: PairSlot, group: str,
-           log_dir: Callable[[str], Path]) -> Triage:
+           log_dir: Callable[[str], Path], kernel_path: str | None = None) -> Triage:
     """GROUP of the pass again under each control, a cell each (LOG_DIR: a directory per
-    control). One in flight runs on the session's pair; before the first cell that starts
-    a pair of its own, the session's pair is released (the next test to need it gets it
-    started again), so each cell runs alone on the GPU, as the pass did."""
+    control; KERNEL_PATH: LMCache's in this run, which the code remedies need to be the
+    torch fallback). One in flight runs on the session's pair; before the first cell that
+    starts a pair of its own, the session's pair is released (the next test to need it gets
+    it started again), so each cell runs alone on the GPU, as the pass did."""
     run, pair, runner = service_pass.run, service_pass.pair, service_pass.runner
     base, cases = base_of(run, pair, group)
 
@@ -432,8 +513,9 @@ def triage(service_pass: Pass, slot: PairSlot, group: str,
     relaunch = (lambda changes: slot.launch(changes.apply)) if slot.relaunchable else None
     cells = []
     for control in controls_for(base.allocator):
-        alone = control.not_applicable(slot.relaunchable, pair.has_server,
-                                       base.allocator) is None and not control.one_in_flight
+        alone = control.not_applicable(slot.relaunchable, pair.has_server, base.allocator,
+                                       kernel_path, is_stub(pair)) is None \
+            and not control.one_in_flight
         if alone and slot.live:
             leftovers = slot.release()
             runner.log("triage: released the session's pair (each cell runs alone, as the "
@@ -441,7 +523,7 @@ def triage(service_pass: Pass, slot: PairSlot, group: str,
         cells.append(run_cell(control, slot.pair if control.one_in_flight else pair, cases,
                               run.cases.by_role("warmup"), runner_of, runner.salts,
                               runner.concurrency, log_dir(control.name), runner.log,
-                              relaunch, pair.has_server))
+                              relaunch, pair.has_server, kernel_path))
     return Triage(base, tuple(cells), classify(base, cells))
 
 
@@ -458,6 +540,7 @@ def record(results: ResultSink, labels: dict[str, str], found: Triage) -> None:
                     "mismatches": cell.mismatches, "compared": cell.compared,
                     "removed": cell.removed, "remedy": control.remedy,
                     "suggestion": control.suggestion, "counts": cell.counts(),
+                    "stream_remedy": control.stream_remedy,
                     "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
     results.note(TIER, found.verdict.line(found.base), kind="triage-verdict",
                  status="unknown" if found.verdict.klass == "undecided" else "info")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,6 +35,12 @@ class StubFaults:
     l2_flip_chunk: int | None = None
     l2_unattached: bool = False
     hosts_share_l1: bool = False  # the two "hosts" keep one L1: B's server saw A's KV
+    # a race in the pool's copies: B's pool hits are stale unless the server runs this
+    # stream remedy (a triage remedy cell removes it) or the replicas' launches are
+    # synchronous (CUDA_LAUNCH_BLOCKING, as a real race's); or while the delay hook is on
+    race_unless_remedy: str | None = None
+    race_under_delay: bool = False
+    no_hooks: bool = False  # both: the server hooks' stand-ins never load (their flags idle)
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -57,7 +64,34 @@ class StubFaults:
             argv += ["--l2-flip-chunk", str(self.l2_flip_chunk)]
         if b and self.l2_unattached:
             argv.append("--l2-unattached")
+        if b and self.race_unless_remedy is not None \
+                and "CUDA_LAUNCH_BLOCKING" not in replica_env:
+            argv += ["--race-unless-remedy", self.race_unless_remedy]
+        if b and self.race_under_delay:
+            argv.append("--race-under-delay")
+        if self.no_hooks:
+            argv.append("--no-hooks")
         return argv
+
+
+# The LMCache server's hook switches (a triage control's or the catalogue's server_env) as
+# the stub's flags: the stub pair has no server, so its replicas stand in for its hooks.
+STUB_HOOK_FLAGS = (("SHAREDKV_FAULT_CONTROL", "--fault-control"),  # fault_hook.CONTROL_ENV
+                   ("SHAREDKV_FAULT_LOG", "--fault-log"),  # fault_hook.LOG_ENV
+                   ("SHAREDKV_STREAM_REMEDY", "--stream-remedy"),  # stream_remedy_hook
+                   ("SHAREDKV_STREAM_REMEDY_LOG", "--stream-remedy-log"))
+
+
+def stub_hook_flags(server_env: Mapping[str, str], inject_log: Path | None) -> list[str]:
+    """The stub's flags for the server hooks SERVER_ENV arms, and the delay hook's log where
+    the launch injects a delay (INJECT_LOG)."""
+    argv = []
+    for name, flag in STUB_HOOK_FLAGS:
+        if server_env.get(name):
+            argv += [flag, server_env[name]]
+    if inject_log is not None:
+        argv += ["--inject-log", str(inject_log)]
+    return argv
 
 
 @dataclass(frozen=True)

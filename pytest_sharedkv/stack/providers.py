@@ -28,9 +28,10 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     ROLE_ENV,
     SERVER_ROLE,
 )
+from pytest_sharedkv.engine_hooks.switches import arms_a_hook
 from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
-from pytest_sharedkv.stack.faults import StubFaults
+from pytest_sharedkv.stack.faults import StubFaults, stub_hook_flags
 from pytest_sharedkv.stack.launch_record import (
     Launched,
     LaunchPaths,
@@ -197,6 +198,7 @@ def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
         hooked = True
     if role == SERVER_ROLE:
         env.update(spec.server_env)
+        hooked = hooked or arms_a_hook(spec.server_env)  # a control's hook, by its switch
         if spec.sync_transfers:
             env[sync_hook.LOG_ENV] = str(sync_log(spec.log_dir))
             env[ROLE_ENV] = role
@@ -412,6 +414,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     planted (``spec.stub_faults``) become the stubs' own flags."""
     faults = spec.stub_faults
     pool = spec.log_dir / "stub-pool"
+    delayed = inject_log(spec.log_dir) if spec.inject_delay_cycles else None
     control, log = gate_paths(spec.log_dir)
     hosts = spec.hosts if spec.arm == "ON" else None
     processes: list[Launched] = []
@@ -434,6 +437,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         blocks = stub_l1_blocks(spec)
         if blocks is not None and spec.arm == "ON":  # the last --pool-blocks wins: the least
             argv += ["--pool-blocks", str(min(blocks, faults.pool_blocks or blocks))]
+        argv += stub_hook_flags(dict(spec.server_env), delayed)  # it stands in for the server
         if name == "B" and not faults.no_gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
@@ -453,7 +457,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         arm=spec.arm, processes=tuple(processes),
         engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
         paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
-                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None),
+                          kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
+                          inject_log=delayed),
         topology=HOSTS if hosts else SHARED, l2=hosts.l2 if hosts else None)
     a, b = replicas["A"], replicas["B"]
     metrics = {n: f"{r.base_url}/server/metrics" for n, r in replicas.items()}

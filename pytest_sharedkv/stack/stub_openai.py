@@ -30,6 +30,20 @@ carries ``X-Sharedkv-Test-Double: 1``.
 metrics" line for each request that stored blocks to its pool or loaded them back (at
 ``STUB_TOKEN_BYTES`` a token), as vLLM's OffloadingConnector logs its stats.
 
+The server's hooks have stand-ins, so the fault catalogue and the triage's remedy cells run
+on CPU through the code that judges them on a GPU: ``--fault-control FILE --fault-log
+FILE`` applies the catalogue's hook classes as ``engine_hooks.fault_hook`` does (the same
+control file and the same log lines; a store class where the stub puts blocks in the pool,
+a retrieve class where it loads them), with each class's effect on answers and audit
+digests (``fault_classes``: a misroute leaves the copy model's answer exact, a collision or
+a lost write hides the chunk, unrestored or foreign state puts the answer one word off);
+``--stream-remedy NAME --stream-remedy-log FILE`` logs a remedy's lines as
+``stream_remedy_hook`` does, one a pool transfer; ``--inject-log FILE`` logs each pool
+transfer as the delay hook does in the server. ``--race-unless-remedy NAME`` and
+``--race-under-delay`` are planted races: B's pool hits answer as from stale KV unless the
+named remedy is on, or while the delay is; ``--no-hooks`` is a server whose hooks never
+loaded (the switches above do nothing).
+
 ``--kv-audit DIR`` writes the in-engine KV audit's records (``kv_audit_hook``'s format,
 read by ``service.kv_audit``) so the suite's audit test runs on CPU: a ``store`` digest
 per block the stub puts in the pool and a ``load`` digest per block it takes from it, keyed
@@ -68,7 +82,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -109,6 +123,7 @@ class _State:
         self.l1_order: OrderedDict[str, None] = OrderedDict()  # the hosts topology's L1, LRU
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         self.audit: AuditLog | None = None
+        self.hooks = _Hooks(args)
         if args.kv_audit is not None:
             self.audit = AuditLog(args.kv_audit, self.name)
             self.audit.write([
@@ -117,10 +132,19 @@ class _State:
                  "groups": [{"layers": [0], "tokens_per_block": args.block,
                              "recurrent": False}], "tensors": {"stub": []}}])
 
+    @property
+    def stale_pool(self) -> bool:
+        """Whether B's pool hits answer as from stale KV: --corrupt-external, or a planted
+        race that its remedy (or the absence of the delay) does not lift."""
+        args = self.args
+        return bool(args.corrupt_external
+                    or (args.race_unless_remedy and args.stream_remedy != args.race_unless_remedy)
+                    or (args.race_under_delay and args.inject_log is not None))
+
     def lookup(self, salt: str, tokens: list[str], block: int, limit: int
-               ) -> tuple[int, int, list[int]]:
+               ) -> tuple[int, int, list[int], tuple[str, ...]]:
         """(local, external) hit tokens: whole blocks of the first LIMIT tokens, in order;
-        and the indices of the blocks this call put in the pool."""
+        the indices of the blocks this call put in the pool; every block's pool key."""
         if self.args.ignore_salt:
             salt = ""
         keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
@@ -150,10 +174,10 @@ class _State:
         self.l1_writes += len(stored)
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
-        return local, external, stored
+        return local, external, stored, tuple(key for _, key in keys)
 
     def _hosts_lookup(self, salt: str, keys: list[tuple[int, str]]
-                      ) -> tuple[int, int, list[int]]:
+                      ) -> tuple[int, int, list[int], tuple[str, ...]]:
         """The hosts topology: the engine's own blocks, then its server's L1 (--pool), then
         the shared L2 (a gap index of the L2 load stops it); what came from the L2 goes into
         the L1, every new block into the L1 and the L2. Sets the server's split of this
@@ -203,7 +227,7 @@ class _State:
             old, _ = self.l1_order.popitem(last=False)
             (self.pool / old).unlink(missing_ok=True)
             self.evicted += 1
-        return local, external, stored
+        return local, external, stored, tuple(key for _, key in keys)
 
     def _write_l2(self, salt: str, key: str, index: int) -> None:
         """Block INDEX into the L2, as LMCache's store controller writes it after L1; a
@@ -240,36 +264,39 @@ class _State:
             except FileNotFoundError:  # the other stub evicted it first
                 continue
 
-    def audit_records(self, request_id: str, salt: str, tokens: list[str], block: int,
-                      stored: list[int], loaded: range, zeroed: list[int],
-                      stale: frozenset[int] = frozenset()) -> None:
-        """kv_audit_hook's store and load records for this request's pool traffic (in the
-        hosts topology a block read from the L2 with other bytes than its key's, STALE,
-        loads other bytes than were stored)."""
-        if self.audit is None or not (stored or loaded):
-            return
-        started = time.perf_counter()
+    def audit_keys(self, salt: str, tokens: list[str], block: int, chunks: int
+                   ) -> list[str]:
+        """The audit hook's key of each of the first CHUNKS chunks (salt and token ids up to
+        the chunk's end; a stub token's id is a hash of its word)."""
         if self.args.ignore_salt:
             salt = ""
         ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little",
                               signed=True) for t in tokens]
-        count = max([*stored, *loaded], default=-1) + 1
-        keys = chunk_keys(salt, ids, block, 0, count)
+        return chunk_keys(salt, ids, block, 0, chunks)
+
+    def audit_records(self, request_id: str, keys: list[str], block: int,
+                      stored: list[int], loaded: range, zeroed: list[int],
+                      effect: _Effect | None = None, stale: frozenset[int] = frozenset()
+                      ) -> None:
+        """kv_audit_hook's store and load records for this request's pool traffic (KEYS:
+        ``audit_keys``; EFFECT: what a server hook's stand-in changed in B's loads; STALE:
+        in the hosts topology, blocks read from the L2 with other bytes than were stored)."""
+        if self.audit is None or not (stored or loaded):
+            return
+        started = time.perf_counter()
+        effect = effect or _Effect()
 
         def record(kind: str, chunk: int, data: bytes) -> dict[str, Any]:
             return {"kind": kind, "request": request_id, "chunk": chunk, "key": keys[chunk],
-                    "group": 0, "layer": "stub", "recurrent": False,
+                    "group": 0, "layer": "stub", "recurrent": chunk in effect.recurrent,
                     "digest": hashlib.blake2b(data, digest_size=16).hexdigest()}
 
-        def kv(chunk: int) -> bytes:  # a stub block's "bytes": a function of its key
-            return hashlib.sha256(keys[chunk].encode()).digest() * 4
-
-        records = [record("store", c, kv(c)) for c in stored]
+        records = [record("store", c, _kv(keys[c])) for c in stored]
         for c in loaded:
-            data = bytes(128) if c in zeroed else kv(c)
-            if c in stale:
+            data = bytes(128) if c in zeroed else effect.loads.get(c, _kv(keys[c]))
+            if c in stale:  # the hosts topology: read from the L2 with other bytes
                 data = hashlib.sha256(data + b"changed in L2").digest() * 4
-            if self.args.corrupt_external:
+            if self.stale_pool:
                 data = hashlib.sha256(data + b"stale").digest() * 4
             records.append(record("load", c, data))
         records += [{"kind": "cost", "direction": d, "request": request_id,
@@ -298,6 +325,209 @@ def _entry(salt: str, key: str, l2: Any) -> str:
 
     name = f"stub@0x00000000@0@{key[:32]}" + (f"@{salt}" if salt else "")
     return name + FILE_SUFFIX if isinstance(l2, DirectoryL2) else name
+
+
+_kv = block_bytes  # a catalogue stand-in's name for it
+
+
+STUB_OBJECT = 128  # the bytes of one stub chunk's "memory object" (_kv's length)
+FALLBACK = "lmcache.v1.platform.torch_ops.mem_kernels:lmcache_memcpy_async"
+
+
+@dataclass
+class _Effect:
+    """What a server hook's stand-in did to one request: chunks the answer cannot use, an
+    answer one word off (stale recurrent state), the bytes B loads instead for some chunks
+    and which of those are recurrent state."""
+
+    hidden: list[int] = field(default_factory=list)
+    shifted: bool = False
+    loads: dict[int, bytes] = field(default_factory=dict)
+    recurrent: set[int] = field(default_factory=set)
+
+
+class _Unplaced(Exception):
+    """A selected request where the class has nowhere to go; the message says why."""
+
+
+def _placement(chunk: int, read: bool = True, recurrent: bool = False, **extra: Any
+               ) -> dict[str, Any]:
+    """A placement as the fault hook logs one (the stub's chunk is one layer, "stub")."""
+    return {"chunk": chunk, "layer": "stub", "layer_index": 0,
+            "region": "recurrent" if recurrent else "attention", "plane": None,
+            "block": chunk, "start": 0, "stop": STUB_OBJECT, "read": read, **extra}
+
+
+def _middle(chunks: list[int]) -> list[int]:
+    """The chunks before the last (the last one's recurrent state is what an engine reads)."""
+    return [c for c in chunks if c < chunks[-1]] if chunks else []
+
+
+def _pick(chunks: list[int], what: str) -> int:
+    if not chunks:
+        raise _Unplaced(f"no {what}")
+    return chunks[len(chunks) // 2]
+
+
+class _Hooks:
+    """The stand-ins of the LMCache server's hooks in a stub (the catalogue's fault hook,
+    the triage's stream remedy, the delay hook): the same control file, the same log
+    lines, and each fault's effect on what the stub answers and digests."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        if args.no_hooks:  # as a server whose hooks never loaded: the switches do nothing
+            args = argparse.Namespace(**{**vars(args), "fault_control": None,
+                                         "stream_remedy": None, "inject_log": None})
+        self.args = args
+        self.lock = threading.Lock()
+        self.donors: dict[str, dict[str, bytes]] = {}  # request -> "mid"/"last" -> bytes
+        self.remedy_log = args.stream_remedy_log if args.stream_remedy else None
+        if args.fault_control is not None:
+            self.fault_line({"kind": "armed", "control": str(args.fault_control)})
+            self.fault_line({"kind": "wrapped", "target": "stub_openai:pool"})
+        if self.remedy_log:
+            self.remedy_line({"kind": "armed", "remedy": args.stream_remedy,
+                              "places": [FALLBACK]})
+            self.remedy_line({"kind": "wrapped", "target": FALLBACK,
+                              "remedy": args.stream_remedy})
+
+    @staticmethod
+    def _append(path: str | Path | None, line: str) -> None:
+        if path:
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(line)
+
+    def fault_line(self, record: dict[str, Any]) -> None:
+        self._append(self.args.fault_log,
+                     json.dumps({"pid": os.getpid(), **record}, sort_keys=True) + "\n")
+
+    def remedy_line(self, record: dict[str, Any]) -> None:
+        self._append(self.remedy_log,
+                     json.dumps({"pid": os.getpid(), **record}, sort_keys=True) + "\n")
+
+    def transfers(self, stored: list[int], loaded: range, block: int) -> None:
+        """The delay hook's and the remedy's lines for this request's pool transfers."""
+        for direction, chunks in (("D2H", len(stored)), ("H2D", len(loaded))):
+            if not chunks:
+                continue
+            self._append(self.args.inject_log, f"{os.getpid()}\tserver\tstub:{direction}\n")
+            if self.remedy_log:
+                self.remedy_line({"kind": "applied", "remedy": self.args.stream_remedy,
+                                  "target": FALLBACK, "direction": direction,
+                                  "bytes": chunks * block * STUB_TOKEN_BYTES, "pieces": 1})
+
+    def control(self) -> Any:
+        """The catalogue's control now (fault_hook.Control), or None."""
+        from pytest_sharedkv.engine_hooks.fault_hook import ControlError, parse_control
+
+        path = self.args.fault_control
+        if path is None or not path.exists():
+            return None
+        try:
+            return parse_control(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, ControlError) as exc:
+            self.fault_line({"kind": "error", "why": f"control file {path}: {exc}"})
+            return None
+
+    def apply(self, request: str, pre: _Prefill, keys: list[str], pool: Path | None
+              ) -> _Effect:
+        """The catalogue class the control names, applied to this request's store or load
+        (logged as the fault hook logs it), and what a lost write left in the pool."""
+        effect = _Effect()
+        if self.args.fault_control is None:
+            return effect
+        loaded = list(pre.loaded)
+        for chunk in loaded:  # a store that never landed: its committed key serves old bytes
+            if pool is not None and (pool / f"{pre.keys[chunk]}.lost").exists():
+                effect.loads[chunk] = b"never stored" * 8
+                effect.hidden.append(chunk)
+        control = self.control()
+        if control is None:
+            return effect
+        from pytest_sharedkv.engine_hooks.fault_classes import fault_class
+
+        store = fault_class(control.fault).direction == "store"
+        chunks = pre.stored if store else loaded
+        if not chunks:
+            return effect
+        chosen = control.selects(request)
+        with self.lock:
+            if not chosen and not store:
+                self.remember(request, loaded, keys)
+        if not chosen:
+            return effect
+        base = {"class": control.fault, "cell": control.cell, "request": request,
+                "op": f"{request}#1", "direction": "D2H" if store else "H2D",
+                "object_group": 0}
+        try:
+            extra = self.place(control, request, chunks, keys, pre, pool, effect)
+        except _Unplaced as why:
+            self.fault_line({**base, "kind": "unplaced", "why": str(why)})
+            return effect
+        self.fault_line({**base, "kind": "applied", **extra})
+        return effect
+
+    def remember(self, request: str, loaded: list[int], keys: list[str]) -> None:
+        """Another request's middle and last chunk, for a collision or foreign state."""
+        middle = _middle(loaded)
+        chunks = {"last": _kv(keys[loaded[-1]])}
+        if middle:
+            chunks["mid"] = _kv(keys[middle[len(middle) // 2]])
+        self.donors[request] = chunks
+        while len(self.donors) > 4:
+            self.donors.pop(next(iter(self.donors)))
+
+    def donor(self, request: str, role: str) -> tuple[str, bytes]:
+        with self.lock:
+            for other, chunks in reversed(list(self.donors.items())):
+                if other != request and role in chunks:
+                    return other, chunks[role]
+        raise _Unplaced(f"no other request's {role} chunk of {STUB_OBJECT} bytes seen yet")
+
+    def place(self, control: Any, request: str, chunks: list[int], keys: list[str],
+              pre: _Prefill, pool: Path | None, effect: _Effect) -> dict[str, Any]:
+        """Where the class goes in this request and what it does; the log line's fields."""
+        name, middle, last = control.fault, _middle(chunks), chunks[-1]
+        if name == "misrouted":
+            a = _pick([c for c in middle if c + 1 in middle],
+                      f"two adjacent chunks before the last ({len(chunks)} chunks)")
+            effect.loads.update({a: _kv(keys[a + 1]), a + 1: _kv(keys[a])})
+            return {"swapped": [a, a + 1],
+                    "placements": [_placement(a, holds=a + 1), _placement(a + 1, holds=a)]}
+        if name == "key-collision":
+            target = _pick(middle, f"chunk before the last ({len(chunks)} chunks)")
+            other, data = self.donor(request, "mid")
+            effect.loads[target] = data
+            effect.hidden.append(target)
+            return {"chunk": target, "donor": {"request": other},
+                    "placements": [_placement(target)]}
+        if name == "lost-write":
+            target = _pick(middle, f"stored chunk before the last ({len(chunks)} chunks)")
+            if pool is not None:
+                (pool / f"{pre.keys[target]}.lost").touch()
+            return {"chunk": target, "placements": [_placement(target)]}
+        if name in ("bit-flip", "bit-flip-unread"):
+            target = _pick(middle or chunks, f"chunk ({len(chunks)} chunks)")
+            read = name == "bit-flip"
+            byte = STUB_OBJECT // 2 - 1
+            if read:
+                flipped = bytearray(_kv(keys[target]))
+                flipped[byte] ^= 1 << control.bit
+                effect.loads[target] = bytes(flipped)
+            return {"chunk": target, "byte": byte, "bit": control.bit,
+                    "placements": [_placement(target, read=read, recurrent=not read,
+                                              byte=byte)]}
+        if name in ("state-unrestored", "state-foreign"):
+            if name == "state-foreign":
+                other, data = self.donor(request, "last")
+                extra: dict[str, Any] = {"donor": {"request": other}}
+            else:
+                data, extra = b"old state" * 14 + b"..", {"redirected": [{"block_id": None}]}
+            effect.loads[last] = data
+            effect.recurrent.add(last)
+            effect.shifted = True
+            return {"chunk": last, **extra, "placements": [_placement(last, recurrent=True)]}
+        raise _Unplaced(f"the stub has no stand-in for {name}")
 
 
 def _continuation(prompt: str, max_tokens: int) -> list[str]:
@@ -356,6 +586,7 @@ class _Prefill:
     stored: list[int]
     done: int
     server: _ServerLookup | None = None  # the hosts topology's server lookup
+    keys: tuple[str, ...] = ()  # every whole block's pool key, in order
 
     @property
     def cached(self) -> int:
@@ -376,7 +607,7 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
     with state.lock:
         limit = len(tokens) - 1 if copy else len(tokens)
         block = state.args.block if copy else BLOCK
-        local, external, stored = state.lookup(salt, tokens, block, limit)
+        local, external, stored, keys = state.lookup(salt, tokens, block, limit)
         server = state.last if state.l2 is not None else None
         state.queries += len(tokens)
         state.hits += local
@@ -388,20 +619,24 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
         if external:
             moved.append(f"vllm:kv_offload_load_bytes={external * STUB_TOKEN_BYTES}")
         print(f"[{state.name}] KV Transfer metrics: {', '.join(moved)}", flush=True)
-    return _Prefill(words, tokens, copy, block, local, external, stored, done, server)
+    return _Prefill(words, tokens, copy, block, local, external, stored, done, server=server,
+                    keys=keys)
 
 
 def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
-                  zeroed: list[int]) -> list[str]:
+                  zeroed: list[int], effect: _Effect | None = None) -> list[str]:
     """The continuation, with the faults asked for: copy prompts by the copy rule (the
-    gate's ZEROED chunks hidden, one word off under --diverge), others a hash of the
-    prompt; any pool hit under --corrupt-external answers as if from stale KV."""
+    gate's ZEROED chunks and a hook stand-in's hidden ones hidden, one word off under
+    --diverge or stale state), others a hash of the prompt; any pool hit under
+    --corrupt-external (or a planted race) answers as if from stale KV."""
+    effect = effect or _Effect()
     if pre.copy:
-        out = _copy_answer(pre.words, max_tokens, zeroed, pre.block, state.args.diverge)
+        out = _copy_answer(pre.words, max_tokens, [*zeroed, *effect.hidden], pre.block,
+                           state.args.diverge or effect.shifted)
     else:
         out = _continuation(prompt, max_tokens)
     stale = pre.server is not None and bool(pre.server.stale)
-    if pre.external and (state.args.corrupt_external or stale):
+    if pre.external and (state.stale_pool or stale):
         out = _continuation(prompt + " stale", max_tokens)
     return out
 
@@ -538,11 +773,16 @@ class _StubHandler(BaseHTTPRequestHandler):
                          f"{hashlib.sha256(request_id.encode()).hexdigest()[:8]}")
             print(f"[{self.stub.name}] " + retained_line(*pre.server.split, engine_id,
                                                          pre.done), flush=True)
-        self.stub.audit_records(request_id, salt, pre.tokens, pre.block, pre.stored,
-                                pre.loaded, zeroed,
+        chunks = max([*pre.stored, *pre.loaded], default=-1) + 1
+        keys = self.stub.audit_keys(salt, pre.tokens, pre.block, chunks)
+        hooks = self.stub.hooks
+        hooks.transfers(pre.stored, pre.loaded, pre.block)
+        effect = hooks.apply(request_id, pre, keys, self.stub.pool) if pre.copy else None
+        self.stub.audit_records(request_id, keys, pre.block, pre.stored, pre.loaded, zeroed,
+                                effect,
                                 pre.server.stale if pre.server is not None else frozenset())
-        out, finish = _apply_stop(_answer_words(self.stub, prompt, max_tokens, pre, zeroed),
-                                  request.get("stop") or [])
+        out, finish = _apply_stop(_answer_words(self.stub, prompt, max_tokens, pre, zeroed,
+                                                effect), request.get("stop") or [])
         usage = _usage(pre, out)
         choice = _choice(request, out, finish, pre.copy)
         if request.get("stream"):
@@ -622,6 +862,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="flip a byte of this chunk's L2 entry once it is written")
     parser.add_argument("--l2-unattached", action="store_true",
                         help="log the connector's error instead of the L2 attach line")
+    parser.add_argument("--fault-control", type=Path, default=None,
+                        help="the fault catalogue's control file (fault_hook's format)")
+    parser.add_argument("--fault-log", default=None,
+                        help="fault_hook's log lines, for the classes the control names")
+    parser.add_argument("--stream-remedy", default=None,
+                        help="log a stream remedy's lines (stream_remedy_hook's format)")
+    parser.add_argument("--stream-remedy-log", default=None)
+    parser.add_argument("--inject-log", default=None,
+                        help="log each pool transfer as the delay hook does in the server")
+    parser.add_argument("--race-unless-remedy", default=None, metavar="REMEDY",
+                        help="B's pool hits answer as from stale KV unless this remedy is on")
+    parser.add_argument("--no-hooks", action="store_true",
+                        help="the server hooks' stand-ins never load (their flags do nothing)")
+    parser.add_argument("--race-under-delay", action="store_true",
+                        help="B's pool hits answer as from stale KV while the delay is on")
     return parser.parse_args(argv)
 
 

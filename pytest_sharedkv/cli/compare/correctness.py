@@ -155,9 +155,11 @@ def lost_tests(before: Report, after: Report) -> list[Finding]:
 
 def void_tiers(report: Report) -> set[str]:
     """Tiers in which REPORT proved nothing: a record of status void (a sensitivity gate
-    whose hook never reached the server, an insensitive probe)."""
+    whose hook never reached the server, an insensitive probe). A fault catalogue cell
+    whose fault was never applied voids that cell only, not its tier's results."""
     return {str(c.get("tier")) for c in report.data.get("checks", [])
-            if isinstance(c, dict) and c.get("status") == Status.VOID}
+            if isinstance(c, dict) and c.get("status") == Status.VOID
+            and c.get("kind") != Kind.FAULT_CATALOGUE}
 
 
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:

@@ -28,6 +28,7 @@ class Found(Word):
     BELOW_FLOOR = "INVALID (below floor)"
     PARTIAL_HIT = "PARTIAL pool hit"
     KERNEL_PATH_LOST = "kernel path lost"
+    SIGHT_LOST = "sight lost"  # a fault class BEFORE's checks saw and AFTER's did not
 
 
 @dataclass(frozen=True)

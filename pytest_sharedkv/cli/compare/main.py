@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.allocators import as_twin, switch, switch_line
+from pytest_sharedkv.cli.compare.catalogue import sight_changes
 from pytest_sharedkv.cli.compare.correctness import differences
 from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER, flag_differences
 from pytest_sharedkv.cli.compare.kernels import lost_kernels
@@ -65,6 +66,8 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
         before = as_twin(before, *found, after)
     new, old = differences(before, after)
     new = lost_kernels(before, after) + new  # an upgrade that lost the compiled kernels
+    blind, sight = sight_changes(before, after)  # fault classes the suite no longer sees
+    new = [*new, *blind]
     changes, sessions = speed.changes(before.perf, after.perf)
     every = changes + sessions
     flags = flag_differences(before, after)
@@ -83,7 +86,7 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
                                 placement=moved, topology=topology, blocked=blocked,
                                 switched=switch_line(found) if found is not None else "",
                                 arms=speed.arms_line(before.perf, after.perf),
-                                same=same_line(before, after))
+                                same=same_line(before, after), sight=sight)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -99,7 +99,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  sessions: Sequence[Change], flags: Sequence[str] = (),
                  placement: tuple[str, str] | None = None,
                  topology: tuple[str, str] | None = None, blocked: Sequence[str] = (),
-                 switched: str = "", arms: str = "", same: str = "") -> list[str]:
+                 switched: str = "", arms: str = "", same: str = "",
+                 sight: Sequence[str] = ()) -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
@@ -109,7 +110,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     DIFFERS unless --allow-topology-change);
     SWITCHED: the allocator switch BEFORE was read across, if any; ARMS: the perf arms
     only one side screened, if any (CHANGES and SESSIONS hold the shared arms only); SAME:
-    the line that says BEFORE and AFTER are one report, if they are."""
+    the line that says BEFORE and AFTER are one report, if they are; SIGHT: the fault
+    catalogue's lines (catalogue.sight_changes), if either side ran it."""
     every = [*changes, *sessions]
     regressions = [] if blocked else speed.regressions(every, limit)
     missing = speed.missing(every)
@@ -160,6 +162,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
             "correctness compared as always (no perf screening)" if before.perf is None
             else _judging(TOPOLOGY_DIFFERS, "--allow-topology-change", blocked,
                           "the KV took another path between the replicas")), ""]
+    if sight:
+        lines += [*sight, ""]
     lines += ["## Correctness (AFTER)", ""]
     if new or old:
         rows = [["NEW" if f in new else "also in BEFORE", f.kind, f.subject, f.message]

@@ -1,0 +1,91 @@
+"""The fault catalogue end to end on the stub provider, in-process: the stub stands in for
+the LMCache server's hooks (the same control file and log lines as engine_hooks.fault_hook,
+the delay hook's log), so each class is applied, judged and recorded through the code a GPU
+run uses. Small plans: the slice is the first few requests of 3k."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.config.options import MEASURED_ENV
+from tests.launch_faults import LaunchFaults, Planted, StubFaults
+
+BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
+        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.01",
+        "--sharedkv-service-sizes=3k", "-k", "catalogue", "--sharedkv-json=r.json"]
+
+
+def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, measured: int,
+         *args: str, faults: StubFaults | None = None
+         ) -> tuple[pytest.RunResult, dict[str, dict[str, Any]]]:
+    monkeypatch.setenv(MEASURED_ENV, str(measured))
+    plugins = [Planted(LaunchFaults(stub=faults))] if faults is not None else []
+    result = pytester.runpytest(*BASE, *args, plugins=plugins)
+    report = json.loads((pytester.path / "r.json").read_text())
+    cells = {c["key"]["step"]: c for c in report["checks"] if c["kind"] == "fault-catalogue"}
+    return result, cells
+
+
+def test_every_class_is_applied_and_judged_by_what_caught_it(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each hook class applied several times on one relaunched pair and caught (the audit
+    sees every one that reaches an engine; unrestored or foreign state changes answers too),
+    the unread flip caught by nothing as expected, the L2 load failure n/a without the
+    two-host topology; a race the delay exposes fails the run as the stack's."""
+    result, cells = _run(pytester, monkeypatch, 6, "--sharedkv-fault-catalogue=all",
+                         faults=StubFaults(race_under_delay=True))
+    result.assert_outcomes(failed=1)
+    assert {k: c["status"] for k, c in cells.items()} == {
+        "misrouted": "pass", "key-collision": "pass", "lost-write": "pass", "bit-flip": "pass",
+        "bit-flip-unread": "pass", "state-unrestored": "pass", "state-foreign": "pass",
+        "delayed-producer": "fail", "l2-load-failure": "info"}
+    seen = {k: c["detail"]["detections"] for k, c in cells.items()}
+    assert seen["misrouted"] == {"answers": "missed", "audit": "caught", "hits": "missed"}
+    assert seen["state-foreign"] == {"answers": "caught", "audit": "caught", "hits": "missed"}
+    assert seen["bit-flip-unread"] == {"answers": "missed", "audit": "missed",
+                                       "hits": "missed"}
+    assert seen["delayed-producer"]["answers"] == "caught"
+    assert all(c["detail"]["applications"] >= 1 for k, c in cells.items()
+               if k != "l2-load-failure")
+    assert cells["misrouted"]["detail"]["faulted_requests"] >= 2
+    assert cells["l2-load-failure"]["detail"]["not_applicable"].startswith(
+        "it needs the two-host topology")
+    result.stdout.fnmatch_lines([
+        "*delayed-producer: the stack races: with a delayed producer before every KV "
+        "transfer, caught by answers, audit*",
+        "*CATALOGUE stub (test double): 7 of 8 fault classes seen as expected*",
+        "*| n/a *| misrouted *| * | missed *| caught *| missed *| seen *|*",
+        "*| n/a *| delayed-producer *| * | caught *| caught *| missed *| FAIL *|*",
+        "*| n/a *| l2-load-failure *| - *| - *| - *| - *| n/a *|*"])
+
+
+def test_a_class_nothing_caught_fails_the_run_saying_the_suite_cannot_see_it(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the audit off, a misroute the copy model's answers cannot see is seen by nothing:
+    the catalogue says so and fails; foreign state still changes answers."""
+    result, cells = _run(pytester, monkeypatch, 4, "--no-sharedkv-kv-audit",
+                         "--sharedkv-fault-catalogue=misrouted,state-foreign")
+    result.assert_outcomes(failed=1)
+    assert {k: c["status"] for k, c in cells.items()} == {"misrouted": "fail",
+                                                          "state-foreign": "pass"}
+    assert cells["misrouted"]["detail"]["detections"]["audit"] == "off"
+    result.stdout.fnmatch_lines(["*this suite cannot see misrouted on this stack (* "
+                                 "applications in * requests; 0 of 4 answers wrong, audit "
+                                 "off, hits as expected)*",
+                                 "*| n/a *| misrouted *| * | missed *| off *| missed *| "
+                                 "NOT SEEN *|*"])
+
+
+def test_a_fault_the_server_never_applied_is_void(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose hooks never loaded (the switch set, the hook not on its path): the
+    cell proves nothing, says why, and fails the run."""
+    result, cells = _run(pytester, monkeypatch, 2, "--sharedkv-fault-catalogue=lost-write",
+                         faults=StubFaults(no_hooks=True))
+    result.assert_outcomes(failed=1)
+    assert cells["lost-write"]["status"] == "void"
+    result.stdout.fnmatch_lines(["*lost-write: VOID: the fault hook never loaded in the "
+                                 "LMCache server*"])
