@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
+from pytest_sharedkv.config.stack_choice import STACKS, stack_problem
 
 OPTION_PREFIX = "--sharedkv-"
 DEST_PREFIX = "sharedkv_"
@@ -605,6 +606,15 @@ class Settings:
         "may prove a remedy this run names (e.g. LMCache's compiled kernels, the other "
         "allocator); without it or a triage control a remedy is said as a suggestion",
         parse_path, kind=PATH, metavar="REPORT.json")
+    stack: str = setting(
+        "mp",
+        "replica tiers: the KV stack a launched pair runs: mp (LMCache's MP server, "
+        "LMCacheMPConnector), inprocess (LMCache's LMCacheConnectorV1 in each replica, "
+        "sharing through a Redis the suite starts; needs an attention-only --sharedkv-model) "
+        "or native (vLLM's own CPU offload, the GPU cache sized so the corpus is served "
+        "from the CPU tier); the stub double models each as it models the MP server "
+        "(default {default})",
+        parse_choice(*STACKS), metavar="NAME")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)
@@ -788,4 +798,7 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "
                 "serves a deployment the suite never starts or stops; drop one of them")
+    stack = stack_problem(settings, provider)  # --sharedkv-stack inprocess|native
+    if stack is not None:
+        return stack
     return None

@@ -108,6 +108,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     launched = provider.launched
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
+    if launched and settings.stack != "mp":  # no MP server, no allocator: one cell, the stack
+        allocators = (settings.stack,)
     metafunc.parametrize(
         SLOT,
         [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
@@ -324,6 +326,10 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
                               kv_audit=settings.kv_audit, engine=engine,
                               stub_faults=stub_faults)
+            if settings.stack != "mp":  # the double models the stack, and says so
+                from pytest_sharedkv.stack.stack_launch import stub_spec
+
+                spec = stub_spec(spec, settings.stack)
             return stub_pair(edit(spec) if edit is not None else spec)
         assert model is not None
         if lease is None:
@@ -338,6 +344,19 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
             kv_audit=settings.kv_audit, engine=engine)
+        if settings.stack != "mp":  # --sharedkv-stack inprocess|native
+            from pytest_sharedkv.stack.stack_launch import (
+                StackUnavailable,
+                launch_stack_pair,
+                stacked_spec,
+            )
+
+            try:
+                stacked = stacked_spec(edit(spec) if edit is not None else spec,
+                                       settings.stack, cases, settings.concurrency)
+            except StackUnavailable as exc:
+                pytest.fail(str(exc), pytrace=False)
+            return launch_stack_pair(stacked)
         return launch_vllm_pair(edit(spec) if edit is not None else spec)
 
     return launch

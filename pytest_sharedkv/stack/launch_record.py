@@ -95,6 +95,9 @@ class LaunchRecord:
     engine: EngineSettings | None = None
     server: ServerConfig | None = None
     paths: LaunchPaths = LaunchPaths()
+    # the KV stack it runs (--sharedkv-stack inprocess|native: the configuration's record,
+    # connector and backend); None: the MP server's, as before the option
+    stack: Mapping[str, Any] | None = None
 
     @property
     def labels(self) -> dict[str, str]:

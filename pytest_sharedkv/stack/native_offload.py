@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from math import ceil
 from typing import TYPE_CHECKING, Any
 
+from pytest_sharedkv.config.stack_choice import MAMBA_TYPES, is_hybrid
+
 if TYPE_CHECKING:
     from pytest_sharedkv.corpus.copy_corpus import Request
 
@@ -38,8 +40,7 @@ SIMPLE_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"
 # model_type -> the mamba_cache_mode values vLLM 0.26 runs with prefix caching on
 ALIGN_ONLY = ("align",)
 ALIGN_AND_ALL = ("align", "all")
-ALL_CAPABLE = frozenset({"jamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2",
-                         "mamba", "mamba2"})
+ALL_CAPABLE = MAMBA_TYPES  # the hybrids that run mamba_cache_mode all
 GDN_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_moe"})
 
 
@@ -50,13 +51,6 @@ class NativeOffloadError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
-
-
-def is_hybrid(config: Mapping[str, Any]) -> bool:
-    """Whether config.json describes a model with recurrent (Mamba / GDN) layers."""
-    types = config.get("layer_types") or []
-    return ("linear_attention" in types or "mamba" in types
-            or str(config.get("model_type", "")) in ALL_CAPABLE)
 
 
 def mamba_cache_modes(config: Mapping[str, Any]) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook, sync_hook
 from pytest_sharedkv.engine_hooks.delay_hook import (
@@ -40,6 +40,9 @@ from pytest_sharedkv.stack.launch_record import (
 )
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.stack.stack_launch import StackLaunch
 
 INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
@@ -144,6 +147,9 @@ class LaunchSpec:
     # compiling at once never write one directory, and the next block's start of a replica
     # finds what it compiled; None: vLLM's default (~/.cache/vllm)
     compile_cache: Path | None = None
+    # --sharedkv-stack inprocess|native (stack/stack_launch.py): each replica's extra flags
+    # and variables and the record's naming of the stack; None: the MP server's stack
+    stack: StackLaunch | None = None
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -292,6 +298,9 @@ def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
         for key, value in spec.engine.env:
             env.setdefault(key, value)
         argv = vllm_argv(spec.model, port, server, spec)
+        if spec.stack is not None:  # the stack's flags before the user's, its variables
+            argv, env = spec.stack.replica_argv(argv, spec.engine.extra_args), \
+                {**env, **spec.stack.replica_env(name)}
         log = spec.log_dir / f"vllm-{name}-{port}.log"
         process = ManagedProcess(f"vllm replica {name}", argv, log, env=env)
         processes.append(launched(process.name, argv, env))
@@ -318,6 +327,8 @@ def _vllm_pair(spec: LaunchSpec, server: LMCacheServer | None) -> ReplicaPair:
                           arm=spec.arm, model=spec.model, processes=tuple(processes),
                           engine=spec.engine,
                           server=server.config if server is not None else None, paths=paths)
+    if spec.stack is not None:
+        record = spec.stack.named_in(record)
     return ReplicaPair(replicas["A"], replicas["B"], record,
                        stop_server=server.stop if server is not None else None,
                        relaunch=lambda **changes: launch_vllm_pair(replace(spec, **changes)))
@@ -389,6 +400,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
         paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
                           kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None))
+    if spec.stack is not None:  # the stack the double models, said in its record
+        record = spec.stack.named_in(record)
     pair = ReplicaPair(replicas["A"], replicas["B"], record,
                        relaunch=lambda **changes: stub_pair(replace(spec, **changes)))
     start_all(pair, together=True)  # stops both if one fails
