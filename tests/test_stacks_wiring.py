@@ -24,7 +24,7 @@ USER_ARGS = ("--max-num-seqs", "4")
 
 def model(tmp_path: Path, config: dict[str, Any]) -> Path:
     path = tmp_path / "model"
-    path.mkdir(exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -211,3 +211,29 @@ def test_the_stub_models_a_stack_and_says_so(tmp_path: Path, stack: str, flag: s
     finally:
         assert pair.close() == []
 
+
+
+def test_the_attention_only_copy_model_is_served_the_copy_corpus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--sharedkv-model at the attention-only copy model: the copy corpus (answers by the
+    copy rule, not a text corpus's A-cold references), built from the hybrid's vocabulary
+    recipe for the model's own chunk (two 16-token blocks: the committed manifest's)."""
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.corpus import choice, copy_corpus
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe
+
+    path = model(tmp_path, config_dict(AttentionCopyRecipe()))
+    settings = Settings(model=path)
+    assert choice.served_kind(settings) == "copy"
+    assert choice.served_kind(Settings(model=model(tmp_path / "h", HYBRID))) == "text"
+
+    class Built(Exception):
+        pass
+
+    def load(manifest: Path, recipe: CopyModelRecipe) -> None:
+        raise Built(manifest.name, recipe)
+
+    monkeypatch.setattr(copy_corpus, "load", load)
+    with pytest.raises(Built) as built:
+        choice.case_set(settings)
+    assert built.value.args == ("copy-corpus-c32.json", CopyModelRecipe())

@@ -264,3 +264,15 @@ def make_attention_copy_model(dst: Path, recipe: AttentionCopyRecipe | None = No
     recipe = recipe or AttentionCopyRecipe()
     write_model_dir(dst, config_dict(recipe), weights(recipe), recipe.vocabulary_recipe())
     return AttentionCopyCard(dst, recipe, digest_of(dst))
+
+
+def corpus_recipe(path: Path) -> CopyModelRecipe | None:
+    """The hybrid recipe whose copy corpus and answers the model at PATH serves, where it
+    is this kind (its vocabulary recipe); None for any other directory."""
+    from pytest_sharedkv.models.copy_model import model_kind
+
+    if model_kind(path) != KIND:
+        return None
+    section = json.loads((path / "config.json").read_text())["sharedkv"]
+    fields = {k: v for k, v in section.items() if k in AttentionCopyRecipe.__dataclass_fields__}
+    return AttentionCopyRecipe(**fields).vocabulary_recipe()
