@@ -237,3 +237,19 @@ def test_the_attention_only_copy_model_is_served_the_copy_corpus(
     with pytest.raises(Built) as built:
         choice.case_set(settings)
     assert built.value.args == ("copy-corpus-c32.json", CopyModelRecipe())
+
+
+def test_the_native_stack_runs_a_hybrid_with_its_mamba_cache_mode(tmp_path: Path) -> None:
+    """The copy model (Qwen3-Next) runs mamba_cache_mode align, given after the arm's own
+    flags; its padded pages leave the bytes per token unknown, so the CPU tier is the
+    pool's size."""
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe
+    from pytest_sharedkv.models.copy_model import config_dict as hybrid_config
+
+    spec = stack_launch.stacked_spec(spec_for(tmp_path, hybrid_config(CopyModelRecipe())),
+                                     "native", cases({"3k": (200, 3009)}), 8)
+    argv = list(_vllm_pair(spec, None).record.processes[0].argv)
+    assert option(argv, "--mamba-cache-mode") == ["align"]
+    assert option(argv, "--kv-offloading-size") == ["2"]
+    assert argv.count("--enable-prefix-caching") == 1
+    assert argv[-2:] == list(USER_ARGS)

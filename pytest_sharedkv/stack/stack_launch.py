@@ -121,14 +121,29 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
     modes = mamba_cache_modes(config)
     plan = NativeOffloadPlan(tier, blocks, block, modes[0] if modes else None,
                              bytes_per_token=per_token)
-    own = ("--kv-offloading-backend", "--kv-offloading-size", "--enable-prefix-caching")
-    flags = plan.argv()
-    extra = [f for i, f in enumerate(flags)  # what the NATIVE arm's argv does not give
-             if f not in own and (i == 0 or flags[i - 1] not in own)]
+    extra = native_extra(plan.argv())
     return StackLaunch(
         NATIVE, ARMS[NATIVE], tuple(extra), (), {**plan.record(), "stack": NATIVE},
         description=f"vllm x2, native offload ({tier:g} GB CPU each, {blocks} GPU blocks)",
         allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)")
+
+
+NATIVE_ARM_FLAGS = {"--kv-offloading-backend": 1, "--kv-offloading-size": 1,
+                    "--enable-prefix-caching": 0}  # what the NATIVE arm's argv gives: values
+
+
+def native_extra(flags: Sequence[str]) -> list[str]:
+    """FLAGS less those the NATIVE arm's argv gives already (each flag with its values)."""
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        taken = NATIVE_ARM_FLAGS.get(flags[i])
+        if taken is None:
+            out.append(flags[i])
+            i += 1
+        else:
+            i += 1 + taken
+    return out
 
 
 def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
