@@ -40,6 +40,10 @@ def test_lmcache_reads_each_replicas_file_as_built(tmp_path: Path) -> None:
         env = launch.env(name)
         read[name] = config_mod.LMCacheEngineConfig.from_file(env[CONFIG_ENV])
         config = read[name]
+        with pytest.MonkeyPatch.context() as patch:  # as LMCache's vLLM adapter loads it
+            for key, value in env.items():
+                patch.setenv(key, value)
+            config.update_config_from_env()
         assert (config.chunk_size, config.local_cpu, config.max_local_cpu_size) == (
             256, True, 2.0)
         assert config.local_disk == str(tmp_path / "disk" / name)

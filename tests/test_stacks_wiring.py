@@ -131,8 +131,9 @@ def test_the_inprocess_stack_launches_lmcache_in_each_replica(tmp_path: Path) ->
     assert record.stack["backend"] == "redis://" and record.allocator == "in-process (redis://)"
     assert spec.stack is not None and spec.stack.backend is not None
     assert record.stack["remote_url"] == f"redis://127.0.0.1:{spec.stack.backend.port}"
-    found = stack_of(report_of(record, "inprocess"))
+    found = stack_of(report_of(record, "inprocess"))  # from the launch facts alone
     assert found is not None and found.kinds == {INPROCESS}
+    assert found.describe() == "LMCache in-process (LMCacheConnectorV1, redis://, LMCache 0.5.6)"
     mp = Report(Path("b.json"), {"facts": [{"name": "launch", "value": json.dumps(
         {"argv": ["python", "-c", "vllm", "serve", "m", "--kv-transfer-config",
                   json.dumps({"kv_connector": "LMCacheMPConnector"})], "env": {}})}]}, None)

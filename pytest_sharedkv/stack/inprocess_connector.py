@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 CONNECTOR = "LMCacheConnectorV1"
 CONFIG_ENV = "LMCACHE_CONFIG_FILE"
+REMOTE_ENV = "LMCACHE_REMOTE_URL"  # overrides the file's remote_url (update_config_from_env)
 HASH_SEED = "0"  # PYTHONHASHSEED, the same in both replicas: their chunk keys agree
 HASH_ALGORITHM = "sha256_cbor"
 REMOTE_SCHEMES = ("redis", "lm")  # a Redis the suite started, LMCache's own server
@@ -254,6 +255,8 @@ def inprocess_launch(settings: InprocessSettings, config_dir: Path) -> Inprocess
     for name in REPLICAS:
         path = config_dir / f"lmcache-{name}.yaml"
         env = {**REPLICA_ENV, CONFIG_ENV: str(path)}
+        if settings.remote_url is not None:  # the file's value again, as LMCache reads a
+            env[REMOTE_ENV] = settings.remote_url  # variable: the launch record names it
         replicas.append(InprocessReplica(name, path,
                                          yaml_text(config_values(settings, name)),
                                          tuple(sorted(env.items()))))

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from pytest_sharedkv.cli.compare.reading import Report, environment_of
 
@@ -30,6 +31,7 @@ KINDS = {"LMCacheMPConnector": MP, "LMCacheConnectorV1": INPROCESS,
          "OffloadingConnector": NATIVE, "SimpleCPUOffloadConnector": NATIVE}
 LMCACHE_KINDS = frozenset({MP, INPROCESS})
 SIMPLE_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"
+REMOTE_ENV = "LMCACHE_REMOTE_URL"  # the in-process connector's remote, as LMCache reads it
 HEADER_VERSION = re.compile(r"\blmcache (\S+?);")
 
 
@@ -103,7 +105,9 @@ def connector_of(argv: list[str], env: Mapping[str, str]) -> Connector | None:
             backend = "CPU"
         elif offload == "lmcache":
             name = "LMCacheMPConnector"
-    if name == "LMCacheConnectorV1" and "LMCACHE_CONFIG_FILE" not in env:
+    if name == "LMCacheConnectorV1" and env.get(REMOTE_ENV):  # the remote it shares through
+        backend = urlsplit(str(env[REMOTE_ENV])).scheme + "://"
+    elif name == "LMCacheConnectorV1" and "LMCACHE_CONFIG_FILE" not in env:
         backend = "LMCache's defaults"
     return Connector(name, backend)
 
