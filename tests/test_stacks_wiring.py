@@ -254,3 +254,18 @@ def test_the_native_stack_runs_a_hybrid_with_its_mamba_cache_mode(tmp_path: Path
     assert option(argv, "--kv-offloading-size") == ["2"]
     assert argv.count("--enable-prefix-caching") == 1
     assert argv[-2:] == list(USER_ARGS)
+
+
+def test_the_stub_provider_runs_the_stack_it_is_given(pytester: pytest.Pytester) -> None:
+    """Through the plugin's own fixtures: --sharedkv-provider stub --sharedkv-stack native
+    gives the test a stub pair whose record names the stack it models."""
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.replica_pair
+        def test_x(sharedkv_replica_pair):
+            record = sharedkv_replica_pair.record
+            assert record.stack["stack"] == "native" and record.arm == "NATIVE"
+            assert "--offload-log" in record.processes[0].argv
+    """)
+    result = pytester.runpytest_inprocess("--sharedkv-provider=stub", "--sharedkv-stack=native")
+    result.assert_outcomes(passed=1)
