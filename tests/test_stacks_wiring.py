@@ -84,8 +84,9 @@ def test_a_launched_stack_is_one_matrix_cell_named_by_it(pytester: pytest.Pytest
         def test_x(sharedkv_replica_pair): pass
     """)
     result = pytester.runpytest_inprocess("--sharedkv-provider=vllm", "--sharedkv-stack=native",
-                                          "--collect-only", "-q")
+                                          "--sharedkv-service-sizes=3k", "--collect-only", "-q")
     result.stdout.fnmatch_lines(["*test_x?native?"])
+    assert result.ret == pytest.ExitCode.OK
     assert "lazy" not in result.stdout.str() and "mixed" not in result.stdout.str()
 
 
@@ -269,3 +270,23 @@ def test_the_stub_provider_runs_the_stack_it_is_given(pytester: pytest.Pytester)
     """)
     result = pytester.runpytest_inprocess("--sharedkv-provider=stub", "--sharedkv-stack=native")
     result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(("sizes", "error"), [([], True), (["--sharedkv-service-sizes=3k"], False)])
+def test_a_corpus_the_native_stack_cannot_size_is_a_usage_error(
+        pytester: pytest.Pytester, sizes: list[str], error: bool) -> None:
+    """All four sizes at concurrency 8: eight 128k requests in flight would hold the 8k
+    group on the GPU, said before any test; the 3k group alone runs."""
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.replica_pair
+        def test_x(sharedkv_replica_pair): pass
+    """)
+    result = pytester.runpytest_inprocess("--sharedkv-provider=vllm", "--sharedkv-stack=native",
+                                          "--collect-only", *sizes)
+    if error:
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["ERROR: --sharedkv-stack native: group_tokens: * prompt "
+                                     "tokens would stay on a GPU cache*--sharedkv-service-sizes*"])
+    else:
+        assert result.ret == pytest.ExitCode.OK

@@ -65,6 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The run becomes active with its first sharedkv item: the check comes before any test."""
     if any(is_sharedkv_item(item) for item in items):
         _check_targets(config, items)
+        _check_stack(config, items)
 
 
 def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None) -> None:
@@ -80,6 +81,25 @@ def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None
         return
     raise pytest.UsageError(problem)
 
+
+
+def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--sharedkv-stack native with a corpus it cannot size the GPU cache for: a usage
+    error before any test (on a worker, through the controller), not a failed start."""
+    settings = state_of(config).settings
+    if settings.stack != "native" or not resolve_provider(settings).launched or not any(
+            SLOT in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from pytest_sharedkv.stack.stack_launch import native_problem
+
+    problem = native_problem(settings)
+    if problem is None:
+        return
+    if state_of(config).is_worker:
+        config.workeroutput[WORKER_USAGE_ERROR] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
 
 
 def resolve_provider(settings: Settings) -> Resolved:

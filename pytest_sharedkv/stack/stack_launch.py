@@ -16,6 +16,7 @@ from pytest_sharedkv.config.stack_choice import INPROCESS, NATIVE
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.stack.inprocess_connector import InprocessLaunch
     from pytest_sharedkv.stack.launch_record import LaunchRecord
@@ -144,6 +145,32 @@ def native_extra(flags: Sequence[str]) -> list[str]:
         else:
             i += 1 + taken
     return out
+
+
+def native_problem(settings: Settings) -> str | None:
+    """Why ``--sharedkv-stack native`` cannot run the corpus these settings send (its
+    requests in flight alone would hold the smallest size group on the GPU), or None; the
+    same sizing ``native_stack`` does at the start, said before any test."""
+    from pytest_sharedkv.corpus.choice import case_set
+    from pytest_sharedkv.layouts.chunk_size import engine_block_size
+    from pytest_sharedkv.models.config_file import read_config
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+    from pytest_sharedkv.stack.fixtures import longest_prompt
+    from pytest_sharedkv.stack.native_offload import NativeOffloadError, gpu_blocks
+    from pytest_sharedkv.stack.providers import max_model_len
+
+    cases = case_set(settings)
+    config = (read_config(settings.model) if settings.model is not None
+              else config_dict(CopyModelRecipe()))
+    longest = longest_prompt(cases)
+    try:
+        gpu_blocks(group_tokens(cases), longest, cases.answer_tokens, settings.concurrency,
+                   engine_block_size(config),
+                   max_model_len(longest, cases.answer_tokens, settings.model))
+    except NativeOffloadError as exc:
+        return (f"{settings.source_of('stack')} native: {exc} (fewer sizes with "
+                f"--sharedkv-service-sizes, or a lower --sharedkv-concurrency)")
+    return None
 
 
 def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
