@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # pytest is imported only for a run: make-model and compare n
 DEFAULT_JSON = "sharedkv-report.json"
 PROG = "python -m pytest_sharedkv"  # what users type, and what pytest's usage errors name
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
-       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute] DIR
+       python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute|
+                                            copy-attention] DIR
                                             [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md] [--force] [--allow-flag-change]
@@ -41,7 +42,9 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   perf tier serves; --kind 27b-compute: that geometry at the 27B's
                   compute (hidden 5120, a 17,408-wide FFN), no weight file: vLLM
                   serves it with random weights (--load-format dummy, fp8 where the
-                  GPU has it). A DIR holding another kind (or other files) is
+                  GPU has it); --kind copy-attention: the copy model's rule with
+                  attention layers only (a Qwen3), for stacks that refuse a hybrid
+                  model (--sharedkv-stack inprocess). A DIR holding another kind (or other files) is
                   refused unless --force, which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
@@ -91,6 +94,14 @@ def make_model_command(args: Sequence[str]) -> int:
             from pytest_sharedkv.models.copy_model import CopyModelRecipe, make_copy_model
 
             digest = make_copy_model(parsed.dir, CopyModelRecipe(seed=parsed.seed)).digest
+        elif parsed.kind == "copy-attention":  # for stacks that refuse a hybrid model
+            from pytest_sharedkv.models.copy_attention_model import (
+                AttentionCopyRecipe,
+                make_attention_copy_model,
+            )
+
+            digest = make_attention_copy_model(parsed.dir, AttentionCopyRecipe(
+                seed=parsed.seed)).digest
         elif parsed.kind == "27b-compute":
             from pytest_sharedkv.models.compute_model import make_compute_model
 

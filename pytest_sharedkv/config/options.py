@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
+from pytest_sharedkv.config.stack_choice import STACKS, stack_problem
 
 OPTION_PREFIX = "--sharedkv-"
 DEST_PREFIX = "sharedkv_"
@@ -682,6 +683,15 @@ class Settings:
         "fault_inject adapter) fails to load this chunk of every prompt, so B takes the "
         "chunks before it from L2 and recomputes the rest (default {default}; 1 to 4096)",
         whole_number(1, 4096), metavar="CHUNK")
+    stack: str = setting(
+        "mp",
+        "replica tiers: the KV stack a launched pair runs: mp (LMCache's MP server, "
+        "LMCacheMPConnector), inprocess (LMCache's LMCacheConnectorV1 in each replica, "
+        "sharing through a Redis the suite starts; needs an attention-only --sharedkv-model) "
+        "or native (vLLM's own CPU offload, the GPU cache sized so the corpus is served "
+        "from the CPU tier); the stub double models each as it models the MP server "
+        "(default {default})",
+        parse_choice(*STACKS), metavar="NAME")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)
@@ -887,4 +897,7 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "
                 "serves a deployment the suite never starts or stops; drop one of them")
+    stack = stack_problem(settings, provider)  # --sharedkv-stack inprocess|native
+    if stack is not None:
+        return stack
     return None

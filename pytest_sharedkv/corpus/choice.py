@@ -17,12 +17,15 @@ MANIFEST = "copy-corpus-c{chunk}.json"
 
 
 def served_kind(settings: Settings) -> str:
-    """copy: the copy model (default, or --sharedkv-model pointing at one); text: any
+    """copy: the copy model (default, or --sharedkv-model pointing at it or at its
+    attention-only variant); text: any
     other checkpoint, or external endpoints serving an unknown model."""
+    from pytest_sharedkv.models.copy_attention_model import corpus_recipe
     from pytest_sharedkv.models.copy_model import is_copy_model
 
-    if settings.model is not None:
-        return "copy" if is_copy_model(settings.model) else "text"
+    if settings.model is not None:  # the attention-only copy model answers by the same rule
+        copy = is_copy_model(settings.model) or corpus_recipe(settings.model) is not None
+        return "copy" if copy else "text"
     if settings.endpoints and settings.provider in (Provider.AUTO, Provider.EXTERNAL):
         return "text"
     return "copy"
@@ -77,8 +80,10 @@ def case_set(settings: Settings) -> CaseSet:
         context = max_position_embeddings(settings.model, 131_072 + 1024)
         return _limited(settings, build_text(settings.model, chunk, context,
                                              sizes=settings.service_sizes))
-    recipe = (load_card(settings.model).recipe if settings.model is not None
-              else CopyModelRecipe())
+    from pytest_sharedkv.models.copy_attention_model import corpus_recipe
+
+    recipe = ((corpus_recipe(settings.model) or load_card(settings.model).recipe)
+              if settings.model is not None else CopyModelRecipe())
     chunk = copy_chunk(settings)
     manifest = bundled_manifest(chunk)
     if manifest.exists() and recipe == CopyModelRecipe():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KINDS = ("copy", "tiny", "geometry", "27b-compute")
+KINDS = ("copy", "tiny", "geometry", "27b-compute", "copy-attention")
 
 
 def kind_in(path: Path) -> str | None:

@@ -99,6 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The run becomes active with its first sharedkv item: the check comes before any test."""
     if any(is_sharedkv_item(item) for item in items):
         _check_targets(config, items)
+        _check_stack(config, items)
 
 
 def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None) -> None:
@@ -114,6 +115,25 @@ def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None
         return
     raise pytest.UsageError(problem)
 
+
+
+def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--sharedkv-stack native with a corpus it cannot size the GPU cache for: a usage
+    error before any test (on a worker, through the controller), not a failed start."""
+    settings = state_of(config).settings
+    if settings.stack != "native" or not resolve_provider(settings).launched or not any(
+            SLOT in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from pytest_sharedkv.stack.stack_launch import native_problem
+
+    problem = native_problem(settings)
+    if problem is None:
+        return
+    if state_of(config).is_worker:
+        config.workeroutput[WORKER_USAGE_ERROR] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
 
 
 def resolve_provider(settings: Settings) -> Resolved:
@@ -142,6 +162,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     launched = provider.launched
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
+    if launched and settings.stack != "mp":  # no MP server, no allocator: one cell, the stack
+        allocators = (settings.stack,)
     metafunc.parametrize(
         SLOT,
         [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
@@ -394,6 +416,10 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
                               kv_audit=settings.kv_audit, engine=engine,
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
                               l1_size_gb=l1)
+            if settings.stack != "mp":  # the double models the stack, and says so
+                from pytest_sharedkv.stack.stack_launch import stub_spec
+
+                spec = stub_spec(spec, settings.stack)
             return stub_pair(edit(spec) if edit is not None else spec)
         assert model is not None
         if lease is None:
@@ -409,6 +435,19 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             chunk_size=settings.chunk_size or derive_chunk_size(model),
             kv_audit=settings.kv_audit, engine=engine, hosts=hosts, count_evictions=counts,
             l1_size_gb=l1)
+        if settings.stack != "mp":  # --sharedkv-stack inprocess|native
+            from pytest_sharedkv.stack.stack_launch import (
+                StackUnavailable,
+                launch_stack_pair,
+                stacked_spec,
+            )
+
+            try:
+                stacked = stacked_spec(edit(spec) if edit is not None else spec,
+                                       settings.stack, cases, settings.concurrency)
+            except StackUnavailable as exc:
+                pytest.fail(str(exc), pytrace=False)
+            return launch_stack_pair(stacked)
         return launch_vllm_pair(edit(spec) if edit is not None else spec)
 
     return launch

@@ -100,6 +100,9 @@ class LaunchRecord:
     topology: str = "shared"
     l2: str | None = None
     host_servers: tuple[ServerConfig, ...] = ()
+    # the KV stack it runs (--sharedkv-stack inprocess|native: the configuration's record,
+    # connector and backend); None: the MP server's, as before the option
+    stack: Mapping[str, Any] | None = None
 
     @property
     def labels(self) -> dict[str, str]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook, sync_hook
 from pytest_sharedkv.engine_hooks.delay_hook import (
@@ -42,6 +42,9 @@ from pytest_sharedkv.stack.launch_record import (
 from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.stack.topology import HOSTS, SHARED, HostsSpec, ServerView, Topology
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.stack.stack_launch import StackLaunch
 
 INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
@@ -151,6 +154,9 @@ class LaunchSpec:
     # observability on; the stub's L1 then holds l1_size_gb at STUB_TOKEN_BYTES a token)
     hosts: HostsSpec | None = None
     count_evictions: bool = False
+    # --sharedkv-stack inprocess|native (stack/stack_launch.py): each replica's extra flags
+    # and variables and the record's naming of the stack; None: the MP server's stack
+    stack: StackLaunch | None = None
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -333,6 +339,9 @@ def _vllm_pair(spec: LaunchSpec, servers: list[LMCacheServer]) -> ReplicaPair:
         for key, value in spec.engine.env:
             env.setdefault(key, value)
         argv = vllm_argv(spec.model, port, server, spec)
+        if spec.stack is not None:  # the stack's flags before the user's, its variables
+            argv, env = spec.stack.replica_argv(argv, spec.engine.extra_args), \
+                {**env, **spec.stack.replica_env(name)}
         log = spec.log_dir / f"vllm-{name}-{port}.log"
         process = ManagedProcess(f"vllm replica {name}", argv, log, env=env)
         processes.append(launched(process.name, argv, env))
@@ -366,6 +375,8 @@ def _vllm_pair(spec: LaunchSpec, servers: list[LMCacheServer]) -> ReplicaPair:
                           topology=HOSTS if hosts else SHARED,
                           l2=spec.hosts.l2 if spec.hosts is not None and hosts else None,
                           host_servers=tuple(s.config for s in servers) if hosts else ())
+    if spec.stack is not None:
+        record = spec.stack.named_in(record)
     views = [ServerView(f"server {i + 1}" if hosts else "server", s.process.log_text,
                         (s.metrics_url,), s.config.count_evictions)
              for i, s in enumerate(servers)]
@@ -460,6 +471,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                           kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
                           inject_log=delayed),
         topology=HOSTS if hosts else SHARED, l2=hosts.l2 if hosts else None)
+    if spec.stack is not None:  # the stack the double models, said in its record
+        record = spec.stack.named_in(record)
     a, b = replicas["A"], replicas["B"]
     metrics = {n: f"{r.base_url}/server/metrics" for n, r in replicas.items()}
     views = ([ServerView("server 1", a.logs, (metrics["A"],), spec.count_evictions),

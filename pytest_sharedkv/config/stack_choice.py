@@ -1,0 +1,75 @@
+"""Which KV stack a launched pair runs (``--sharedkv-stack``), and the combinations that
+cannot run, said before any test: ``mp`` (LMCache's MP server and ``LMCacheMPConnector``,
+the default), ``inprocess`` (LMCache's ``LMCacheConnectorV1`` in each replica, sharing
+through a Redis the suite starts: ``stack/inprocess_connector.py``) or ``native`` (vLLM's
+own CPU offload, the ``OffloadingConnector``: ``stack/native_offload.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_sharedkv.config.provider import Provider
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.config.options import Settings
+
+MP, INPROCESS, NATIVE = "mp", "inprocess", "native"
+STACKS = (MP, INPROCESS, NATIVE)
+# model_type values of the Mamba-family hybrids (their layer types are not listed)
+MAMBA_TYPES = frozenset({"jamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2",
+                         "mamba", "mamba2"})
+ATTENTION_ONLY_HINT = ("give --sharedkv-model an attention-only model, e.g. one made by "
+                       "`python -m pytest_sharedkv make-model --kind copy-attention DIR`")
+
+
+def is_hybrid(config: Mapping[str, Any]) -> bool:
+    """Whether config.json describes a model with recurrent (Mamba / Gated DeltaNet) layers."""
+    types = config.get("layer_types") or []
+    return ("linear_attention" in types or "mamba" in types
+            or str(config.get("model_type", "")) in MAMBA_TYPES)
+
+
+def _config(model: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def stack_problem(settings: Settings, provider: Provider) -> str | None:
+    """Why the stack asked for cannot run with the other settings, or None. PROVIDER: the
+    one asked for (``auto`` resolved as far as the settings say)."""
+    if settings.stack == MP:
+        return None
+    where = settings.source_of("stack")
+    if provider is Provider.EXTERNAL:
+        return (f"{where} {settings.stack}: the suite launches the stack it names, and the "
+                "external provider serves a deployment it never starts; drop one of them")
+    if settings.triage:
+        return (f"{where} {settings.stack}: {settings.source_of('triage')}'s controls act on "
+                "LMCache's MP server, which this stack does not run; drop one of them")
+    if settings.topology != "shared":
+        return (f"{where} {settings.stack}: {settings.source_of('topology')} "
+                f"{settings.topology} runs one LMCache MP server per replica, which this stack "
+                "does not run; drop one of them")
+    if settings.fault_catalogue is not None:
+        return (f"{where} {settings.stack}: {settings.source_of('fault_catalogue')}'s faults "
+                "go into LMCache's MP server, which this stack does not run; drop one of them")
+    if settings.sources.get("allocators", "default") != "default":
+        return (f"{where} {settings.stack}: {settings.source_of('allocators')} chooses the MP "
+                "server's L1 allocator, which this stack does not run; drop one of them")
+    if settings.stack == INPROCESS and provider is not Provider.STUB:
+        if settings.model is None:
+            return (f"{where} inprocess: LMCacheConnectorV1 has no hybrid-model support in "
+                    "vLLM 0.26 and the default model (the copy model) is a hybrid; "
+                    + ATTENTION_ONLY_HINT)
+        config = _config(settings.model)
+        if config is not None and is_hybrid(config):
+            return (f"{where} inprocess: {settings.source_of('model')} {settings.model} is a "
+                    "hybrid model, which LMCacheConnectorV1 cannot serve in vLLM 0.26; "
+                    + ATTENTION_ONLY_HINT)
+    return None

@@ -1,0 +1,237 @@
+"""``--sharedkv-stack inprocess|native`` as a launched pair: the launch spec the MP stack
+would run, turned into one for LMCache's in-process connector (``inprocess_connector.py``:
+no MP server, ``LMCacheConnectorV1`` in each replica, a Redis the suite starts as the
+shared remote backend) or vLLM's own CPU offload (``native_offload.py``: the NATIVE arm's
+flags, the GPU cache sized in blocks so the corpus is served from the CPU tier). The
+launch record names the stack (``LaunchRecord.stack``); the stub double models a stack as
+it models the MP server (a shared pool, or one pool each) and its record says so."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from pytest_sharedkv.config.stack_choice import INPROCESS, NATIVE
+from pytest_sharedkv.stack.pair import ReplicaPair
+
+if TYPE_CHECKING:
+    from pytest_sharedkv.config.options import Settings
+    from pytest_sharedkv.corpus.cases import CaseSet
+    from pytest_sharedkv.stack.inprocess_connector import InprocessLaunch
+    from pytest_sharedkv.stack.launch_record import LaunchRecord
+    from pytest_sharedkv.stack.providers import LaunchSpec
+    from pytest_sharedkv.stack.redis_server import RedisServer
+
+STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no KV stack
+# the LaunchSpec arm each stack launches on: no MP server (the stack's flags give the
+# connector), or the NATIVE arm (vLLM's OffloadingConnector)
+ARMS = {INPROCESS: "OFF", NATIVE: "NATIVE"}
+STUB_ARMS = {INPROCESS: "ON", NATIVE: "NATIVE"}  # one shared pool, or one pool each
+
+
+class StackUnavailable(RuntimeError):
+    """The stack cannot be launched here (no redis-server, a corpus that fits the GPU)."""
+
+
+@dataclass(frozen=True)
+class StackLaunch:
+    """What a stack adds to each launched replica and to the launch record."""
+
+    name: str
+    arm: str
+    flags: tuple[str, ...] = ()
+    envs: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # per replica
+    record: Mapping[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    allocator: str | None = None
+    backend: RedisServer | None = None  # started before the pair, stopped after it
+    inprocess: InprocessLaunch | None = None  # its config files, written before the start
+
+    def replica_argv(self, argv: Sequence[str], extra_args: Sequence[str]) -> list[str]:
+        """ARGV with the stack's flags before the user's own (EXTRA_ARGS, last)."""
+        cut = len(argv) - len(extra_args)
+        return [*argv[:cut], *self.flags, *argv[cut:]]
+
+    def replica_env(self, name: str) -> dict[str, str]:
+        return dict(dict(self.envs).get(name, ()))
+
+    def named_in(self, record: LaunchRecord) -> LaunchRecord:
+        changes: dict[str, Any] = {"stack": dict(self.record)}
+        if self.description is not None:
+            changes["description"] = self.description
+        if self.allocator is not None:
+            changes["allocator"] = self.allocator
+        return replace(record, **changes)
+
+
+def group_tokens(cases: CaseSet) -> int:
+    """The prompt tokens of the smallest size group the run sends (the one most likely to
+    stay on the GPU between its cold and its local step)."""
+    groups: dict[str, int] = {}
+    for case in cases.cases:
+        groups[case.size] = groups.get(case.size, 0) + (case.prompt_tokens or 0)
+    return min(groups.values(), default=0)
+
+
+def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str,
+                    backend: RedisServer | None = None) -> StackLaunch:
+    """The in-process connector over REMOTE_URL, each replica's CPU tier of the pool's
+    size (``spec.l1_size_gb``), the chunk the MP stack would use."""
+    from pytest_sharedkv.layouts.chunk_size import engine_block_size
+    from pytest_sharedkv.stack.inprocess_connector import InprocessSettings, inprocess_launch
+
+    launch = inprocess_launch(
+        InprocessSettings(chunk_size=spec.chunk_size, local_cpu_gb=spec.l1_size_gb,
+                          remote_url=remote_url, engine_block=engine_block_size(config)),
+        spec.log_dir / "lmcache-config")
+    return StackLaunch(
+        INPROCESS, ARMS[INPROCESS], tuple(launch.argv()),
+        tuple((r.name, r.env) for r in launch.replicas), launch.record(),
+        description=f"vllm x2, LMCache in-process ({launch.backend})",
+        allocator=f"in-process ({launch.backend})", backend=backend, inprocess=launch)
+
+
+def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
+                 concurrency: int) -> StackLaunch:
+    """vLLM's native offload for the corpus: the GPU cache (blocks) too small to keep the
+    smallest size group, a CPU tier that holds it, the first ``mamba_cache_mode`` vLLM
+    runs for the model. StackUnavailable where the group would fit on the GPU anyway."""
+    from pytest_sharedkv.layouts.chunk_size import engine_block_size
+    from pytest_sharedkv.stack.native_offload import (
+        NativeOffloadError,
+        NativeOffloadPlan,
+        attention_bytes_per_token,
+        cpu_gb,
+        gpu_blocks,
+        mamba_cache_modes,
+    )
+
+    block = engine_block_size(config)
+    longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
+    tokens = group_tokens(cases)
+    try:
+        blocks = gpu_blocks(tokens, longest, cases.answer_tokens, concurrency, block,
+                            spec.max_model_len)
+        per_token = attention_bytes_per_token(config)
+    except NativeOffloadError as exc:
+        if exc.field != "model":
+            raise StackUnavailable(f"--sharedkv-stack native: {exc}") from None
+        per_token = None  # a hybrid's padded pages: the CPU tier is the pool's size
+    tier = cpu_gb(tokens, per_token) if per_token else spec.l1_size_gb
+    modes = mamba_cache_modes(config)
+    plan = NativeOffloadPlan(tier, blocks, block, modes[0] if modes else None,
+                             bytes_per_token=per_token)
+    extra = native_extra(plan.argv())
+    return StackLaunch(
+        NATIVE, ARMS[NATIVE], tuple(extra), (), {**plan.record(), "stack": NATIVE},
+        description=f"vllm x2, native offload ({tier:g} GB CPU each, {blocks} GPU blocks)",
+        allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)")
+
+
+NATIVE_ARM_FLAGS = {"--kv-offloading-backend": 1, "--kv-offloading-size": 1,
+                    "--enable-prefix-caching": 0}  # what the NATIVE arm's argv gives: values
+
+
+def native_extra(flags: Sequence[str]) -> list[str]:
+    """FLAGS less those the NATIVE arm's argv gives already (each flag with its values)."""
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        taken = NATIVE_ARM_FLAGS.get(flags[i])
+        if taken is None:
+            out.append(flags[i])
+            i += 1
+        else:
+            i += 1 + taken
+    return out
+
+
+def native_problem(settings: Settings) -> str | None:
+    """Why ``--sharedkv-stack native`` cannot run the corpus these settings send (its
+    requests in flight alone would hold the smallest size group on the GPU), or None; the
+    same sizing ``native_stack`` does at the start, said before any test."""
+    from pytest_sharedkv.corpus.choice import case_set
+    from pytest_sharedkv.layouts.chunk_size import engine_block_size
+    from pytest_sharedkv.models.config_file import read_config
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+    from pytest_sharedkv.stack.fixtures import longest_prompt
+    from pytest_sharedkv.stack.native_offload import NativeOffloadError, gpu_blocks
+    from pytest_sharedkv.stack.providers import max_model_len
+
+    cases = case_set(settings)
+    config = (read_config(settings.model) if settings.model is not None
+              else config_dict(CopyModelRecipe()))
+    longest = longest_prompt(cases)
+    try:
+        gpu_blocks(group_tokens(cases), longest, cases.answer_tokens, settings.concurrency,
+                   engine_block_size(config),
+                   max_model_len(longest, cases.answer_tokens, settings.model))
+    except NativeOffloadError as exc:
+        return (f"{settings.source_of('stack')} native: {exc} (fewer sizes with "
+                f"--sharedkv-service-sizes, or a lower --sharedkv-concurrency)")
+    return None
+
+
+def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
+                 ) -> LaunchSpec:
+    """SPEC (the MP stack's, for a launched vLLM pair) for STACK; the in-process stack's
+    Redis is made here (started by ``launch_stack_pair``)."""
+    from pytest_sharedkv.models.config_file import read_config
+
+    assert spec.model is not None
+    config = read_config(spec.model)
+    if stack == INPROCESS:
+        from pytest_sharedkv.stack.inprocess_connector import redis_url
+        from pytest_sharedkv.stack.redis_server import MISSING, RedisServer, find_redis_server
+
+        binary = find_redis_server()
+        if binary is None:
+            raise StackUnavailable(f"--sharedkv-stack inprocess: {MISSING}")
+        redis = RedisServer(binary, spec.log_dir)
+        launch = inprocess_stack(spec, config, redis_url(redis.host, redis.port), redis)
+        return replace(spec, arm=launch.arm, gate=False, stack=launch)
+    launch = native_stack(spec, config, cases, concurrency)
+    gb = float(launch.record["cpu_gb"])
+    return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
+
+
+def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
+    """The stacked pair, started: its backend first (the in-process stack's Redis) and its
+    config files, then the replicas; the backend stops with the pair."""
+    from pytest_sharedkv.stack.providers import launch_vllm_pair
+
+    stack = spec.stack
+    assert stack is not None
+    backend = stack.backend
+    if backend is not None:
+        backend.start()
+    try:
+        if stack.inprocess is not None:
+            stack.inprocess.write()
+        pair = launch_vllm_pair(spec)
+    except BaseException:
+        if backend is not None:
+            backend.stop()
+        raise
+    if backend is None:
+        return pair
+    stacked = ReplicaPair(pair.replicas["A"], pair.replicas["B"], pair.record,
+                          stop_server=backend.stop, relaunch=None)
+    stacked.starts = pair.starts
+    return stacked
+
+
+def stub_stack(stack: str) -> StackLaunch:
+    """The stub double's model of STACK: a pool shared through the stubs (in-process over
+    a remote) or one pool each (native offload), said in its record; no engine runs."""
+    return StackLaunch(stack, STUB_ARMS[stack], record={
+        "stack": stack, "connector": STUB_CONNECTOR,
+        "modelled": f"{stack} modelled by the stub as it models the MP server: "
+                    + ("one pool both stubs share" if stack == INPROCESS
+                       else "a pool of each stub's own, its offload log")},
+        description=f"stub x2 (test double) modelling --sharedkv-stack {stack}")
+
+
+def stub_spec(spec: LaunchSpec, stack: str) -> LaunchSpec:
+    return replace(spec, arm=STUB_ARMS[stack], stack=stub_stack(stack))

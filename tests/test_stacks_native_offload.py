@@ -1,0 +1,124 @@
+"""vLLM's native offload under the service tier: the GPU cache it is given cannot keep a
+size group between its cold and its local step (an LRU of that many blocks, fed the group
+twice in order, finds nothing the second time) yet holds the requests in flight and one of
+--max-model-len; the CPU tier holds the group; the mamba_cache_mode values are the ones
+vLLM 0.26 runs for the model; the boundary prompts sit one short of, at and one past whole
+offload blocks, with answers the copy rule gives."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from math import ceil
+from typing import Any
+
+import pytest
+
+from pytest_sharedkv.stack.native_offload import (
+    NativeOffloadError,
+    NativeOffloadPlan,
+    attention_bytes_per_token,
+    boundary_lengths,
+    boundary_requests,
+    cpu_gb,
+    gpu_blocks,
+    mamba_cache_modes,
+    native_plans,
+)
+
+BLOCK = 16
+# the service tier's 3k group: 200 prompts of 3009 tokens, 16 answer tokens, 16 at once
+GROUP: dict[str, Any] = {"group_tokens": 200 * 3009, "longest_prompt": 3009, "answer_tokens": 16,
+         "concurrency": 16, "block_size": BLOCK, "max_model_len": 4096}
+
+
+def lru_second_pass_hits(capacity: int, prompts: int, blocks_each: int) -> int:
+    """Blocks of a group found in an LRU cache of CAPACITY blocks when the group's
+    PROMPTS (BLOCKS_EACH distinct blocks each) are sent once, then again, in order."""
+    cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+    hits = 0
+    for second in (False, True):
+        for p in range(prompts):
+            for b in range(blocks_each):
+                key = (p, b)
+                if key in cache:
+                    hits += second
+                    cache.move_to_end(key)
+                else:
+                    cache[key] = None
+                    if len(cache) > capacity:
+                        cache.popitem(last=False)
+    return hits
+
+
+def test_the_gpu_cache_cannot_keep_the_group_but_serves_it() -> None:
+    blocks = gpu_blocks(**GROUP)
+    assert blocks * BLOCK >= GROUP["max_model_len"]  # vLLM's admission check
+    assert blocks * BLOCK >= GROUP["concurrency"] * (3009 + 16)  # the requests in flight
+    assert lru_second_pass_hits(blocks, 200, ceil(3009 / BLOCK)) == 0
+
+
+def test_a_group_the_gpu_would_keep_is_refused() -> None:
+    with pytest.raises(NativeOffloadError) as err:
+        gpu_blocks(**{**GROUP, "group_tokens": 20 * 3009})
+    assert err.value.field == "group_tokens"
+    with pytest.raises(NativeOffloadError) as err:
+        gpu_blocks(**{**GROUP, "block_size": 0})
+    assert err.value.field == "block_size"
+
+
+def test_the_cpu_tier_holds_the_group() -> None:
+    from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
+
+    per_token = attention_bytes_per_token(config_dict(AttentionCopyRecipe()))
+    assert per_token == 2 * 2 * 5 * 256 * 2  # K and V, 2 layers, 5 heads of 256, bf16
+    assert cpu_gb(GROUP["group_tokens"], per_token) * (1 << 30) >= (
+        GROUP["group_tokens"] * per_token)
+
+
+def test_mamba_cache_modes_are_what_vllm_026_runs() -> None:
+    from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe
+    from pytest_sharedkv.models.copy_attention_model import config_dict as attention
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+
+    assert mamba_cache_modes(config_dict(CopyModelRecipe())) == ("align",)  # Qwen3-Next
+    assert mamba_cache_modes(attention(AttentionCopyRecipe())) == ()
+    assert mamba_cache_modes({"model_type": "jamba"}) == ("align", "all")
+    with pytest.raises(NativeOffloadError):
+        attention_bytes_per_token(config_dict(CopyModelRecipe()))
+
+
+def test_plans_carry_the_flags() -> None:
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+
+    (plan,) = native_plans(config_dict(CopyModelRecipe()), bytes_per_token=1024, **GROUP)
+    argv = plan.argv()
+    assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == str(gpu_blocks(**GROUP))
+    assert argv[argv.index("--mamba-cache-mode") + 1] == "align"
+    assert plan.env() == {}
+    assert plan.gpu_bytes == plan.gpu_blocks * BLOCK * 1024
+    simple = NativeOffloadPlan(1.0, 300, BLOCK, simple_connector=True)
+    assert simple.env() == {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1"}
+    assert simple.record()["connector"] == "SimpleCPUOffloadConnector"
+    with pytest.raises(NativeOffloadError):
+        NativeOffloadPlan(1.0, 300, BLOCK, mamba_cache_mode="none")
+
+
+def test_boundary_prompts_straddle_whole_offload_blocks() -> None:
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe
+    from pytest_sharedkv.models.copy_rule import continue_ids
+
+    assert boundary_lengths(BLOCK, (64,)) == [1023, 1024, 1025]
+    requests = boundary_requests(BLOCK, (64,), chunk=32)
+    assert [r.prompt_tokens for r in requests] == [1023, 1024, 1025]
+    recipe = CopyModelRecipe()
+    from pytest_sharedkv.corpus.copy_corpus import _document
+
+    for request in requests:
+        words, source, _ = _document(request.seed, request.prompt_tokens, 32,
+                                     request.source_chunk, recipe)
+        ids = [0, *words]
+        assert len(ids) == request.prompt_tokens
+        assert source < 32  # copied from the first chunk: the blocks the CPU tier serves
+        steps = len(request.expected)
+        assert tuple(continue_ids(ids, steps, miss=4)) == request.expected
