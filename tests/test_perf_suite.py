@@ -6,13 +6,15 @@ why; a bad --sharedkv-blocks is a usage error; with nothing to run on, the tier 
 with the reason.
 
 The inner runs are in-process (the stubs are their only processes); the default screening
-runs once for the tests that read it, and the tests whose assertions count no sessions or
-windows run the suite with its smallest plan (SMALL_PLAN) and no plots."""
+runs once, in a module fixture, for the tests that read it, and the tests whose assertions
+count no sessions or windows run the suite with its smallest plan (SMALL_PLAN) and no
+plots."""
 
 from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -31,8 +33,10 @@ from pytest_sharedkv.perf.observations import (
 )
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.plots import MISSING
+from tests.conftest import isolate
+from tests.inprocess import run_inprocess
 from tests.launch_faults import LaunchFaults, Planted, StubFaults
-from tests.process_tags import tagged
+from tests.process_tags import TAG_ENV, tagged
 from tests.stub_endpoints import external_stubs
 
 # the checkout's suite (--pyargs would find the installed package's)
@@ -91,23 +95,22 @@ class StubRun:
 
 
 @pytest.fixture(scope="module")
-def _stub_runs() -> dict[str, StubRun]:
-    return {}
-
-
-@pytest.fixture
-def default_run(pytester: pytest.Pytester, process_tag: str,
-                _stub_runs: dict[str, StubRun]) -> StubRun:
+def default_run(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+                ) -> StubRun:
     """The default OFF-ON-ON-OFF screening on the stub, with user flags for vllm (recorded
-    only), run once (in-process: the stub pair are its only processes) for the tests that
-    read it."""
-    if "default" not in _stub_runs:
-        result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", "--junitxml=j.xml",
-                                    "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
-        report = json.loads((pytester.path / "r.json").read_text())
-        _stub_runs["default"] = StubRun(result, from_json(report["perf"]), process_tag,
-                                        report["perf"], (pytester.path / "j.xml").read_text())
-    return _stub_runs["default"]
+    only), run once for the module's tests that read it (in-process: the stub pair are its
+    only processes), in an environment of its own (set up before the autouse isolation)."""
+    path = tmp_path_factory.mktemp("default-screening")
+    tag = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, pytestconfig, tmp_path_factory)
+        monkeypatch.setenv(TAG_ENV, tag)
+        result = run_inprocess(path, tmp_path_factory.mktemp("default-screening-tmp"), *STUB,
+                               "--sharedkv-json=r.json", "--junitxml=j.xml",
+                               "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
+    report = json.loads((path / "r.json").read_text())
+    return StubRun(result, from_json(report["perf"]), tag, report["perf"],
+                   (path / "j.xml").read_text())
 
 
 def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
