@@ -4,7 +4,10 @@ verdict line, as a whole, normalised for what changes between runs (numbers with
 decimal point, rates, paths, ports, digests, column widths). The wording is held there
 once per tier; the other self-tests assert on the JSON report's records.
 
-``SHAREDKV_SELFTEST_GOLDEN=update`` rewrites a golden file that differs (review the diff).
+Every test that holds one is marked ``golden``; one command rewrites every file that
+differs (review the diff):
+
+    SHAREDKV_SELFTEST_GOLDEN=update .venv/bin/python -m pytest tests -m golden -p no:cacheprovider
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import os
 import re
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "terminal"
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "terminal"
 UPDATE_ENV = "SHAREDKV_SELFTEST_GOLDEN"
 TIER_LINE = re.compile(r"\[\w+\] tests: ")
 # what differs between two runs of one case, in the order they are replaced
 VARYING = (
+    (re.compile(re.escape(str(ROOT)) + r"(?=/)"), "<checkout>"),  # the worktree's own path
     (re.compile(r"/[^\s:;,()\]]*/(pytest-\d+|popen-gw\d+)/[^\s:;,()\]]*"), "<tmp>"),
     (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
     (re.compile(r"\b[0-9a-f]{16,64}\b"), "<hex>"),

@@ -138,6 +138,7 @@ def simulated(monkeypatch: pytest.MonkeyPatch, fake_gpus: Callable[[str], None]
     return _set
 
 
+@pytest.mark.golden
 def test_simulated_matrix_tables_and_verdicts(
         extended_run: tuple[str, dict[str, Any]]) -> None:
     """The tier's summary as a whole is its golden file (tests/data/terminal/ordering.txt:

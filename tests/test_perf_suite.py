@@ -136,6 +136,7 @@ def _shares(run: PerfRun, step: str) -> dict[str, float | None]:
     return out
 
 
+@pytest.mark.golden
 def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
     """The tier's summary as a whole is its golden file (tests/data/terminal/perf.txt: its
     notes, the TTFT, ratio, session and decode tables, every verdict); the report holds the
