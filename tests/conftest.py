@@ -44,6 +44,11 @@ def share_cores_among_workers(environ: MutableMapping[str, str] = os.environ) ->
 share_cores_among_workers()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "golden: holds a tier's terminal golden file "
+                            "(tests/golden.py; SHAREDKV_SELFTEST_GOLDEN=update rewrites them)")
+
+
 def run_directory(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory this run alone owns: its basetemp, or under xdist the parent of the
     workers' basetemps (pytest-N/popen-gwK). The parent of a plain run's basetemp is

@@ -5,6 +5,7 @@ real LMCache server (which runs without a GPU)."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from pytest_sharedkv.processes.managed import (
     free_port,
     group_members,
     http_ok,
+    tcp_open,
 )
 from pytest_sharedkv.processes.supervise import is_watchdog
 
@@ -32,8 +34,8 @@ def test_ready_then_stopped_with_no_orphans(tmp_path: Path) -> None:
     proc, url = _stub(tmp_path)
     proc.start()
     try:
-        seconds = proc.wait_ready(lambda: http_ok(url + "/health"), 30, "serving /health")
-        assert seconds < 30
+        # a limit that only catches a hang; benchmarks/processes.py times the start
+        proc.wait_ready(lambda: http_ok(url + "/health"), 120, "serving /health")
         # the command and the supervisor's watchdog, nothing else
         members = group_members(proc.pid)
         assert [p for p in members if not is_watchdog(p)] == [proc.pid] and len(members) == 2
@@ -45,15 +47,19 @@ def test_ready_then_stopped_with_no_orphans(tmp_path: Path) -> None:
 
 
 def test_never_ready_fails_with_the_log_tail(tmp_path: Path) -> None:
+    """Once the stub listens (a limit that only catches a hang), its /health answers 503:
+    the wait's first look is logged, and the wait fails at its limit with the log tail."""
     proc, url = _stub(tmp_path, "--never-ready")
     proc.start()
     try:
+        port = int(url.rsplit(":", 1)[1])
+        proc.wait_ready(lambda: tcp_open(port), 120, "listening")
         with pytest.raises(ProcessFailed) as info:
-            proc.wait_ready(lambda: http_ok(url + "/health"), 2, "serving /health")
+            proc.wait_ready(lambda: http_ok(url + "/health"), 1, "serving /health")
     finally:
         assert proc.stop() == []
     text = str(info.value)
-    assert "stub replica A: not serving /health within 2s" in text
+    assert "stub replica A: not serving /health within 1s" in text
     assert "--- last lines of" in text
     assert "GET /health" in text
 
@@ -82,9 +88,10 @@ def test_whole_group_is_killed_even_if_the_leader_ignores_sigterm(tmp_path: Path
            and time.monotonic() < deadline):
         time.sleep(0.1)
     assert len([p for p in group_members(proc.pid) if not is_watchdog(p)]) == 2
-    started = time.monotonic()
     assert proc.stop(grace=1.0) == []
-    assert time.monotonic() - started < 10
+    # the leader ignored SIGTERM: only the SIGKILL after the grace ended it (how long stop
+    # takes is benchmarks/processes.py's to say)
+    assert proc.proc is not None and proc.proc.returncode == -signal.SIGKILL
 
 
 def test_crash_mid_test_is_reported(tmp_path: Path) -> None:
@@ -182,11 +189,18 @@ def test_a_failed_engine_registration_stops_the_replicas_wait(tmp_path: Path) ->
     proc = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
                           tmp_path / "sleeper.log")
     proc.start()
+    looks: list[float] = []
+
+    def ready() -> bool:
+        looks.append(time.monotonic())
+        return False
+
     try:
-        started = time.monotonic()
         with pytest.raises(ProcessFailed, match=r"cannot become serving.*Device UUID"):
-            proc.wait_ready(lambda: False, 60, "serving /health", abort=server.fatal_error)
-        assert time.monotonic() - started < 5
+            proc.wait_ready(ready, 60, "serving /health", abort=server.fatal_error)
+        # the peer's reason ended the wait before its first look at readiness, not at its
+        # limit (how long it takes is benchmarks/processes.py's to say)
+        assert looks == []
     finally:
         proc.stop()
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -217,9 +216,9 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path: Path) -> None:
             manager.acquire(1, timeout=0.2)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        started = time.monotonic()
-        lease = manager.acquire(1, timeout=5)
-        assert time.monotonic() - started < 1.0
+        # the kernel dropped the dead holder's flock: the first try takes the device (how
+        # long that takes is benchmarks/processes.py's to say)
+        lease = manager.acquire(1, timeout=0)
         assert lease.tokens == ("0",)
         assert list(tmp_path.glob("*.lock")), "the stale lock file is still there, harmlessly"
     finally:

@@ -2,8 +2,10 @@
 operator on a torch-2.11 host makes when a newer LMCache wheel silently loses its compiled
 kernels (compiled -> fallback, LMCache 0.5.6 on both sides) must FAIL, naming the lost
 kernel path and every request that diverged; going back to the compiled path passes; a
-clean report against itself passes. The fallback report's triage is held to what it
-measured, so a reader or format change that misreads it fails here."""
+clean report against itself passes. What each recorded run measured is read through the
+product (compare's reader and kernel path, the records, the service tier's exact-pair
+rule and verdicts, the triage's classification, the ordering verdicts, the summary's
+tables), so a reader, rule or format change that misreads a real run fails here."""
 
 from __future__ import annotations
 
@@ -13,7 +15,18 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.cli.compare.correctness import findings, void_tiers
+from pytest_sharedkv.cli.compare.finding import Found
+from pytest_sharedkv.cli.compare.flags import fact_settings
+from pytest_sharedkv.cli.compare.kernels import describe, lmcache_of
 from pytest_sharedkv.cli.compare.main import main
+from pytest_sharedkv.cli.compare.reading import Report, setting_of
+from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.terminal import check_table
+from pytest_sharedkv.service.baseline import exact_pair
+from pytest_sharedkv.service.summary import verdicts
+from pytest_sharedkv.service.triage import Base, Cell, classify, controls_for
+from tests.recorded import checks, read, records, run_log
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "lmcache" / "h200"
 # lazy, audit on, gate proven: written by this plugin version
@@ -73,27 +86,47 @@ def test_a_clean_report_against_itself_passes(capsys: pytest.CaptureFixture[str]
     assert status == 0 and "RESULT: OK" in out
 
 
+def _triage_cells(service: list[Check], allocator: str) -> list[Cell]:
+    """The triage's cells of ALLOCATOR's pair as its records keep them."""
+    controls = {c.name: c for c in controls_for(allocator)}
+    return [Cell(controls[c.key["step"]], requests=c.trials, exact=c.passed,
+                 errors=int(c.detail["errors"]), mismatches=c.detail["mismatches"],
+                 compared=int(c.detail["compared"]),
+                 not_applicable=c.message if c.status == "info" else None)
+            for c in service if c.key.get("size") == "triage"
+            and c.key.get("allocator") == allocator]
+
+
 def test_the_fallback_triage_is_what_the_h200_measured() -> None:
     """LMCache 0.5.6 on its torch fallback, lazy, copy model, 3k, audit on, one H200: 25 of
     200 cross-replica answers wrong; CUDA_LAUNCH_BLOCKING=1 (server only, and everywhere), a
     device synchronize around every server KV transfer and the mixed allocator removed it
-    (200/200, no mismatching digest); one request in flight did not."""
-    data: dict[str, Any] = json.loads(FALLBACK.read_text())
-    assert data["environment"]["lmcache"]["kernel_path"] == "torch-fallback"
-    cells = {c["key"]["step"]: (c["passed"], c["trials"], c["status"],
-                                c["detail"]["mismatches"]) for c in data["checks"]
-             if c["key"].get("size") == "triage"}
+    (200/200, no mismatching digest); one request in flight did not. The triage's own
+    classification of the recorded cells is the run's verdict: a stream-ordering race."""
+    report = read(FALLBACK)
+    assert (lmcache_of(report) or {}).get("kernel_path") == "torch-fallback"
+    service = checks(report, "service_regression")
+    cells = {c.control.name: (c.exact, c.requests, c.status, c.mismatches)
+             for c in _triage_cells(service, "lazy")}
     assert cells == {"one-in-flight": (181, 200, "fail", 16140),
                      "launch-blocking-all": (200, 200, "pass", 0),
                      "launch-blocking-server": (200, 200, "pass", 0),
                      "sync-transfers": (200, 200, "pass", 0),
                      "other-allocator": (200, 200, "pass", 0)}
-    verdict = [n["text"] for n in data["notes"] if n["kind"] == "triage-verdict"]
-    assert verdict == ["TRIAGE lazy: stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 "
-                       "in the LMCache server and both replicas, CUDA_LAUNCH_BLOCKING=1 in the "
-                       "LMCache server only, a device synchronize before and after every KV "
-                       "transfer in the server) (the pass: 25 of 200 3k cross-replica answers "
-                       "wrong, 9,490 mismatching digests)"]
+    wrong = [f for f in findings(report)
+             if f.kind is Found.DIVERGENCE and "size=3k, step=chain" in f.subject]
+    cross = [c for c in service if c.key.get("size") == "3k" and c.key.get("step") == "cross"]
+    base = Base("lazy", "3k", sum(c.trials for c in cross), len(wrong), None)
+    assert (base.requests, base.wrong) == (200, 25)
+    found = classify(base, _triage_cells(service, "lazy"))
+    assert found.klass == "ordering"
+    assert found.text == ("stream-ordering race (removed by CUDA_LAUNCH_BLOCKING=1 in the "
+                          "LMCache server and both replicas, CUDA_LAUNCH_BLOCKING=1 in the "
+                          "LMCache server only, a device synchronize before and after every "
+                          "KV transfer in the server)")
+    [note] = [n.text for n in run_log(report).bundle.notes if n.kind == "triage-verdict"]
+    assert note.startswith(f"TRIAGE lazy: {found.text} (the pass: 25 of 200 3k cross-replica "
+                           "answers wrong, 9,490 mismatching digests)")
 
 
 def test_the_compiled_run_proves_the_compiled_kernels_remedy_and_a_void_one_proves_none(
@@ -116,17 +149,21 @@ def test_the_compiled_run_proves_the_compiled_kernels_remedy_and_a_void_one_prov
 
 def test_the_compiled_lazy_audit_is_what_the_h200_measured() -> None:
     """LMCache 0.5.6 with cuda_ops built against torch 2.11, lazy, copy model, 3k, audit on:
-    every step 200/200, and the audit's 8 mismatching digests are the gate's zeroed chunk in
-    its 8 control requests (a positive control, not a fault)."""
-    data: dict[str, Any] = json.loads(COMPILED.read_text())
-    assert data["environment"]["lmcache"]["kernel_path"] == "compiled"
-    steps = {c["key"]["step"]: (c["passed"], c["trials"]) for c in data["checks"]
-             if c["key"].get("size") == "3k" and c["key"].get("step") != "chain"}
-    assert steps == {s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
-    audit = next(c for c in data["checks"] if c["kind"] == "audit-mismatch")
-    assert audit["status"] == "pass" and audit["detail"]["compared"] == 21246
-    gate = next(c for c in data["checks"] if c["key"].get("size") == "gate")
-    assert gate["status"] == "pass"
+    every step 200/200 with its gate proven and its audit passed over 21,246 digests (its 8
+    mismatching digests are the gate's zeroed chunk in its 8 control requests, a positive
+    control split off before the record), so the pair is exact and compare finds nothing."""
+    report = read(COMPILED)
+    assert describe(lmcache_of(report)) == "LMCache 0.5.6 on compiled (lmcache.cuda_ops)"
+    service = checks(report, "service_regression")
+    assert findings(report) == []
+    assert exact_pair(service, "lazy") == (200, 200)
+    assert verdicts(service)[-1].startswith(
+        "VERDICT lazy: 200/200 requests exact in every step (cold, local, cross-replica, "
+        "receiver-local)")
+    [audit] = [c for c in service if c.kind == "audit-mismatch"]
+    assert (audit.status, audit.detail["compared"]) == ("pass", 21246)
+    [gate] = [c for c in service if c.key.get("size") == "gate"]
+    assert (gate.kind, gate.status) == ("gate", "pass")
 
 
 def test_0_5_3_on_its_compiled_c_ops_is_what_the_h200_measured() -> None:
@@ -134,28 +171,31 @@ def test_0_5_3_on_its_compiled_c_ops_is_what_the_h200_measured() -> None:
     the one-block-a-step window its connector asks of a hybrid model: both launched pairs
     3/3 exact, 3,008 of 3,009 tokens a prompt from the pool; the flags are in the report.
     Its transfer cells failed on 0.5.3's client API (the provider bridges it since)."""
-    data: dict[str, Any] = json.loads(RELEASED_053.read_text())
-    lmcache = data["environment"]["lmcache"]
-    assert (lmcache["version"], lmcache["kernel_path"]) == ("0.5.3", "compiled")
-    pairs = {c["key"]["allocator"]: (c["passed"], c["trials"], c["status"],
-                                     [p["b_external"] for p in c["detail"]["prompts"]])
-             for c in data["checks"] if c["key"]["provider"] == "vllm"}
+    report = read(RELEASED_053)
+    assert describe(lmcache_of(report)) == "LMCache 0.5.3 on compiled (lmcache.c_ops)"
+    pair = checks(report, "replica_pair")
+    pairs = {c.key["allocator"]: (c.passed, c.trials, c.status,
+                                  [p["b_external"] for p in c.detail["prompts"]])
+             for c in pair if c.key["provider"] == "vllm"}
     assert pairs == {a: (3, 3, "pass", [3008] * 3) for a in ("lazy", "mixed")}
-    settings = [json.loads(f["value"]) for f in data["facts"] if f["name"] == "engine_settings"]
-    assert settings and all(s["extra_args"] == ["--max-num-batched-tokens", "16",
-                                                "--max-num-seqs", "16"] for s in settings)
-    transfer = [c for c in data["checks"] if c["key"]["provider"].startswith("transfer")]
-    assert len(transfer) == 3 and all("dcp_size" in c["message"] for c in transfer)
+    settings = fact_settings(report)
+    assert settings is not None and settings["extra_args"] == [
+        "--max-num-batched-tokens", "16", "--max-num-seqs", "16"]
+    assert len([f for f in findings(report) if f.kind is Found.FAILED]) == 3
+    transfer = [c for c in pair if c.key["provider"].startswith("transfer")]
+    assert len(transfer) == 3 and all(c.status == "fail" and "dcp_size" in c.message
+                                      for c in transfer)
 
 
 def test_the_transfer_bridge_moves_every_byte_through_0_5_3() -> None:
     """The transfer provider on LMCache 0.5.3's client API (no dcp_size, no layout_hints on
     register, its own recorded event), through the real server on CPU and on the GPU."""
-    data: dict[str, Any] = json.loads(TRANSFER_053.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
-    cells = {c["key"]["provider"]: (c["passed"], c["trials"], c["status"])
-             for c in data["checks"]}
+    report = read(TRANSFER_053)
+    assert describe(lmcache_of(report)) == "LMCache 0.5.3 on compiled (lmcache.c_ops)"
+    cells = {c.key["provider"]: (c.passed, c.trials, c.status)
+             for c in checks(report, "replica_pair")}
     assert cells == {"transfer (cpu)": (256, 256, "pass"), "transfer (cuda)": (256, 256, "pass")}
+    assert findings(report) == []
 
 
 def test_0_5_3_copies_on_its_compiled_c_ops_are_stream_ordered() -> None:
@@ -163,18 +203,19 @@ def test_0_5_3_copies_on_its_compiled_c_ops_are_stream_ordered() -> None:
     delayed and undelayed check while the negative control saw stale bytes in every delayed
     one. Its lmcache-fallback and lmcache-device-ops cells, and packed_page, died on
     ImportErrors of 0.5.6's names (host.lmcache_api finds 0.5.3's since: ORDERING_053)."""
-    data: dict[str, Any] = json.loads(TIERS_053.read_text())
-    assert data["environment"]["lmcache"]["kernel_path"] == "compiled"
-    ordering = [c for c in data["checks"] if c["tier"] == "ordering"]
-    helpers = [c for c in ordering if c["key"]["target"].endswith("-helper")]
-    assert {c["key"]["target"] for c in helpers} == {"lmcache-lazy-helper",
-                                                     "lmcache-mixed-helper"}
-    assert sum(c["passed"] for c in helpers) == sum(c["trials"] for c in helpers) == 240
-    negative = [c for c in ordering if c["role"] == "negative-control"
-                and c["detail"]["delay_cycles"] > 0]
-    assert len(negative) == 6 and sum(c["passed"] for c in negative) == 0
-    died = [t for t in data["tests"] if t["outcome"] == "failed"]
-    assert len(died) == 69 and all(t["message"].startswith("ImportError") for t in died)
+    from pytest_sharedkv.ordering.summary import sensitivity_line, verdict_lines
+
+    report = read(TIERS_053)
+    assert (lmcache_of(report) or {}).get("kernel_path") == "compiled"
+    ordering = checks(report, "ordering")
+    sensitive, line = sensitivity_line(ordering)
+    assert sensitive and "saw stale bytes in 60/60 delayed checks" in line
+    lines = verdict_lines(ordering, sensitive)
+    for helper in ("lmcache-lazy-helper", "lmcache-mixed-helper"):
+        assert (f"VERDICT {helper} [under-test]: stream-ordered (60/60 delayed and 60/60 "
+                "undelayed checks held)") in lines
+    died = [f for f in findings(report) if f.kind is Found.FAILED]
+    assert len(died) == 69 and all(f.message.startswith("ImportError") for f in died)
 
 
 def test_the_0_5_3_service_run_is_void_and_is_no_baseline_for_the_upgrade(
@@ -183,10 +224,10 @@ def test_the_0_5_3_service_run_is_void_and_is_no_baseline_for_the_upgrade(
     the 0.5.3 service run's gate hook wrapped 0.5.6's module only (VOID; its progress line
     had 200/200 cross answers as constructed), so its failures are no baseline: the compare
     FAILS with the lost kernel path and every one of the 25 divergent requests as NEW."""
-    data: dict[str, Any] = json.loads(SERVICE_053.read_text())
-    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
-    assert (gate["status"], gate["kind"], gate["detail"]["status"]) == ("void", "gate", "VOID")
-    assert gate["detail"]["zeroed_chunks_logged"] == 0
+    before = read(SERVICE_053)
+    [gate] = [c for c in checks(before, "service_regression") if c.key.get("size") == "gate"]
+    assert (gate.status, gate.kind, gate.detail["zeroed_chunks_logged"]) == ("void", "gate", 0)
+    assert void_tiers(before) == {"service_regression"}
     status, out = _compare(capsys, SERVICE_053, FALLBACK)
     flat = " ".join(out.split())
     assert status == 1
@@ -199,23 +240,29 @@ def test_the_0_5_3_service_run_is_void_and_is_no_baseline_for_the_upgrade(
             f"delay=0, size=3k, step=chain, case={case}]" in flat, case
 
 
-def _steps(path: Path) -> dict[str, tuple[int, int]]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return {c["key"]["step"]: (c["passed"], c["trials"]) for c in data["checks"]
-            if c["key"].get("size") == "3k" and c["key"].get("step") != "chain"}
+def _exact(path: Path, allocator: str, lmcache: tuple[str, str]) -> Report:
+    """A service report whose ALLOCATOR pair the product judges exact: every 3k step
+    200/200 with its gate and audit records held, a verdict saying so, nothing compare
+    finds wrong, on LMCACHE (its version and kernel path, as compare reads them)."""
+    report = read(path)
+    found = lmcache_of(report)
+    assert found is not None and (found["version"], found["kernel_path"]) == lmcache
+    service = checks(report, "service_regression")
+    assert exact_pair(service, allocator) == (200, 200)
+    assert verdicts(service)[-1].startswith(
+        f"VERDICT {allocator}: 200/200 requests exact in every step (cold, local, "
+        "cross-replica, receiver-local)")
+    assert findings(report) == []
+    return report
 
 
-def _exact_on_0_5_3(path: Path) -> dict[str, Any]:
-    """A 0.5.3 compiled service report: every 3k step 200/200, the gate proven, the audit
-    passed over all 21,302 digests."""
-    data: dict[str, Any] = json.loads(path.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
-    assert _steps(path) == {s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
-    [gate] = [c for c in data["checks"] if c["key"].get("size") == "gate"]
-    assert gate["status"] == "pass"
-    [audit] = [c for c in data["checks"] if c["kind"] == "audit-mismatch"]
-    assert (audit["status"], audit["detail"]["compared"]) == ("pass", 21302)
-    return data
+def _exact_on_0_5_3(path: Path, allocator: str) -> Report:
+    """A 0.5.3 compiled service report, exact, its audit passed over all 21,302 digests."""
+    report = _exact(path, allocator, ("0.5.3", "compiled"))
+    assert describe(lmcache_of(report)) == "LMCache 0.5.3 on compiled (lmcache.c_ops)"
+    [audit] = [c for c in checks(report, "service_regression") if c.kind == "audit-mismatch"]
+    assert (audit.status, audit.detail["compared"]) == ("pass", 21302)
+    return report
 
 
 def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
@@ -225,10 +272,9 @@ def test_0_5_3_lazy_on_its_compiled_c_ops_is_exact_and_losing_them_fails(
     gate proven, the audit's 8 mismatches the gate's chunk. The upgrade to 0.5.6 on its
     fallback (the kernel path lost) FAILS against this real baseline, naming the path and
     every one of the 25 divergent requests as NEW."""
-    data = _exact_on_0_5_3(SERVICE_053_LAZY)
-    settings = [json.loads(f["value"]) for f in data["facts"] if f["name"] == "engine_settings"]
-    assert settings and all(s["extra_args"] == ["--block-size", "32", "--max-num-batched-tokens",
-                                                "32", "--max-num-seqs", "16"] for s in settings)
+    settings = fact_settings(_exact_on_0_5_3(SERVICE_053_LAZY, "lazy"))
+    assert settings is not None and settings["extra_args"] == [
+        "--block-size", "32", "--max-num-batched-tokens", "32", "--max-num-seqs", "16"]
     status, out = _compare(capsys, SERVICE_053_LAZY, FALLBACK)
     flat = " ".join(out.split())
     assert status == 1
@@ -249,16 +295,13 @@ def test_0_5_3_mixed_on_its_compiled_c_ops_is_exact_and_counts_its_recurrent_sta
     allocator switch that passes; the upgrade to 0.5.6's fallback on the same allocator
     answers every request right and still FAILS on the one difference it has: the compiled
     kernels lost."""
-    data = _exact_on_0_5_3(SERVICE_053_MIXED)
-    assert data["environment"]["settings"]["allocators"] == ["mixed"]
-    [line] = [n["text"] for n in data["notes"] if n["text"].startswith("KV AUDIT mixed: ")]
+    report = _exact_on_0_5_3(SERVICE_053_MIXED, "mixed")
+    assert setting_of(report, "allocators") == ["mixed"]
+    # the recurrent share is in the audit's note alone (its record keeps the total)
+    [line] = [n.text for n in records(report).notes if n.text.startswith("KV AUDIT mixed: ")]
     assert "(20828 attention KV, 474 recurrent state)" in line
     assert "8 mismatching digests in 8 requests" in line
-    lazy: dict[str, Any] = json.loads(SERVICE_053_LAZY.read_text())
-    assert [json.loads(f["value"])["extra_args"] for f in data["facts"]
-            if f["name"] == "engine_settings"] == [
-        json.loads(f["value"])["extra_args"] for f in lazy["facts"]
-        if f["name"] == "engine_settings"]
+    assert fact_settings(report) == fact_settings(read(SERVICE_053_LAZY))
 
     status, out = _compare(capsys, SERVICE_053_LAZY, SERVICE_053_MIXED)
     assert status == 0, out
@@ -279,8 +322,7 @@ def test_lazy_to_mixed_on_the_fallback_passes_and_back_fails(
     """LMCache 0.5.6 on its fallback: the mixed pair answered 200/200 in every step (gate
     proven). lazy -> mixed is the allocator switch that removed the fault (OK); mixed ->
     lazy FAILS with each divergent lazy request judged against its mixed twin."""
-    assert _steps(FALLBACK_MIXED) == {
-        s: (200, 200) for s in ("cold", "local", "cross", "receiver-local")}
+    _exact(FALLBACK_MIXED, "mixed", ("0.5.6", "torch-fallback"))
     status, out = _compare(capsys, FALLBACK, FALLBACK_MIXED)
     assert status == 0, out
     assert "ALLOCATOR SWITCH: BEFORE ran lazy, AFTER mixed" in out
@@ -308,30 +350,32 @@ def test_the_shared_bound_kernels_check_gives_0_5_3_the_same_cells_on_the_h200()
     0.5.3 it decides the same cells as the copies it replaced did."""
     from pytest_sharedkv.packed_page.round_trip import COMPILED_TAKES_CUDA_ONLY
 
-    data: dict[str, Any] = json.loads(SHARED_CHECK_053.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.3-compiled-c_ops"
-    assert data["summary"]["failed"] == 0
+    report = read(SHARED_CHECK_053)
+    assert describe(lmcache_of(report)) == "LMCache 0.5.3 on compiled (lmcache.c_ops)"
+    assert findings(report) == [] and run_log(report).counts()["failed"] == 0
     _held_as_on_the_h200(SHARED_CHECK_053, SHARED_CHECK_053, COMPILED_TAKES_CUDA_ONLY)
-    assert [t["outcome"] for t in data["tests"] if "test_ordering" in t["nodeid"]].count(
-        "xfailed") == 6
+    assert run_log(report).counts("ordering")["xfailed"] == 6
 
 
 def _held_as_on_the_h200(ordering: Path, packed_page: Path, refusal: str) -> None:
-    data: dict[str, Any] = json.loads(ordering.read_text())
-    by: dict[tuple[str, bool], list[int]] = {}
-    for c in data["checks"]:
-        if c["tier"] == "ordering":
-            cell = by.setdefault((c["key"]["target"], c["detail"]["delay_cycles"] > 0), [0, 0])
-            cell[0] += c["passed"]
-            cell[1] += c["trials"]
-    assert by[("lmcache-device-ops", True)] == by[("lmcache-device-ops", False)] == [60, 60]
-    assert by[("lmcache-fallback", True)] == [0, 60]
-    packed: dict[str, Any] = json.loads(packed_page.read_text())
-    outcomes = sorted(t["outcome"] for t in packed["tests"] if "test_packed_page" in t["nodeid"])
-    assert outcomes.count("passed") == 28 and outcomes.count("xfailed") == 49
-    refused = [c for c in packed["checks"] if c["status"] == "xfail"
-               and c["message"].startswith(refusal)]
-    assert len(refused) == 29 and {c["key"]["device"] for c in refused} == {"cpu"}
+    """What LMCache binds held every check; its fallback saw stale bytes in every delayed
+    one; packed_page's cells as the summary's table counts them: 28 byte-exact, and every
+    cell on CPU that went through the bound c_ops an xfail naming them."""
+    from pytest_sharedkv.ordering.summary import verdict_lines
+
+    lines = verdict_lines(checks(read(ordering), "ordering"))
+    assert ("VERDICT lmcache-device-ops [under-test]: stream-ordered (60/60 delayed and 60/60 "
+            "undelayed checks held)") in lines
+    assert ("VERDICT lmcache-fallback [under-test; reference, not the path under test]: NOT "
+            "stream-ordered: 60/60 delayed checks saw stale bytes") in lines
+    report = read(packed_page)
+    counts = run_log(report).counts("packed_page")
+    assert (counts["passed"], counts["xfailed"]) == (28, 49)
+    packed = checks(report, "packed_page")
+    refused = [c for c in packed if c.status == "xfail" and c.message.startswith(refusal)]
+    assert len(refused) == 29 and {c.key["device"] for c in refused} == {"cpu"}
+    rows = check_table(refused, None)[2:]  # the summary's cells: xfail, not 0/0
+    assert len(rows) == 29 and all(row.rstrip(" |").endswith("| xfail") for row in rows)
 
 
 def test_cpu_kv_through_0_5_6_compiled_kernels_is_the_same_xfail() -> None:
@@ -340,14 +384,13 @@ def test_cpu_kv_through_0_5_6_compiled_kernels_is_the_same_xfail() -> None:
     engine-driven CPU path, which does not reach them, stays a byte-exact check."""
     from pytest_sharedkv.packed_page.round_trip import COMPILED_TAKES_CUDA_ONLY
 
-    data: dict[str, Any] = json.loads(PACKED_056.read_text())
-    assert data["environment"]["lmcache"]["key"] == "lmcache-0.5.6-compiled-cuda_ops"
-    refused = {c["key"]["path"] for c in data["checks"] if c["status"] == "xfail"
-               and c["message"].startswith(COMPILED_TAKES_CUDA_ONLY)}
-    assert refused == {"server", "server-separate"}
-    assert sum(c["status"] == "xfail" and c["message"].startswith(COMPILED_TAKES_CUDA_ONLY)
-               for c in data["checks"]) == 22
-    passed = {(c["key"]["device"], c["key"]["path"]) for c in data["checks"]
-              if c["status"] == "pass"}
+    report = read(PACKED_056)
+    assert describe(lmcache_of(report)) == "LMCache 0.5.6 on compiled (lmcache.cuda_ops)"
+    packed = checks(report, "packed_page")
+    refused = [c for c in packed
+               if c.status == "xfail" and c.message.startswith(COMPILED_TAKES_CUDA_ONLY)]
+    assert {c.key["path"] for c in refused} == {"server", "server-separate"}
+    assert len(refused) == 22
+    passed = {(c.key["device"], c.key["path"]) for c in packed if c.status == "pass"}
     assert ("cpu", "engine-driven") in passed and ("cuda", "kernel-native") in passed
-    assert [t["outcome"] for t in data["tests"]].count("failed") == 0
+    assert findings(report) == [] and run_log(report).counts()["failed"] == 0

@@ -6,13 +6,16 @@ why; a bad --sharedkv-blocks is a usage error; with nothing to run on, the tier 
 with the reason.
 
 The inner runs are in-process (the stubs are their only processes); the default screening
-runs once for the tests that read it, and the tests whose assertions count no sessions or
-windows run the suite with its smallest plan (SMALL_PLAN) and no plots."""
+runs once, in a module fixture, for the tests that read it, and the tests whose assertions
+count no sessions or windows run the suite with its smallest plan (SMALL_PLAN) and no
+plots."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms, check_tokens
+from pytest_sharedkv.perf.hits import cached_share, partial_hits, pooled_cross
 from pytest_sharedkv.perf.observations import (
     STEPS,
     Observation,
@@ -30,9 +34,15 @@ from pytest_sharedkv.perf.observations import (
     from_json,
 )
 from pytest_sharedkv.perf.pairing import pair_observations
-from pytest_sharedkv.perf.plots import MISSING
+from pytest_sharedkv.perf.statistics import analyse
+from pytest_sharedkv.perf.tables import hit_verdict
+from pytest_sharedkv.stack.engine_start import starts_note
+from pytest_sharedkv.stack.offload_traffic import traffic_note
+from tests.conftest import isolate
+from tests.golden import assert_golden
+from tests.inprocess import run_inprocess
 from tests.launch_faults import LaunchFaults, Planted, StubFaults
-from tests.process_tags import tagged
+from tests.process_tags import TAG_ENV, tagged
 from tests.stub_endpoints import external_stubs
 
 # the checkout's suite (--pyargs would find the installed package's)
@@ -88,44 +98,61 @@ class StubRun:
     tag: str  # the process tag the run's processes carried
     perf: dict[str, Any]  # the JSON report's "perf", as written
     junit: str  # the run's --junitxml report
+    path: Path  # where it ran
+    notes: list[str]  # the JSON report's notes (the tier's lines)
+
+
+# Where the plots go, or why none were drawn (matplotlib is an extra).
+PLOTS = ((re.compile(r"^  (plots: .*|no plots: .*)$"), "  <plots>"),)
 
 
 @pytest.fixture(scope="module")
-def _stub_runs() -> dict[str, StubRun]:
-    return {}
-
-
-@pytest.fixture
-def default_run(pytester: pytest.Pytester, process_tag: str,
-                _stub_runs: dict[str, StubRun]) -> StubRun:
+def default_run(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+                ) -> StubRun:
     """The default OFF-ON-ON-OFF screening on the stub, with user flags for vllm (recorded
-    only), run once (in-process: the stub pair are its only processes) for the tests that
-    read it."""
-    if "default" not in _stub_runs:
-        result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", "--junitxml=j.xml",
-                                    "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
-        report = json.loads((pytester.path / "r.json").read_text())
-        _stub_runs["default"] = StubRun(result, from_json(report["perf"]), process_tag,
-                                        report["perf"], (pytester.path / "j.xml").read_text())
-    return _stub_runs["default"]
+    only), run once for the module's tests that read it (in-process: the stub pair are its
+    only processes), in an environment of its own (set up before the autouse isolation)."""
+    path = tmp_path_factory.mktemp("default-screening")
+    tag = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, pytestconfig, tmp_path_factory)
+        monkeypatch.setenv(TAG_ENV, tag)
+        result = run_inprocess(path, tmp_path_factory.mktemp("default-screening-tmp"), *STUB,
+                               "--sharedkv-json=r.json", "--junitxml=j.xml",
+                               "--sharedkv-vllm-args=--max-num-seqs 8 --x 'a b'")
+    report = json.loads((path / "r.json").read_text())
+    return StubRun(result, from_json(report["perf"]), tag, report["perf"],
+                   (path / "j.xml").read_text(), path,
+                   [n["text"] for n in report["notes"]])
 
 
+def _shares(run: PerfRun, step: str) -> dict[str, float | None]:
+    """Each arm's median share of STEP's prompts served from a cache (perf.hits), rounded."""
+    out = {}
+    for arm in dict.fromkeys(run.blocks):
+        share = cached_share(o for o in run.observations
+                             if (o.arm, o.step) == (arm, step) and not o.warmup)
+        out[arm] = None if share is None else round(share, 2)
+    return out
+
+
+@pytest.mark.golden
 def test_default_blocks_on_the_stub(default_run: StubRun) -> None:
+    """The tier's summary as a whole is its golden file (tests/data/terminal/perf.txt: its
+    notes, the TTFT, ratio, session and decode tables, every verdict); the report holds the
+    blocks, every observation and session, the notes, and the plots are drawn."""
     result, run = default_run.result, default_run.run
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([
-        "*[[]perf[]] tests: 1 passed*",
-        "*no floor: the stub provider is a test double*",
-        "*prompt tokens served from a cache (mean per request): cold OFF 0%, ON 0%; local "
-        "OFF 100%, ON 100%; cross OFF 0%, ON 100%; receiver-local OFF 100%, ON 100%",
-        "*concurrency windows, alternating sessions at once*4 sessions (24 turns) OFF * s, "
-        "ON * s; 8 sessions (48 turns) OFF * s, ON * s",
-        "*overhead: screening wall * s / (request latencies and restarts * s) = * (limit 1.3 "
-        "on a GPU; reported only here; settles 0.0 s)",
-    ])
+    assert_golden(result.stdout.str(), "perf", PLOTS)
+    assert "no floor: the stub provider is a test double (no GPU, no KV to move)" in run.notes
+    # what the tier's cache-hit note says, from the observations: the pool serves B's cross
+    # step in ON only, A's repeat and B's own repeat in both
+    assert {step: _shares(run, step) for step in STEPS} == {
+        "cold": {"OFF": 0.0, "ON": 0.0}, "local": {"OFF": 1.0, "ON": 1.0},
+        "cross": {"OFF": 0.0, "ON": 1.0}, "receiver-local": {"OFF": 1.0, "ON": 1.0}}
     # the one run of this file that draws the plots (the others hide matplotlib)
-    result.stdout.fnmatch_lines(["*plots: */r-perf-ttft.png, */r-perf-sessions.png"]
-                                if find_spec("matplotlib") else [f"*{MISSING}*"])
+    plots = [default_run.path / f"r-perf-{name}.png" for name in ("ttft", "sessions")]
+    assert all(p.is_file() for p in plots) == bool(find_spec("matplotlib"))
     assert run.blocks == ["OFF", "ON", "ON", "OFF"] and run.block_pairs == [0, 0, 1, 1]
     assert len(run.restarts_s) == 4 and run.floor is None and run.wall_s > 0
     assert run.engine["provider"] == "stub (test double)"
@@ -177,7 +204,7 @@ def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun)
     PerfRun, with the served model's weights and compute; on the stub double."""
     result, run = default_run.result, default_run.run
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*NOTE model: stub (test double): weights none*"])
+    assert (run.model["kind"], run.model["weights"]) == ("stub (test double)", "none")
     assert run.engine_settings["enforce_eager"] is False
     assert run.engine_settings["extra_args"] == ["--max-num-seqs", "8", "--x", "a b"]
     assert [x["arm"] for x in run.launches] == ["OFF", "ON", "ON", "OFF"]
@@ -192,10 +219,8 @@ def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun)
     assert run.model["kind"] == "stub (test double)"
     # the stub double runs on no GPU: its placement says so, no devices invented
     assert run.replica_placement == ReplicaPlacement(None, {})
-    result.stdout.fnmatch_lines(["  replica placement: no GPU known (the suite launched no "
-                                 "engine: a stub double or external endpoints)"])
-    result.stdout.fnmatch_lines(["*engine starts: block 0 (OFF) * s: stub replica A ready * s; "
-                                 "stub replica B ready * s | block 1 (ON)*"])
+    # each block's engine starts, as the report's line gives them (stack.engine_start)
+    assert starts_note(run.launches) in default_run.notes
 
 
 # A screening whose ON block served one token more for one request (no replicas run).
@@ -232,16 +257,26 @@ def test_a_token_count_that_drifts_is_refused_by_name(
     (pytester.path / "test_perf.py").write_text(Path(SUITE).read_text())
     result = pytester.runpytest("-p", "no:cacheprovider", "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*4 observation(s) refused:",
+    report = json.loads((pytester.path / "r.json").read_text())
+    run = from_json(report["perf"])  # kept for reading
+    # what the tier refused, as it reads the kept observations against the payload
+    from pytest_sharedkv.perf.pairing import pair_run
+    from pytest_sharedkv.perf.payloads import Payload, PayloadSet
+
+    payloads = PayloadSet("words", [Payload("3k-01", "3k", "w01", "ab" * 32, 3073)], [], [],
+                          "canned")
+    refused = [*check_tokens(run.observations, payloads),
+               *(str(r) for r in pair_run(run).refusals)]
+    assert refused[:3] == [
         "request 3k-01 (block 1, arm ON, cross on B): served 3074 prompt tokens, its payload "
         "has 3073 (payload sha256 abababababababab)",
         "request 3k-01: 3074 prompt tokens in block 1 (ON, cross) but 3073 in block 0 (OFF, "
         "cold)",
         "request 3k-01 (block 1, arm ON, pair 0): token counts differ across arms (3k cross on"
-        " replica B): prompt_tokens 3074 in block 1 (ON) but 3073 in block 0 (OFF)",
-    ])
-    assert "perf" in json.loads((pytester.path / "r.json").read_text())  # kept for reading
+        " replica B): prompt_tokens 3074 in block 1 (ON) but 3073 in block 0 (OFF)"]
+    [test] = report["tests"]
+    assert (test["outcome"], len(refused)) == ("failed", 4)
+    assert test["message"].startswith("Failed: 4 observation(s) refused:")
 
 
 def _observation(block: int, tokens: int, step: str = "cold") -> Observation:
@@ -324,9 +359,11 @@ def test_a_bad_block_count_is_a_usage_error(pytester: pytest.Pytester, value: st
 
 def test_the_tier_skips_with_the_reason_when_nothing_can_run(
         pytester: pytest.Pytester, fake_gpus: Callable[[str], None]) -> None:
-    result = pytester.runpytest(*BASE)  # skips before any launch
+    result = pytester.runpytest(*BASE, "--sharedkv-json=r.json")  # skips before any launch
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*skipped (1): needs 1 CUDA device, 0 visible*"])
+    [test] = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert (test["outcome"], test["message"]) == (
+        "skipped", "needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)")
 
 
 @pytest.fixture
@@ -343,12 +380,13 @@ def test_external_endpoints_give_one_block_and_say_why(
                                 f"--sharedkv-endpoints={stub_endpoints}",
                                 "--sharedkv-settle-s=0.01", "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines([
-        "*skipped (1): external endpoints: one block as deployed was measured and reported; "
-        "the OFF-ON-ON-OFF blocks need replica restarts into each arm, which the suite "
-        "cannot do to an external deployment",
-    ])
-    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    [test] = report["tests"]
+    assert (test["outcome"], test["message"]) == (
+        "skipped", "external endpoints: one block as deployed was measured and reported; the "
+        "OFF-ON-ON-OFF blocks need replica restarts into each arm, which the suite cannot do "
+        "to an external deployment")
+    run = from_json(report["perf"])
     assert run.blocks == ["ON"] and run.restarts_s == []
     assert {o.step for o in run.observations} == set(STEPS)
     assert any(n.startswith("no floor: external endpoints") for n in run.notes)
@@ -363,6 +401,7 @@ def test_a_replica_that_dies_mid_screening_keeps_what_was_measured(
     crash = Planted(LaunchFaults(stub=StubFaults(crash_after=9)))
     result = pytester.runpytest(*STUB, "--sharedkv-json=r.json", plugins=[crash])
     result.assert_outcomes(failed=1)
+    # the phase's seconds are in its progress line alone
     result.stdout.fnmatch_lines(["*block 0 (OFF) 3k cross: 3 requests, * s*"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
     assert [n for n in run.notes if n.startswith("INCOMPLETE: the screening stopped in "
@@ -381,12 +420,11 @@ def test_the_native_arm_is_a_third_block_of_every_pair(
                                 "--sharedkv-json=r.json", "--sharedkv-blocks=1",
                                 "--sharedkv-native-arm")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([
-        "*block 2 (NATIVE) done in * s*",
-        "*cross OFF 0%, ON 100%, NATIVE 0%*",
-    ])
+    # the block's seconds are in its progress line alone
+    result.stdout.fnmatch_lines(["*block 2 (NATIVE) done in * s*"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
     assert run.blocks == ["OFF", "ON", "NATIVE"] and run.block_pairs == [0, 0, 0]
+    assert _shares(run, "cross") == {"OFF": 0.0, "ON": 1.0, "NATIVE": 0.0}
     assert sorted({s.placement for s in run.sessions}) == ["alternating", "fixed", "window-4"]
     assert {o.pair for o in run.observations} == {0}
     pairing = pair_observations(run.observations, run.blocks)
@@ -403,12 +441,15 @@ def test_native_alone_is_screened_against_off(
                                 "--sharedkv-provider=stub", "--sharedkv-json=r.json",
                                 "--sharedkv-blocks=1", "--sharedkv-perf-arms=NATIVE")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*perf screening on stub: blocks OFF-NATIVE, sizes 3k*",
-                                 "*cross OFF 0%, NATIVE 0%*",
-                                 "*VERDICT perf: cross-replica TTFT 3k NATIVE/OFF *"])
-    assert "VERDICT hits" not in result.stdout.str()  # no ON arm: no pool hits to judge
-    run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    run = from_json(report["perf"])
     assert run.blocks == ["OFF", "NATIVE"] and run.block_pairs == [0, 0]
+    assert {o.size for o in run.observations} == {"3k"}
+    assert _shares(run, "cross") == {"OFF": 0.0, "NATIVE": 0.0}
+    analysis = analyse(run)
+    assert [(r.size, r.arms) for r in analysis.ratios if r.step == "cross"] == [
+        ("3k", "NATIVE/OFF")]
+    assert hit_verdict(analysis) is None  # no ON arm: no pool hits to judge
     pools = [next((Path(a).name for a in p["argv"] if "stub-pool" in a), None)
              for x in run.launches for p in x["processes"]]
     assert pools == [None, None, "stub-pool-A", "stub-pool-B"]  # OFF none; NATIVE its own
@@ -419,9 +460,7 @@ def test_native_alone_is_screened_against_off(
     traffic = run.launches[1]["offload"]
     assert set(traffic) == {"stub replica A", "stub replica B"}
     assert all(t["stored_bytes"] > 0 and t["loaded_bytes"] == 0 for t in traffic.values())
-    result.stdout.fnmatch_lines(["*offload tier (vLLM's KV Transfer metrics*: block 1 (NATIVE): "
-                                 "stub replica A stored *, loaded 0 B (* intervals logged)*"
-                                 "nothing was loaded back*"])
+    assert traffic_note(run.launches) in {n["text"] for n in report["notes"]}
 
 
 def test_256k_is_screened_on_the_stub(
@@ -437,10 +476,10 @@ def test_256k_is_screened_on_the_stub(
                                 "--sharedkv-provider=stub", "--sharedkv-json=r.json",
                                 "--sharedkv-blocks=1", "--sharedkv-perf-sizes=8k,256k")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*perf screening on stub: blocks OFF-ON, sizes 8k, 256k*",
-                                 "*VERDICT perf: cross-replica TTFT 8k ON/OFF *; 256k "
-                                 "ON/OFF *"])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
+    assert run.blocks == ["OFF", "ON"]
+    assert [(r.size, r.arms) for r in analyse(run).ratios if r.step == "cross"] == [
+        ("8k", "ON/OFF"), ("256k", "ON/OFF")]
     big = [o for o in run.observations if o.size == "256k" and not o.warmup]
     assert {(o.arm, o.step) for o in big} == {(a, s) for a in ("OFF", "ON") for s in STEPS}
     assert {o.prompt_tokens for o in big} == {262_145}
@@ -458,16 +497,15 @@ def test_a_pool_too_small_marks_the_cross_hits_partial(
     result = pytester.runpytest(*small_plan(pytester, monkeypatch), "--sharedkv-provider=stub",
                                 "--sharedkv-json=r.json", "--sharedkv-blocks=1", plugins=[small])
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([
-        "*VERDICT perf: cross-replica TTFT 3k ON/OFF *: NOT JUDGED (* ON requests were "
-        "partial pool hits)*",
-        "*VERDICT hits: PARTIAL: * of 3 ON cross-replica requests were not full pool hits*",
-    ])
     run = from_json(json.loads((pytester.path / "r.json").read_text())["perf"])
     assert run.chunk_tokens == 64
     cross = [o for o in run.observations if (o.arm, o.step) == ("ON", "cross")]
     assert cross and all(o.cached_tokens is not None for o in cross)
     assert min(o.cached_tokens or 0 for o in cross) < 3072
+    # the tier's reading of them: partial pool hits (so 3k's cross ratio goes unjudged)
+    partial = partial_hits(run.observations, run.chunk_tokens)
+    assert partial and {(o.size, o.arm, o.step) for o in partial} == {("3k", "ON", "cross")}
+    assert len(pooled_cross(run.observations)) == 3
 
 
 def test_a_screening_ended_by_sigterm_keeps_what_it_measured(

@@ -5,12 +5,15 @@ that crashes mid-test, and bad options all fail clearly, with nothing left runni
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from pytest_sharedkv.processes.managed import group_members
 from tests.conftest import keep_loaded
+from tests.golden import assert_golden
 from tests.launch_faults import LaunchFaults, Planted, StubFaults, TransferFaults, plant
 from tests.process_tags import tagged
 
@@ -23,20 +26,29 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-k", "cross
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05"]
 
 
+def _report(pytester: pytest.Pytester) -> dict[str, Any]:
+    """The inner run's JSON report (--sharedkv-json=r.json)."""
+    report: dict[str, Any] = json.loads((pytester.path / "r.json").read_text())
+    return report
+
+
 def _no_stub_left(tag: str) -> bool:
     """None of the stubs this test's run started is alive (other runs' may be)."""
     return not [p for p in tagged(tag) if "stub_openai" in p.cmdline]
 
 
+@pytest.mark.golden
 def test_exact_answers_from_the_shared_pool(pytester: pytest.Pytester, process_tag: str) -> None:
+    """The tier's summary as a whole is its golden file (tests/data/terminal/
+    replica_pair.txt: its counts, the pair's table, the run's verdict); the record holds
+    what it says."""
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([
-        "[[]replica_pair[]] tests: 1 passed",
-        "| provider * | allocator | delay | passed/trials |",
-        "| stub (test double) | n/a * | 0 * | 3/3 * |",
-    ])
-    check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
+    assert_golden(result.stdout.str(), "replica_pair")
+    [check] = _report(pytester)["checks"]
+    assert (check["key"], check["passed"], check["trials"], check["kind"], check["status"]) == (
+        {"provider": "stub (test double)", "allocator": "n/a", "delay": "0"}, 3, 3, "divergence",
+        "pass")
     assert check["detail"]["external_hit_tokens"] > 0
     assert all(p["b_local"] == 0 and p["b_external"] > 0 for p in check["detail"]["prompts"])
     assert _no_stub_left(process_tag)
@@ -60,12 +72,15 @@ def test_wrong_cross_replica_answer_fails_and_names_it(pytester: pytest.Pytester
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        process_tag: str) -> None:
     plant(pytester, StubFaults(corrupt_external=True))
-    result = pytester.runpytest_subprocess(*BASE)
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "stub x2 (test double): 0/3 exact cross-replica answers, * external hit tokens: "
-        "prompt 0 (* tokens): B answered * from * external hit tokens, A answered *",
-    ])
+    [check] = _report(pytester)["checks"]
+    # 0/3 exact, each of B's answers from its pool hits (3008 a prompt), not A's answer
+    assert (check["passed"], check["trials"], check["kind"], check["status"],
+            check["detail"]["pair"], check["detail"]["external_hit_tokens"]) == (
+        0, 3, "divergence", "fail", "stub x2 (test double)", 3 * 3008)
+    assert [(p["exact"], p["b_external"], p["b_text"] != p["a_text"])
+            for p in check["detail"]["prompts"]] == [(False, 3008, True)] * 3
     assert _no_stub_left(process_tag)
 
 
@@ -73,13 +88,13 @@ def test_replica_crash_mid_test_fails_with_its_log_and_no_orphan(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, process_tag: str
 ) -> None:
     plant(pytester, StubFaults(crash_after=1))
-    result = pytester.runpytest_subprocess(*BASE)
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "replica B (DEAD): request failed:*",
-        "--- last lines of *stub-B-*.log ---",
-        "*crashing on purpose after 1 completions",
-    ])
+    [test] = _report(pytester)["tests"]
+    lines = test["message"].splitlines()  # the failure (no record: nothing was judged)
+    assert lines[0].startswith("Failed: replica B (DEAD): request failed:"), lines
+    assert re.fullmatch(r"--- last lines of \S+/stub-B-\d+\.log ---", lines[1]), lines
+    assert lines[-1] == "[B] crashing on purpose after 1 completions"
     assert _no_stub_left(process_tag)
 
 
@@ -96,9 +111,10 @@ def test_launched_provider_skips_without_a_gpu(pytester: pytest.Pytester,
                                                fake_gpus: Callable[[str], None]) -> None:
     result = pytester.runpytest("--pyargs", "pytest_sharedkv.suites", "-m",  # no launch
                                 "replica_pair", "-k", "cross_replica",
-                                "--sharedkv-provider=vllm", "-rs")
+                                "--sharedkv-provider=vllm", "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["*needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"])
+    assert {t["message"].rsplit(": ", 1)[-1] for t in _report(pytester)["tests"]} == {
+        "needs 1 CUDA device, 0 visible (SHAREDKV_FAKE_GPUS)"}
 
 
 @pytest.mark.parametrize("tier", ["replica_pair", "perf"])
@@ -108,11 +124,12 @@ def test_transfer_provider_skips_pair_tests_with_the_real_reason(pytester: pytes
     replica_pair tier's model-free transfer check), which is why a pair test skips."""
     result = pytester.runpytest("--pyargs", "pytest_sharedkv.suites", "-m", tier, "-k",
                                 "cross_replica or screening", "--sharedkv-provider=transfer",
-                                "-rs", "-p", "no:cacheprovider")
+                                "--sharedkv-json=r.json", "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["SKIPPED*the transfer provider serves no completions: it is "
-                                 "the replica_pair tier's model-free transfer check*the tests "
-                                 "that send through a pair need vllm, external or stub"])
+    [test] = _report(pytester)["tests"]
+    assert re.fullmatch(r"the transfer provider serves no completions: it is the "
+                        r"replica_pair tier's model-free transfer check.*the tests that send "
+                        r"through a pair need vllm, external or stub", test["message"]), test
     assert "not available in this version" not in result.stdout.str()
 
 
@@ -216,12 +233,20 @@ def test_transfer_provider_against_the_real_server(pytester: pytest.Pytester,
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1)
     off_by_one = Planted(LaunchFaults(transfer=TransferFaults(off_by_one=True)))
-    wrong = pytester.runpytest(*args, plugins=[off_by_one])
+    wrong = pytester.runpytest(*args, "--sharedkv-json=r.json", plugins=[off_by_one])
     wrong.assert_outcomes(failed=1)
-    wrong.stdout.fnmatch_lines(["*wrong bytes: * of 256 retrieved page(s) differ from replica "
-                                "A's and * other page(s) changed; first: layer 0, B block * "
-                                "<- A block *: "
-                                "* of 2048 bytes differ, first at token 0, head 0, byte 0:*"])
+    [check] = _report(pytester)["checks"]
+    fetch = check["detail"]["fetch"]
+    # every page B fetched holds another block's bytes (the fault's offset), each named by
+    # where the bytes first differ; no page outside the transfer changed
+    assert (check["kind"], check["status"], fetch["pages_compared"], check["trials"]) == (
+        "bytes", "fail", 256, 256)
+    assert 0 < fetch["mismatched_pages"] == check["trials"] - check["passed"]
+    assert fetch["untouched_pages_changed"] == 0
+    assert all(re.match(r"layer 0, B block \d+ <- A block \d+\b.*: \d+ of 2048 bytes differ, "
+                        r"first at token 0, head 0, byte 0: ", m) for m in fetch["mismatches"])
+    assert check["message"].startswith(f"wrong bytes: {fetch['mismatched_pages']} of 256 "
+                                       "retrieved page(s) differ from replica A's")
 
 
 def test_a_failed_scrape_is_unknown_not_a_missing_hit(pytester: pytest.Pytester,
@@ -229,10 +254,10 @@ def test_a_failed_scrape_is_unknown_not_a_missing_hit(pytester: pytest.Pytester,
     """B's 2nd metrics scrape (after its first request) fails: the round does not say B
     had no pool hits; its record says UNKNOWN."""
     plant(pytester, StubFaults(fail_metrics=(2,)))
-    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json", "-rs")
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*UNKNOWN: counters could not be read on replica B for "
-                                 "prompt 0, so its pool hits are unknown*"])
-    check = json.loads((pytester.path / "r.json").read_text())["checks"][0]
+    [check] = _report(pytester)["checks"]
     assert (check["kind"], check["status"]) == ("hits-unknown", "unknown")
+    assert check["message"].startswith("counters could not be read on replica B for "
+                                       "prompt 0, so its pool hits are unknown"), check
     assert "status" not in check["detail"] and check["passed"] == 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,12 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
 # The first 3 measured requests (the ones -k selects) instead of all 200: enough for one
 # reference that changes while the others still match.
 REQUESTS = 3
+
+
+def _tests(pytester: pytest.Pytester) -> list[dict[str, Any]]:
+    """The inner run's tests[] from its JSON report (their outcome and message)."""
+    tests: list[dict[str, Any]] = json.loads((pytester.path / "r.json").read_text())["tests"]
+    return tests
 
 
 @pytest.fixture(autouse=True)
@@ -49,18 +56,21 @@ def test_write_then_compare_then_drift(pytester: pytest.Pytester) -> None:
     changed.assert_outcomes(passed=REQUESTS - 1, failed=1)
 
     stored.rename(stored.parent / "vllm-0.25.0+lmcache-0.5.5")
-    drift = pytester.runpytest_subprocess(*BASE)
+    drift = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     drift.assert_outcomes(passed=REQUESTS - 1, failed=1)
-    drift.stdout.fnmatch_lines(["*ENGINE DRIFT (not cache-induced): replica A's cold answer to "
-                                "3k-001 with stub differs from the reference recorded with "
-                                "vllm-0.25.0+lmcache-0.5.5*"])
+    [failed] = [t for t in _tests(pytester) if t["outcome"] == "failed"]
+    assert failed["nodeid"].endswith("[3k-001-stub]")
+    assert failed["message"].startswith(
+        "Failed: ENGINE DRIFT (not cache-induced): replica A's cold answer to 3k-001 with stub "
+        "differs from the reference recorded with vllm-0.25.0+lmcache-0.5.5"), failed
 
 
 def test_no_reference_is_a_skip_that_says_how_to_record(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess(*BASE, "-rs")
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=REQUESTS)
-    result.stdout.fnmatch_lines(["*no stored reference for copy-rule/stub under */refs: record "
-                                 "them with --snapshot-update*"])
+    assert {t["message"] for t in _tests(pytester)} == {
+        f"no stored reference for copy-rule/stub under {pytester.path}/refs: record them with "
+        "--snapshot-update"}
     assert not Path(pytester.path / "refs").exists()
 
 

@@ -7,12 +7,16 @@ is unproven."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
+from pytest_sharedkv.report.records import Bundle
+from pytest_sharedkv.service import summary
+from tests.golden import assert_golden
 from tests.launch_faults import StubFaults, plant
 from tests.process_tags import tagged
 from tests.stub_endpoints import external_stubs
@@ -37,29 +41,42 @@ def _stubs_left(tag: str) -> bool:
     return any("stub_openai" in p.cmdline for p in tagged(tag))
 
 
+@pytest.mark.golden
 def test_clean_pass(pytester: pytest.Pytester, process_tag: str) -> None:
+    """The tier's summary as a whole is its golden file (tests/data/terminal/
+    service_regression.txt: the skips, the wall-time note, the corruption matrix, the step
+    table, the GATE and VERDICT lines); the records hold what it says."""
     result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
     # skipped: no stored references to compare, the triage (nothing to triage), the fault
     # catalogue (off) and the L2 fault cell (the hosts topology's); the KV audit is on by
     # default, in the stub as in launched vLLM, and passes
     result.assert_outcomes(passed=ALL + 1, skipped=CHAINS + 3)
-    result.stdout.fnmatch_lines([
-        "*| stub (test double) | n/a*| 0*| 3k*| cross*| B*| 10/10 | 30,080*| 0*| 30,080*",
-        "*GATE stub (test double): sensitivity proven: with chunk 47 zeroed in every retrieve,"
-        " 4/4 answers that copy from it changed and 4/4 others stayed exact",
-        "*VERDICT stub (test double): 10/10 requests exact in every step (cold, local, "
-        "cross-replica, receiver-local), hits as expected; sessions 48/48 turns, protocol "
-        "15/15",
-        # a launched pair that passed is offered the fault catalogue
-        "*CATALOGUE stub (test double): not run; --sharedkv-fault-catalogue all relaunches "
-        "this pair once per fault class*",
-    ])
+    assert_golden(result.stdout.str(), "service_regression")
     report = json.loads((pytester.path / "r.json").read_text())
-    gate = next(c for c in report["checks"] if c["key"].get("size") == "gate")
+    checks = report["checks"]
+    steps = {c["key"]["step"]: c for c in checks if c["key"].get("size") == "3k"
+             and c["kind"] == "hits"}
+    # every 3k step exact for the 10 requests, each repeat's 3008 shareable tokens a hit:
+    # A's and B's repeats in their own caches, B's cross step from the pool
+    assert {step: (c["passed"], c["trials"], c["status"], c["detail"]["cached"],
+                   c["detail"]["local"], c["detail"]["external"])
+            for step, c in steps.items()} == {
+        "local": (10, 10, "pass", 30_080, 30_080, 0),
+        "cross": (10, 10, "pass", 30_080, 0, 30_080),
+        "receiver-local": (10, 10, "pass", 30_080, 30_080, 0)}
+    gate = next(c for c in checks if c["key"].get("size") == "gate")
     assert gate["role"] == "negative-control" and gate["detail"]["status"] == "proven"
     audit = next(c for c in report["checks"] if c["key"].get("size") == "audit")
     assert (audit["kind"], audit["status"]) == ("audit-mismatch", "pass")
     assert audit["detail"]["cost_us_per_token"] is not None  # its cost, as the report says
+    assert (gate["detail"]["zeroed_chunk"], gate["detail"]["others_exact"],
+            gate["detail"]["others"]) == (47, 4, 4)
+    assert {(c["key"]["size"], c["status"]) for c in checks
+            if c["kind"] in ("session", "protocol")} == {("session", "pass"),
+                                                         ("protocol", "pass")}
+    kinds = Counter(c["kind"] for c in checks)
+    assert (kinds["session"], kinds["protocol"]) == (8, PROTOCOL_CHECKS)
+    assert [c for c in checks if c["key"].get("step") == "chain"] == []  # no divergence
     # a clean pass has nothing to triage, and its skip says so (not "triage is off")
     triage = next(t for t in report["tests"] if t["nodeid"].endswith("::test_triage[stub]")
                   or "test_triage" in t["nodeid"])
@@ -77,10 +94,18 @@ def test_planted_corruption_is_caught_and_blamed_on_the_cache(
               if c["key"].get("step") == "chain"]
     assert len(chains) == 10
     assert {(c["kind"], c["status"]) for c in chains} == {("divergence", "fail")}
+    # each request's answers by step: only B's cross answer (3008 tokens from the pool)
+    # differs from the constructed one, from its first token
+    for chain in chains:
+        answers, expected = chain["detail"]["answers"], chain["detail"]["expected"]
+        assert {step: a["ids"] == expected for step, a in answers.items()} == {
+            "cold": True, "local": True, "cross": False, "receiver-local": True}
+        assert answers["cross"]["ids"][0] != expected[0]
+        assert {step: a["cached_tokens"] for step, a in answers.items()} == {
+            "cold": 0, "local": 3008, "cross": 3008, "receiver-local": 3008}
+    # prose only: the zero-hit control's outcome is in the failure's words, not the record
     result.stdout.fnmatch_lines([
-        "request 3k-000 (payload sha256 *), step cross on replica B, source chunk 0: first "
-        "divergent token 0: expected * (by construction), replica B answered * [[]*cross on B: "
-        "3008 cached*; zero-hit control (same request, fresh cache_salt, replica B): right, "
+        "request 3k-000 *zero-hit control (same request, fresh cache_salt, replica B): right, "
         "so the fault is in cache transfer or reuse, not the model[]]",
         "(--sharedkv-triage re-runs this pair's diverging size group under controls and "
         "names the class of fault)",  # offered where the pair can be relaunched
@@ -93,6 +118,7 @@ def test_planted_divergence_is_blamed_on_the_model(
     plant(pytester, StubFaults(diverge=True))
     result = pytester.runpytest_subprocess(*BASE, "-k", "chain and 3k-00")
     result.assert_outcomes(failed=10)
+    # prose only: the zero-hit control's outcome is in the failure's words, not the record
     result.stdout.fnmatch_lines([
         "request 3k-000 *step cross on replica B*zero-hit control (same request, fresh "
         "cache_salt, replica B): wrong too, so the model or engine is at fault, not the "
@@ -103,14 +129,16 @@ def test_planted_divergence_is_blamed_on_the_model(
 def test_planted_leak_is_caught_by_name(pytester: pytest.Pytester,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     plant(pytester, StubFaults(ignore_salt=True))
-    result = pytester.runpytest_subprocess(*BASE, "-k", "protocol and cache-salt")
+    result = pytester.runpytest_subprocess(*BASE, "-k", "protocol and cache-salt",
+                                           "--sharedkv-json=r.json")
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines([
-        "cache-salt-separates-namespaces: the same prompt under another cache_salt: 3008 "
-        "cached",
-        "cache-salt-separates-namespaces-across-replicas: B under another cache_salt after A "
-        "stored it: 3008 cached",
-    ])
+    checks = json.loads((pytester.path / "r.json").read_text())["checks"]
+    # the check's name is its key; the tokens served across namespaces only its message has
+    assert {c["key"]["step"]: (c["kind"], c["status"], c["passed"], c["trials"],
+                               c["message"].rsplit(": ", 1)[-1]) for c in checks} == {
+        "cache-salt-separates-namespaces": ("protocol", "fail", 0, 1, "3008 cached"),
+        "cache-salt-separates-namespaces-across-replicas": ("protocol", "fail", 0, 1,
+                                                            "3008 cached")}
 
 
 def test_a_cold_request_that_hits_is_a_namespace_leak() -> None:
@@ -159,11 +187,13 @@ def test_a_gate_whose_hook_never_fires_makes_every_result_void(
     checks = json.loads((pytester.path / "r.json").read_text())["checks"]
     gate = next(c for c in checks if c["key"].get("size") == "gate")
     assert (gate["kind"], gate["status"]) == ("gate", "void")
-    result.stdout.fnmatch_lines([
-        # the stub's "no-gate" fault leaves the hook out altogether
-        "*VOID: the sensitivity gate's hook never loaded in the LMCache server*",
-        "*VERDICT stub (test double): VOID: *",
-    ])
+    # the stub's "no-gate" fault leaves the hook out altogether: nothing logged, nothing
+    # wrapped, and no answer diverged, so the pair's verdict is the gate's VOID
+    assert (gate["detail"]["zeroed_chunks_logged"], gate["detail"]["wrapped"]) == (0, None)
+    assert gate["message"].startswith("VOID: the sensitivity gate's hook never loaded")
+    assert [c for c in checks if c["key"].get("step") == "chain"] == []
+    [line] = summary.verdicts(Bundle.from_data({"checks": checks}).checks)
+    assert line.startswith("VERDICT stub (test double): VOID: the sensitivity gate's hook")
 
 
 @pytest.fixture
@@ -178,13 +208,20 @@ def test_external_endpoints_run_the_text_corpus_and_say_sensitivity_is_unproven(
         "--pyargs", "pytest_sharedkv.suites", "-m", "service_regression", "-p",
         "no:cacheprovider", f"--sharedkv-endpoints={stub_endpoints}",
         "--sharedkv-settle-s=0.05", "--sharedkv-service-sizes=3k", "-k",
-        "gate or chain and text-3k-00", "-rs")
+        "gate or chain and text-3k-00", "--sharedkv-json=r.json")
     result.assert_outcomes(passed=10, skipped=1)
-    result.stdout.fnmatch_lines([
-        "*sensitivity unproven: the replicas are external endpoints, so no corruption can be "
-        "injected*",
-        "*NOTE external: sensitivity unproven*",
-    ])
+    report = json.loads((pytester.path / "r.json").read_text())
+    [gate] = [t for t in report["tests"] if "test_sensitivity_gate" in t["nodeid"]]
+    assert gate["outcome"] == "skipped"
+    assert gate["message"].startswith("sensitivity unproven: the replicas are external "
+                                      "endpoints, so no corruption can be injected")
+    [check] = [c for c in report["checks"] if c["key"].get("size") == "gate"]
+    assert (check["kind"], check["status"], check["key"]["provider"]) == (
+        "gate", "unproven", "external")
+    [line] = summary.verdicts(Bundle.from_data(report).checks)
+    assert line.startswith("NOTE external: sensitivity unproven")
+    assert {t["outcome"] for t in report["tests"] if "test_request_chain" in t["nodeid"]} \
+        == {"passed"}
 
 
 def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
@@ -197,13 +234,13 @@ def test_a_failed_scrape_makes_a_step_unknown_not_a_hit_failure(
     result = pytester.runpytest_subprocess(*BASE, "-k", "steps_account",
                                            "--sharedkv-json=r.json")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*UNKNOWN: 3k receiver-local on B: counters could not be "
-                                 "read on replica B, so the step's hits are unknown*"])
     checks = json.loads((pytester.path / "r.json").read_text())["checks"]
     step = next(c for c in checks if c["key"].get("size") == "3k"
                 and c["key"].get("step") == "receiver-local")
     assert (step["kind"], step["status"]) == ("hits-unknown", "unknown")
     assert step["detail"]["external"] is None and "status" not in step["detail"]
+    assert step["message"] == ("3k receiver-local on B: counters could not be read on "
+                               "replica B, so the step's hits are unknown")
     assert not [c for c in checks if c["message"] and c["status"] != "unknown"]
 
 

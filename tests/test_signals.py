@@ -7,9 +7,11 @@ values at least once; a self-test below checks the cover). The full 12-case matr
 provider runs with ``SHAREDKV_SELFTEST_FULL_SIGNALS=1`` in the environment.
 
 Each case runs an inner pytest in its own session, waits until its processes are up, sends
-the signal, and counts the launched processes still alive after 10 s: the target is 0. The
-processes are found by a tag in their environment (every launched process inherits the
-inner run's environment), so the count does not depend on how the plugin tracks them.
+the signal, and counts the launched processes still alive: the target is 0, within a limit
+that only catches a process that never goes (how soon they go is benchmarks/signals.py's,
+against its 10 s budget). The processes are found by a tag in their environment (every
+launched process inherits the inner run's environment), so the count does not depend on
+how the plugin tracks them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import pytest
 
 from tests.process_tags import TAG_ENV, Proc, tagged
 
-DEADLINE_S = 10.0
+DEADLINE_S = 60.0  # only a process that never goes fails; benchmarks/signals.py times it
 LAUNCHED = ("stub_openai", "lmcache", "stack.transfer_provider", "supervise")
 
 HOLD_STUB = """
@@ -109,15 +111,9 @@ def send(proc: subprocess.Popen[bytes], sig: signal.Signals, target: str) -> Non
 
 def survivors_after(proc: subprocess.Popen[bytes], tag: str, sig: signal.Signals,
                     target: str) -> list[Proc]:
-    before = len(launched(tag))
-    sent = time.monotonic()
     send(proc, sig, target)
     wait_for(lambda: not launched(tag), DEADLINE_S)
-    left = launched(tag)
-    # for the survivors table (-s shows it): launched before, left, seconds to none left
-    print(f"\nsurvivors: {sig.name} to {target}: {before} launched, {len(left)} left after "
-          f"{time.monotonic() - sent:.1f}s")
-    return left
+    return launched(tag)
 
 
 def describe(procs: list[Proc], log: Path) -> str:

@@ -8,7 +8,8 @@ Each case runs an inner ``pytest -n 2`` in its own session, tagged through its e
 controller has taken both setup reports (or, for the start-up window, until xdist is
 inside its session start, making a worker's gateway), and signals the controller alone.
 The SIGTERM run with ``--sharedkv-json`` is one run, read by the report test and the worker
-test. Timings are benchmarks/signals.py's: these hold outcomes.
+test. Timings are benchmarks/signals.py's (workers gone within 3 s of the controller):
+these hold outcomes, with limits that only catch a worker that never goes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ import pytest
 
 from tests.conftest import isolate
 from tests.process_tags import TAG_ENV, Proc, tagged
+
+# How long a worker may outlive the controller here: only a worker that never goes fails
+# (how soon they go is benchmarks/signals.py's, against its 3 s budget).
+GONE_LIMIT_S = 60.0
 
 # Both workers hold a test; the marker makes them sharedkv items (no gate, no fixture).
 SLEEPING = """
@@ -190,7 +195,7 @@ def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
         workers = inner.others()
         os.kill(inner.proc.pid, sig)
         inner.proc.wait(timeout=60)
-        gone = wait_for(lambda: not inner.others(), 3.0)
+        gone = wait_for(lambda: not inner.others(), GONE_LIMIT_S)
         interrupts = [p.read_text() for p in inner.ready.glob("interrupt-*")]
         pids = {int(p.name.split("-")[1]) for p in inner.ready.glob("pid-*")}
         sent_file = inner.ready / "sent"
@@ -255,7 +260,7 @@ def test_sigterm_while_xdist_starts_its_workers_keeps_the_report(
         assert data["complete"] is False and "SIGTERM" in data["interrupted"]
         assert data["tests"] == []
         assert f"JSON report: {report}" in text
-        assert wait_for(lambda: not inner.others(), 3.0), inner.others()
+        assert wait_for(lambda: not inner.others(), GONE_LIMIT_S), inner.others()
 
 
 def test_sigint_to_the_controller_alone_reaches_its_workers(pytester: pytest.Pytester) -> None:
@@ -281,7 +286,7 @@ def test_sigterm_reaches_a_controller_activated_by_reports(pytester: pytest.Pyte
 def _no_worker_outlives(run: Signalled) -> None:
     assert len(run.workers_before) >= 2, run.workers_before
     assert run.workers_gone, f"{len(run.workers_left)} worker(s) outlived the controller by " \
-                             f"3 s: {run.workers_left}\n{run.text[-2000:]}"
+                             f"{GONE_LIMIT_S:g} s: {run.workers_left}\n{run.text[-2000:]}"
 
 
 def test_no_worker_outlives_the_controller_killed(pytester: pytest.Pytester) -> None:
