@@ -367,3 +367,45 @@ def test_the_launched_pair_across_hosts_connects_each_replica_to_its_own_server(
         assert config["kv_connector_extra_config"]["lmcache.mp.port"] == port, name
     assert pair.topology is not None and pair.topology.server_of("B").name == "server 2"
     assert pair.close() == [] and Server.stopped == ["server", "server"]
+
+
+def test_a_host_without_the_metrics_exporter_launches_servers_that_count_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LMCache 0.5.6 exits at start (status 3) when observability is on and the Prometheus
+    exporter is missing (seen on the H200 host): the servers then launch without counting,
+    and the evictions are unknown with the reason, never 0 and never a failed launch."""
+    from pytest_sharedkv.service.summary import evictions_line
+    from pytest_sharedkv.stack import lmcache_server, providers
+
+    monkeypatch.setattr(lmcache_server, "eviction_counting_problem",
+                        lambda: "LMCache's eviction counter needs the PyPI package X")
+    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a",),
+                                count_evictions=True, l1_size_gb=0.5, hosts=HostsSpec(
+                                    json.dumps({"type": "fs", "base_path": str(tmp_path)}),
+                                    "fs -> l2"))
+    servers = providers.lmcache_servers(spec)
+    assert [(s.config.count_evictions, s.config.uncounted) for s in servers] == [
+        (False, "LMCache's eviction counter needs the PyPI package X")] * 2
+    assert all("--disable-observability" in s.process.argv for s in servers)
+    record = {"topology": "hosts", "servers": [
+        {"l1_size_gb": 0.5, "counts_evictions": False, "uncounted": s.config.uncounted}
+        for s in servers]}
+    line = evictions_line({"3k": {"server 1": None, "server 2": None}}, {}, record)
+    assert line.endswith("server 1 unknown, server 2 unknown L1 chunks evicted (L1 0.5 GB "
+                         "each); not counted: LMCache's eviction counter needs the PyPI "
+                         "package X")
+    monkeypatch.setattr(lmcache_server, "eviction_counting_problem", lambda: "")
+    assert all(s.config.count_evictions for s in providers.lmcache_servers(spec))
+
+
+def test_the_metrics_exporter_is_looked_up_not_imported() -> None:
+    from pytest_sharedkv.stack.lmcache_server import METRICS_EXPORTER, eviction_counting_problem
+
+    problem = eviction_counting_problem()
+    try:
+        import importlib.util
+
+        present = importlib.util.find_spec(METRICS_EXPORTER) is not None
+    except ImportError:
+        present = False
+    assert (problem == "") is present

@@ -26,8 +26,8 @@ pip download -q --no-deps "${P[@]}" -d "$OUT/deps" \
   pydantic-core==2.50.5 pyzmq==27.3.0 sniffio==1.3.1 starlette==1.10.0 typing-inspection==0.4.5 xgrammar==0.2.7 \
   uvicorn watchfiles model-hosting-container-standards jmespath aiofile caio blake3 \
   lmcache==0.5.6 nvtx opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions importlib_metadata zipp \
-  cryptography cffi pycparser prometheus-fastapi-instrumentator \
-  syrupy  # the service tier's stored references: the image has pytest but not syrupy
+  cryptography cffi pycparser prometheus-fastapi-instrumentator opentelemetry-exporter-prometheus \
+  syrupy  # the service tier's stored references: the image has pytest but not syrupy; LMCache's metrics (eviction counts) need the exporter
 ls -la "$OUT"; du -sh "$OUT/deps"
 for f in "$OUT/a.tar.xz" "$OUT/b.tar.xz"; do
   [ "$(stat -c %s "$f")" -lt $((62 << 20)) ] || { echo "$f is over the transfer limit"; exit 1; }

@@ -69,9 +69,12 @@ def evictions_line(evictions: Mapping[str, Mapping[str, int | None]],
     sizes = sorted({s["l1_size_gb"] for s in servers if isinstance(s, dict)}) \
         if isinstance(servers, list) else []
     l1 = f" (L1 {', '.join(f'{g:g}' for g in sizes)} GB each)" if sizes else ""
+    why = sorted({s["uncounted"] for s in servers if isinstance(s, dict) and s.get("uncounted")}
+                 ) if isinstance(servers, list) else []
     return (f"EVICTIONS {name} ({topology.get('topology')}): "
             + ", ".join(f"{server} {'unknown' if n is None else n}"
-                        for server, n in last.items()) + f" L1 chunks evicted{l1}")
+                        for server, n in last.items()) + f" L1 chunks evicted{l1}"
+            + (f"; not counted: {'; '.join(why)}" if why else ""))
 
 
 def _n(value: object) -> str:
@@ -168,6 +171,9 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         name = pair_name(pair[0], pair[1])
         gate = next((c for c in mine if c.key.get("size") == "gate"), None)
         steps = _steps(mine)
+        gaps = [c for c in steps if str(c.key.get("step", "")).startswith(GAP_STEP)]
+        steps = [c for c in steps if c not in gaps]  # the L2 fault cell: a line of its own
+        tail = gap_verdicts(name, gaps)
         cross = [c for c in steps if c.key.get("step") == "cross"]
         total = sum(c.trials for c in cross)
         failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
@@ -181,12 +187,14 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         void = gate if gate is not None and status in ("void", "confounded") else None
         if void is not None and not wrong:
             lines.append(f"VERDICT {name}: VOID: {void.message.removeprefix('VOID: ')}")
+            lines += tail
             continue
         if gate is not None and status == "unproven":
             lines.append(f"NOTE {name}: {gate.message}")
         elif gate is not None and void is None:
             lines.append(f"GATE {name}: {gate.message}")
         if not steps:
+            lines += tail
             continue
         if all_ok:
             lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
@@ -216,6 +224,28 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                          f"hits, but {len(chains)} request chains failed their hit accounting"
                          + (f" ({', '.join(bad)})" if bad else "")
                          + (f"; {extra}" if extra else ""))
+        lines += tail
+    return lines
+
+
+GAP_STEP = "l2 fault gap"  # execute.GAP_GROUP, the L2 fault cell's step
+
+
+def gap_verdicts(name: str, cells: list[Check]) -> list[str]:
+    """The L2 fault cell's verdict: server 2's L2 fails one chunk's load of every prompt,
+    so each answer must be exact with B's hit trimmed to the chunks before the gap."""
+    lines = []
+    for cell in cells:
+        detail = cell.detail
+        head = (f"L2 FAULT {name}: server 2's L2 failed to load chunk {detail.get('gap')} of "
+                "every prompt (LMCache's fault_inject)")
+        if cell.ok:
+            lines.append(f"{head}: {cell.passed}/{cell.trials} answers exact, each hit the "
+                         f"{detail.get('prefix_tokens')} tokens before the gap and the rest "
+                         "recomputed")
+        else:
+            lines.append(f"{head}: FAIL ({cell.kind}): {cell.passed}/{cell.trials} held; "
+                         f"{cell.message}")
     return lines
 
 

@@ -124,7 +124,9 @@ class LaunchRecord:
         servers = self.host_servers or ((self.server,) if self.server is not None else ())
         return {"topology": self.topology, "l2": self.l2,
                 "servers": [{"l1_size_gb": s.l1_size_gb, "l2_adapters": list(s.l2_adapters),
-                             "counts_evictions": s.count_evictions} for s in servers]
+                             "counts_evictions": s.count_evictions,
+                             **({"uncounted": s.uncounted} if s.uncounted else {})}
+                            for s in servers]
                 if servers else None}
 
     def devices(self) -> dict[str, tuple[str, ...]]:

@@ -62,6 +62,9 @@ class ServerConfig:
     # its observability on, so its HTTP /metrics counts L1 evictions (topology.l1_evictions);
     # off by default, as the server has always been launched
     count_evictions: bool = False
+    # why evictions are not counted although they were asked for (count_evictions then
+    # False): the server's metrics need a package this host lacks; "" where nothing stopped it
+    uncounted: str = ""
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
@@ -73,6 +76,26 @@ class ServerConfig:
                 raise ValueError(f"L2 adapter {adapter!r} is not JSON: {exc}") from None
             if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
                 raise ValueError(f"L2 adapter {adapter!r} is not a JSON object with a \"type\"")
+
+
+# LMCache 0.5.6 starts its metrics with observability on (mp_observability/otel_init.py:105
+# imports it) and exits with status 3 when it is missing: measured on the H200 host
+METRICS_EXPORTER = "opentelemetry.exporter.prometheus"
+METRICS_EXPORTER_PACKAGE = "opentelemetry-exporter-prometheus"
+
+
+def eviction_counting_problem() -> str:
+    """Why a server launched from this interpreter cannot count its L1 evictions ("" when
+    it can): LMCache's observability imports the Prometheus exporter at start."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(METRICS_EXPORTER) is not None
+    except (ImportError, ValueError):  # a parent package missing
+        found = False
+    return "" if found else (f"LMCache's eviction counter needs the PyPI package "
+                             f"{METRICS_EXPORTER_PACKAGE}, which this host lacks "
+                             f"({METRICS_EXPORTER} does not import)")
 
 
 class L2NotAttached(ProcessFailed):

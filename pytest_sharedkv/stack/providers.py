@@ -296,10 +296,17 @@ def lmcache_servers(spec: LaunchSpec) -> list[LMCacheServer]:
     """The LMCache servers of an ON launch (not started): one both replicas share, or in
     the hosts topology one per replica, each on its replica's device with its L1 and the
     L2 adapter the spec gives it."""
+    from pytest_sharedkv.stack.lmcache_server import eviction_counting_problem
+
+    # a server asked to count without the exporter would exit at start: count nothing
+    uncounted = eviction_counting_problem() if spec.count_evictions else ""
+
     def config(adapters: tuple[str, ...] = ()) -> ServerConfig:
         return ServerConfig(allocator=spec.allocator, l1_size_gb=spec.l1_size_gb,
                             chunk_size=spec.chunk_size, ready_timeout=spec.ready_timeout,
-                            l2_adapters=adapters, count_evictions=spec.count_evictions)
+                            l2_adapters=adapters,
+                            count_evictions=spec.count_evictions and not uncounted,
+                            uncounted=uncounted)
 
     if spec.hosts is None:
         # The server maps every engine's KV cache through CUDA IPC: it must see every
@@ -378,7 +385,8 @@ def _vllm_pair(spec: LaunchSpec, servers: list[LMCacheServer]) -> ReplicaPair:
     if spec.stack is not None:
         record = spec.stack.named_in(record)
     views = [ServerView(f"server {i + 1}" if hosts else "server", s.process.log_text,
-                        (s.metrics_url,), s.config.count_evictions)
+                        (s.metrics_url,),
+                        s.config.count_evictions or bool(s.config.uncounted))
              for i, s in enumerate(servers)]
 
     def stop_servers() -> list[int]:
