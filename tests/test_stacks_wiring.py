@@ -295,3 +295,32 @@ def test_a_corpus_the_native_stack_cannot_size_is_a_usage_error(
                                      "tokens would stay on a GPU cache*--sharedkv-service-sizes*"])
     else:
         assert result.ret == pytest.ExitCode.OK
+
+
+class Facts:
+    """A fact sink (report.records.ResultSink's ``fact``) that keeps (name, value)."""
+
+    def __init__(self) -> None:
+        self.facts: list[dict[str, str]] = []
+
+    def fact(self, name: str, value: str) -> None:
+        self.facts.append({"name": name, "value": value})
+
+
+@pytest.mark.parametrize("stack", ["inprocess", "native"])
+def test_the_stack_reaches_the_report_as_a_fact(tmp_path: Path, stack: str) -> None:
+    """record_launches puts the launch record's stack in the report; compare reads it as a
+    fact, with no launch facts to read the argv of (and as the argv would read it)."""
+    sizes = {"3k": (200, 3009)} if stack == "native" else {"3k": (4, 3009)}
+    spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
+                                     stack, cases(sizes), 8)
+    pair = _vllm_pair(spec, [])
+    sink = Facts()
+    pair.record_launches(sink)
+    stacked = [json.loads(f["value"]) for f in sink.facts if f["name"] == "stack"]
+    assert stacked == [json.loads(json.dumps(dict(pair.record.stack or {})))]
+    only = Report(Path("r.json"), {"facts": [f for f in sink.facts if f["name"] == "stack"],
+                                   "environment": {"lmcache": {"version": "0.5.6"}}}, None)
+    found = stack_of(only)
+    assert found is not None and found.kinds == {INPROCESS if stack == "inprocess" else NATIVE}
+    assert stack_change(only, report_of(pair.record, stack)) is None  # fact == argv

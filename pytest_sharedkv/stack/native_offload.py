@@ -165,7 +165,7 @@ class NativeOffloadPlan:
     def record(self) -> dict[str, Any]:
         return {"connector": ("SimpleCPUOffloadConnector" if self.simple_connector
                               else "OffloadingConnector"),
-                "backend": "native", "cpu_gb": self.cpu_gb, "gpu_blocks": self.gpu_blocks,
+                "backend": "CPU", "cpu_gb": self.cpu_gb, "gpu_blocks": self.gpu_blocks,
                 "block_size": self.block_size, "mamba_cache_mode": self.mamba_cache_mode}
 
 

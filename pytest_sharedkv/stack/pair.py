@@ -324,8 +324,8 @@ class ReplicaPair:
 
     def record_launches(self, sink: FactSink) -> None:
         """Put what this pair launched in the report, once per pair: a fact "launch" for
-        each process (JSON: name, argv, the env the suite set) and "engine_settings" (the
-        tiers other than perf, whose PerfRun holds them)."""
+        each process (JSON: name, argv, the env the suite set), "engine_settings" (the
+        tiers other than perf, whose PerfRun holds them) and "stack" (a non-MP stack's)."""
         launches, settings = self.launches, self.engine_settings
         if self._launches_recorded or not (launches or settings):
             return
@@ -334,6 +334,8 @@ class ReplicaPair:
             sink.fact("launch", json.dumps(launch, sort_keys=True))
         if settings:
             sink.fact("engine_settings", json.dumps(settings, sort_keys=True))
+        if self.record.stack is not None:  # the KV stack, a fact compare reads first
+            sink.fact("stack", json.dumps(dict(self.record.stack), sort_keys=True))
         if self.record.topology != "shared" or self.topology is not None:
             sink.fact("topology", json.dumps(self.record.topology_record(), sort_keys=True))
 
