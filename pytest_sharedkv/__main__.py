@@ -28,7 +28,7 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md] [--force] [--allow-flag-change]
                                          [--allow-placement-change]
-                                         [--allow-topology-change]
+                                         [--allow-topology-change] [--allow-stack-change]
        python -m pytest_sharedkv merge-screenings OUT.json IN1.json IN2.json ... [--force]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
@@ -52,7 +52,9 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   FLAGS DIFFER, unless --allow-flag-change; nor where one screening ran
                   both replicas on one GPU and the other one per GPU: PLACEMENT DIFFERS,
                   unless --allow-placement-change; nor where the topology or its L2
-                  differs: TOPOLOGY DIFFERS, unless --allow-topology-change);
+                  differs: TOPOLOGY DIFFERS, unless --allow-topology-change; nor
+                  where the KV stack differs, MP server, in-process or native
+                  offload: STACK CHANGE, unless --allow-stack-change);
                   --markdown OUT.md writes it there too
                   (an existing OUT.md is replaced only with --force); exit 0 same,
                   1 regression or correctness difference, 2 usage error or reports that

@@ -96,3 +96,63 @@ def test_a_report_without_launches_is_unknown_not_the_mp_server(mp: Report) -> N
     assert stack_of(silent) is None
     assert stack_change(mp, silent) is None
     assert stack_change(silent, mp) is None
+
+
+def _compare(capsys: pytest.CaptureFixture[str], tmp_path: Path, before: dict[str, Any],
+             after: dict[str, Any], *args: str) -> tuple[int, str]:
+    from pytest_sharedkv.cli.compare.main import main
+
+    b, a = tmp_path / "before.json", tmp_path / "after.json"
+    b.write_text(json.dumps(before))
+    a.write_text(json.dumps(after))
+    status = main([str(b), str(a), *args])
+    return status, capsys.readouterr().out
+
+
+def test_a_stack_change_keeps_speed_from_being_judged(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The H200 screening of two sessions (merged: enough block pairs to judge) against
+    itself with every cold TTFT 30% slower and a "stack" fact naming the in-process
+    connector: shown, not judged (exit 0), until --allow-stack-change judges them (exit 1)."""
+    from pytest_sharedkv.cli.merge import main as merge_main
+
+    merged = tmp_path / "merged.json"
+    assert merge_main([str(merged), *(str(H200 / "perf" / "h200" / f"perf-27b-compiled-{s}.json")
+                                      for s in ("s1", "s2"))]) == 0
+    before = json.loads(merged.read_text())
+    after = copy.deepcopy(before)
+    for o in after["perf"]["observations"]:
+        if o["step"] == "cold":
+            o["ttft_s"] *= 1.3
+    after["facts"] = [*after.get("facts", []), {"name": "stack", "nodeid": "", "value":
+                      json.dumps({"connector": "LMCacheConnectorV1", "backend": "redis://"})}]
+    status, out = _compare(capsys, tmp_path, before, before)
+    assert STACK_CHANGE not in out
+    status, out = _compare(capsys, tmp_path, before, after)
+    (line,) = [x for x in out.splitlines() if x.startswith(f"{STACK_CHANGE}: ")]
+    assert "AFTER LMCache in-process (LMCacheConnectorV1, redis://" in line
+    assert line.endswith("speed cells are shown but not judged as regressions (the KV moved "
+                         "through another integration); --allow-stack-change judges them")
+    assert status == 0 and out.index(line) < out.index("## Correctness"), out
+    status, out = _compare(capsys, tmp_path, before, after, "--allow-stack-change")
+    assert status == 1 and "significant regression(s)" in out
+    assert "speed cells judged anyway (--allow-stack-change)" in out
+
+
+def test_correctness_is_still_compared_across_a_stack_change(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, mp: Report) -> None:
+    after = with_launches(mp, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+                          {"LMCACHE_CONFIG_FILE": "/tmp/lmcache-A.yaml"}).data
+    after["tests"] = [{**t, "outcome": "failed", "message": "B is not A"}
+                      for t in after["tests"]]
+    status, out = _compare(capsys, tmp_path, mp.data, after)
+    (line,) = [x for x in out.splitlines() if x.startswith(f"{STACK_CHANGE}: ")]
+    assert line.endswith("; correctness compared as always (no perf screening)")
+    assert status == 1 and "new correctness difference(s)" in out
+
+
+def test_the_usage_lists_allow_stack_change(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_sharedkv.__main__ import USAGE
+
+    assert "[--allow-stack-change]" in USAGE and "STACK CHANGE, unless --allow-stack-change" \
+        in " ".join(USAGE.split())

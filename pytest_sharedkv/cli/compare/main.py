@@ -24,6 +24,7 @@ from pytest_sharedkv.cli.compare.reading import (
     same_line,
 )
 from pytest_sharedkv.cli.compare.rendering import report_lines
+from pytest_sharedkv.cli.compare.stacks import STACK_CHANGE, stack_change
 from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS, topology_difference
 from pytest_sharedkv.cli.output import Output, OutputError
 
@@ -55,11 +56,13 @@ def max_regression(text: str) -> float:
 
 def compare(before: Report, after: Report, limit: float, allow_flag_change: bool = False,
             allow_placement_change: bool = False,
-            allow_topology_change: bool = False) -> tuple[int, list[str]]:
+            allow_topology_change: bool = False,
+            allow_stack_change: bool = False) -> tuple[int, list[str]]:
     """(exit status, Markdown lines) of two comparable reports. Where the engines' flags
     differ, the replicas' placement (one GPU, one each) or the topology (one server, one
-    per replica over an L2), speed cells are shown but not judged (no regression) unless
-    ALLOW_FLAG_CHANGE, ALLOW_PLACEMENT_CHANGE, ALLOW_TOPOLOGY_CHANGE respectively.
+    per replica over an L2) or the KV stack (MP server, in-process, native offload), speed
+    cells are shown but not judged (no regression) unless ALLOW_FLAG_CHANGE,
+    ALLOW_PLACEMENT_CHANGE, ALLOW_TOPOLOGY_CHANGE, ALLOW_STACK_CHANGE respectively.
     Where each ran one allocator and they differ, BEFORE is read as its AFTER-allocator twin."""
     found = switch(before, after)
     if found is not None:
@@ -73,17 +76,20 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     flags = flag_differences(before, after)
     moved = placement_difference(before, after)
     topology = topology_difference(before, after)
+    stacks = stack_change(before, after)
     # the differences that keep speed from being judged, each unless its option allows it
     blocked = [label for label, differs, allowed in (
         (FLAGS_DIFFER, bool(flags), allow_flag_change),
         (PLACEMENT_DIFFERS, moved is not None, allow_placement_change),
-        (TOPOLOGY_DIFFERS, topology is not None, allow_topology_change))
+        (TOPOLOGY_DIFFERS, topology is not None, allow_topology_change),
+        (STACK_CHANGE, stacks is not None, allow_stack_change))
         if differs and not allowed]
     regressed = not blocked and bool(speed.regressions(every, limit))
     status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
                                 placement=moved, topology=topology, blocked=blocked,
+                                stacks=stacks,
                                 switched=switch_line(found) if found is not None else "",
                                 arms=speed.arms_line(before.perf, after.perf),
                                 same=same_line(before, after), sight=sight)
@@ -112,6 +118,11 @@ def main(argv: Sequence[str]) -> int:
                              "(TOPOLOGY DIFFERS: one LMCache server, or one per replica "
                              "over an L2, or another L2): the topology is then what is "
                              "measured")
+    parser.add_argument("--allow-stack-change", action="store_true",
+                        help="judge speed cells even where the two runs shared KV through "
+                             "different stacks (STACK CHANGE: LMCache's MP server, its "
+                             "in-process connector, vLLM's native offload): the stack is "
+                             "then what is measured")
     parser.add_argument("--markdown", type=Path, metavar="OUT.md",
                         help="also write the report to this file (never BEFORE.json or "
                              "AFTER.json, under any name)")
@@ -127,7 +138,8 @@ def main(argv: Sequence[str]) -> int:
         before, after = read_report(args.before), read_report(args.after)
         comparable(before, after)
         status, lines = compare(before, after, args.max_regression, args.allow_flag_change,
-                                args.allow_placement_change, args.allow_topology_change)
+                                args.allow_placement_change, args.allow_topology_change,
+                                args.allow_stack_change)
         text = "\n".join(lines) + "\n"
         if markdown is not None:
             markdown.write(text)

@@ -13,6 +13,7 @@ from pytest_sharedkv.cli.compare.kernels import kernel_line
 from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS
 from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
+from pytest_sharedkv.cli.compare.stacks import STACK_CHANGE, Stack, change_line
 from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS
 from pytest_sharedkv.perf.significance import MIN_PAIRS
 from pytest_sharedkv.report.markdown import markdown_table
@@ -100,7 +101,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  placement: tuple[str, str] | None = None,
                  topology: tuple[str, str] | None = None, blocked: Sequence[str] = (),
                  switched: str = "", arms: str = "", same: str = "",
-                 sight: Sequence[str] = ()) -> list[str]:
+                 sight: Sequence[str] = (), stacks: tuple[Stack, Stack] | None = None
+                 ) -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
@@ -111,7 +113,9 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     SWITCHED: the allocator switch BEFORE was read across, if any; ARMS: the perf arms
     only one side screened, if any (CHANGES and SESSIONS hold the shared arms only); SAME:
     the line that says BEFORE and AFTER are one report, if they are; SIGHT: the fault
-    catalogue's lines (catalogue.sight_changes), if either side ran it."""
+    catalogue's lines (catalogue.sight_changes), if either side ran it; STACKS: (BEFORE's,
+    AFTER's) KV stack where they differ (STACK CHANGE, not judged unless
+    --allow-stack-change)."""
     every = [*changes, *sessions]
     regressions = [] if blocked else speed.regressions(every, limit)
     missing = speed.missing(every)
@@ -162,6 +166,11 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
             "correctness compared as always (no perf screening)" if before.perf is None
             else _judging(TOPOLOGY_DIFFERS, "--allow-topology-change", blocked,
                           "the KV took another path between the replicas")), ""]
+    if stacks is not None:
+        lines += [f"{change_line(stacks)}; " + (
+            "correctness compared as always (no perf screening)" if before.perf is None
+            else _judging(STACK_CHANGE, "--allow-stack-change", blocked,
+                          "the KV moved through another integration")), ""]
     if sight:
         lines += [*sight, ""]
     lines += ["## Correctness (AFTER)", ""]
