@@ -11,6 +11,7 @@ from collections.abc import Iterable
 SWITCHES = (
     "SHAREDKV_INJECT_DELAY_CYCLES",  # delay_hook.CYCLES_ENV
     "SHAREDKV_CORRUPT_CONTROL",  # corrupt_hook.CONTROL_ENV
+    "SHAREDKV_INPROCESS_GATE_CONTROL",  # inprocess_gate_hook.CONTROL_ENV
     "SHAREDKV_KV_AUDIT_DIR",  # kv_audit_hook.DIR_ENV
     "SHAREDKV_SYNC_LOG",  # sync_hook.LOG_ENV
     "SHAREDKV_FAULT_CONTROL",  # fault_hook.CONTROL_ENV

@@ -62,7 +62,8 @@ class Pass:
             warmups = cases.by_role("warmup")
             if warmups:
                 runner.chain("warm-up", warmups)
-            runner.run.gate = run_gate(runner, self.pair.gate_control, self.pair.gate_log)
+            runner.run.gate = run_gate(runner, self.pair.gate_control, self.pair.gate_log,
+                                       self.pair.record.stack)
         elif name == SESSIONS:
             runner.sessions()
         elif name == PROTOCOL:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,17 @@ class GateResult:
         return self.status in (VOID, CONFOUNDED)
 
 
-def run_gate(runner: Runner, control: Path | None, log: Path | None) -> GateResult:
+def run_gate(runner: Runner, control: Path | None, log: Path | None,
+             stack: Mapping[str, Any] | None = None) -> GateResult:
+    """STACK: the launch record's stack (None: the MP server's); one whose record says
+    "gate": "none" is unproven for the reason it records ("no_gate")."""
     from pytest_sharedkv.engine_hooks.corrupt_hook import read_log
     from pytest_sharedkv.service.checks import diverged
 
     cases = runner.cases
     controls = cases.by_role("control")
+    if control is None and stack is not None and stack.get("gate") == "none":
+        return GateResult(UNPROVEN, f"sensitivity unproven: {stack.get('no_gate')}")
     if control is None:
         return GateResult(UNPROVEN, "sensitivity unproven: the replicas are external "
                           "endpoints, so no corruption can be injected; exact answers from "

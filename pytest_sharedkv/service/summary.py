@@ -199,7 +199,9 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         if all_ok:
             lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
                          f"local, cross-replica, receiver-local), hits as expected"
-                         + (f"; {extra}" if extra else ""))
+                         + (f"; {extra}" if extra else "")
+                         + ("; sensitivity unproven, so no proof of integrity"
+                            if status == "unproven" else ""))
             if void is None and (gate is None or status == "pass"):  # a pass: offer it
                 from pytest_sharedkv.service.catalogue import offer
 

@@ -8,8 +8,10 @@ it models the MP server (a shared pool, or one pool each) and its record says so
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.config.stack_choice import INPROCESS, NATIVE
@@ -28,6 +30,13 @@ STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no K
 # connector), or the NATIVE arm (vLLM's OffloadingConnector)
 ARMS = {INPROCESS: "OFF", NATIVE: "NATIVE"}
 STUB_ARMS = {INPROCESS: "ON", NATIVE: "NATIVE"}  # one shared pool, or one pool each
+# why the sensitivity gate has nothing to corrupt on vLLM's native offload: the record's
+# "gate" says "none" and the gate reads this as its unproven status's reason
+NATIVE_NO_GATE = (
+    "vLLM's native offload shares no KV between the replicas (each keeps a CPU tier of its "
+    "own), so B's cross-replica requests retrieve nothing of A's and the gate, which zeroes "
+    "a chunk in B's retrieves, has nothing to corrupt; exact answers on this stack prove "
+    "integrity only as far as the served model can see corrupted KV")
 
 
 class StackUnavailable(RuntimeError):
@@ -47,6 +56,8 @@ class StackLaunch:
     allocator: str | None = None
     backend: RedisServer | None = None  # started before the pair, stopped after it
     inprocess: InprocessLaunch | None = None  # its config files, written before the start
+    # the sensitivity gate: (control file, log) of the replica hook, or None: no gate here
+    gate: tuple[Path, Path] | None = None
 
     def replica_argv(self, argv: Sequence[str], extra_args: Sequence[str]) -> list[str]:
         """ARGV with the stack's flags before the user's own (EXTRA_ARGS, last)."""
@@ -54,10 +65,25 @@ class StackLaunch:
         return [*argv[:cut], *self.flags, *argv[cut:]]
 
     def replica_env(self, name: str) -> dict[str, str]:
-        return dict(dict(self.envs).get(name, ()))
+        """NAME's variables; where one arms a hook, the hooks' directory first on its
+        path (a launched replica's environment is the run's, so its path is too)."""
+        from pytest_sharedkv.engine_hooks.switches import arms_a_hook
+
+        env = dict(dict(self.envs).get(name, ()))
+        if arms_a_hook(env.items()):
+            from pytest_sharedkv.stack.providers import INJECT_DIR
+
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(INJECT_DIR), os.environ.get("PYTHONPATH", "")) if p)
+        return env
 
     def named_in(self, record: LaunchRecord) -> LaunchRecord:
+        """RECORD naming this stack; its gate's paths are this stack's (none where the
+        record says "gate": "none")."""
         changes: dict[str, Any] = {"stack": dict(self.record)}
+        if self.gate is not None or self.record.get("gate") == "none":
+            control, log = self.gate or (None, None)
+            changes["paths"] = replace(record.paths, gate_control=control, gate_log=log)
         if self.description is not None:
             changes["description"] = self.description
         if self.allocator is not None:
@@ -77,7 +103,8 @@ def group_tokens(cases: CaseSet) -> int:
 def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str,
                     backend: RedisServer | None = None) -> StackLaunch:
     """The in-process connector over REMOTE_URL, each replica's CPU tier of the pool's
-    size (``spec.l1_size_gb``), the chunk the MP stack would use."""
+    size (``spec.l1_size_gb``), the chunk the MP stack would use; where SPEC asks for the
+    sensitivity gate, B's LMCache zeroes the named chunks (``inprocess_gate_hook``)."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
     from pytest_sharedkv.stack.inprocess_connector import InprocessSettings, inprocess_launch
 
@@ -85,11 +112,23 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
         InprocessSettings(chunk_size=spec.chunk_size, local_cpu_gb=spec.l1_size_gb,
                           remote_url=remote_url, engine_block=engine_block_size(config)),
         spec.log_dir / "lmcache-config")
+    envs = {r.name: r.env for r in launch.replicas}
+    gate = None
+    if spec.gate:
+        from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
+        from pytest_sharedkv.stack.providers import gate_paths
+
+        gate = gate_paths(spec.log_dir)
+        envs["B"] = tuple(sorted({**dict(envs["B"]), hook.CONTROL_ENV: str(gate[0]),
+                                  hook.LOG_ENV: str(gate[1]),
+                                  hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
     return StackLaunch(
-        INPROCESS, ARMS[INPROCESS], tuple(launch.argv()),
-        tuple((r.name, r.env) for r in launch.replicas), launch.record(),
+        INPROCESS, ARMS[INPROCESS], tuple(launch.argv()), tuple(envs.items()),
+        {**launch.record(), "gate": "replica B's LMCache (inprocess_gate_hook)"
+         if gate is not None else "off"},
         description=f"vllm x2, LMCache in-process ({launch.backend})",
-        allocator=f"in-process ({launch.backend})", backend=backend, inprocess=launch)
+        allocator=f"in-process ({launch.backend})", backend=backend, inprocess=launch,
+        gate=gate)
 
 
 def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
@@ -124,7 +163,8 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
                              bytes_per_token=per_token)
     extra = native_extra(plan.argv())
     return StackLaunch(
-        NATIVE, ARMS[NATIVE], tuple(extra), (), {**plan.record(), "stack": NATIVE},
+        NATIVE, ARMS[NATIVE], tuple(extra), (),
+        {**plan.record(), "stack": NATIVE, "gate": "none", "no_gate": NATIVE_NO_GATE},
         description=f"vllm x2, native offload ({tier:g} GB CPU each, {blocks} GPU blocks)",
         allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)")
 
@@ -190,7 +230,7 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
             raise StackUnavailable(f"--sharedkv-stack inprocess: {MISSING}")
         redis = RedisServer(binary, spec.log_dir)
         launch = inprocess_stack(spec, config, redis_url(redis.host, redis.port), redis)
-        return replace(spec, arm=launch.arm, gate=False, stack=launch)
+        return replace(spec, arm=launch.arm, gate=False, stack=launch)  # B's hook, not a server's
     launch = native_stack(spec, config, cases, concurrency)
     gb = float(launch.record["cpu_gb"])
     return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
@@ -224,12 +264,14 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
 
 def stub_stack(stack: str) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
-    a remote) or one pool each (native offload), said in its record; no engine runs."""
+    a remote) or one pool each (native offload), said in its record; no engine runs. Its
+    gate is the stub's own where the stack has one, none on native offload."""
+    gate = {"gate": "none", "no_gate": NATIVE_NO_GATE} if stack == NATIVE else {}
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
                     + ("one pool both stubs share" if stack == INPROCESS
-                       else "a pool of each stub's own, its offload log")},
+                       else "a pool of each stub's own, its offload log"), **gate},
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}")
 
 
