@@ -8,7 +8,8 @@ references yet compares against the newest other engine key of the same model (n
 the versions in the key), and a difference there is reported as ENGINE DRIFT, naming both
 keys. The key names the topology where it is not the shared one (``+hosts-<L2 type>``):
 a server per replica, or an L1 that evicts, may hit differently, so references of two
-topologies never stand in for each other unnamed. A snapshot file is named by
+topologies never stand in for each other unnamed; likewise the stack where it is not
+the MP server (``+inprocess``, ``+native``). A snapshot file is named by
 its request id and written by the test that owns it, so xdist workers never share a file.
 """
 
@@ -55,9 +56,24 @@ def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
     from pytest_sharedkv.host.environment import dist_version, lmcache_key
     provider = pair.labels.get("provider", "")
     if provider == "vllm":
-        return f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}{topology_key(pair)}"
+        return (f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}{topology_key(pair)}"
+                f"{stack_key(pair)}")
     return ("stub" if provider.startswith("stub") else provider or "unknown") \
-        + topology_key(pair)
+        + topology_key(pair) + stack_key(pair)
+
+
+STACK_KEYS = ("inprocess", "native")  # --sharedkv-stack values other than mp
+
+
+def stack_key(pair: ReplicaPair) -> str:
+    """'' on LMCache's MP server; '+inprocess' or '+native' where the launch record names
+    that stack: another integration may hit differently, so its references are its own."""
+    record = getattr(pair, "record", None)  # a pair's stand-in may carry none: the MP's
+    stack = record.stack if record is not None else None
+    name = stack.get("stack") if stack is not None else None
+    if name is None:
+        return ""
+    return f"+{name if name in STACK_KEYS else 'unknown'}"
 
 
 def topology_key(pair: ReplicaPair) -> str:
@@ -97,7 +113,7 @@ def baseline(root: Path, model: str, engine: str) -> Path | None:
     or a copy sets in any order. Only keys of ENGINE's topology: another topology's hits
     may legitimately differ, so they are no baseline for engine drift."""
     found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine
-             and same_topology(d.name, engine)]
+             and same_topology(d.name, engine) and same_stack(d.name, engine)]
     return max(found, key=lambda d: engine_order(d.name)) if found else None
 
 
@@ -106,6 +122,14 @@ def same_topology(key: str, other: str) -> bool:
     def topology(text: str) -> str:
         return text[text.index("+hosts-"):] if "+hosts-" in text else ""
     return topology(key) == topology(other)
+
+
+def same_stack(key: str, other: str) -> bool:
+    """Whether two engine keys name one stack ('+inprocess', '+native' or none: the MP
+    server's)."""
+    def stack(text: str) -> str:
+        return next((s for s in (*STACK_KEYS, "unknown") if text.endswith(f"+{s}")), "")
+    return stack(key) == stack(other)
 
 
 def engine_order(key: str) -> tuple[bool, Version, Version, str]:

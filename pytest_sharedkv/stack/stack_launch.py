@@ -124,7 +124,8 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
                                   hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
     return StackLaunch(
         INPROCESS, ARMS[INPROCESS], tuple(launch.argv()), tuple(envs.items()),
-        {**launch.record(), "gate": "replica B's LMCache (inprocess_gate_hook)"
+        {**launch.record(), "stack": INPROCESS,
+         "gate": "replica B's LMCache (inprocess_gate_hook)"
          if gate is not None else "off"},
         description=f"vllm x2, LMCache in-process ({launch.backend})",
         allocator=f"in-process ({launch.backend})", backend=backend, inprocess=launch,
