@@ -692,6 +692,23 @@ class Settings:
         "from the CPU tier); the stub double models each as it models the MP server "
         "(default {default})",
         parse_choice(*STACKS), metavar="NAME")
+    # The in-process stack's tiers (issue 37 item 1), per replica, as LMCache sizes them.
+    inprocess_cpu_gib: float | None = setting(
+        None,
+        "in-process stack: each replica's LMCache local_cpu tier in GiB (default: "
+        f"the pool's size, --sharedkv-l1-gib or 8; up to {show_number(MAX_POOL_GIB)})",
+        number_up_to(MAX_POOL_GIB), metavar="GIB")
+    inprocess_disk_gib: float | None = setting(
+        None,
+        "in-process stack: each replica's LMCache local_disk tier in GiB, a "
+        "directory of its own in the run's temporary directory (default: no disk tier)",
+        number_up_to(MAX_POOL_GIB), metavar="GIB")
+    inprocess_remote: str = setting(
+        "redis",
+        "in-process stack: the remote backend the replicas share KV through: redis "
+        "(a Redis the suite starts and stops) or none (each replica's tiers serve only "
+        "itself; no sensitivity gate) (default {default})",
+        parse_choice("redis", "none"), metavar="redis|none")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 MP, INPROCESS, NATIVE = "mp", "inprocess", "native"
 STACKS = (MP, INPROCESS, NATIVE)
+# the Settings fields that size the in-process stack's tiers (stack_launch.inprocess_tiers)
+INPROCESS_TIERS = ("inprocess_cpu_gib", "inprocess_disk_gib", "inprocess_remote")
 # model_type values of the Mamba-family hybrids (their layer types are not listed)
 MAMBA_TYPES = frozenset({"jamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2",
                          "mamba", "mamba2"})
@@ -43,6 +45,12 @@ def _config(model: Path) -> dict[str, Any] | None:
 def stack_problem(settings: Settings, provider: Provider) -> str | None:
     """Why the stack asked for cannot run with the other settings, or None. PROVIDER: the
     one asked for (``auto`` resolved as far as the settings say)."""
+    tiers = [settings.source_of(f) for f in INPROCESS_TIERS
+             if settings.sources.get(f, "default") != "default"]
+    if tiers and settings.stack != INPROCESS:
+        return (f"{', '.join(tiers)}: only the in-process stack has LMCache tiers in each "
+                f"replica, and {settings.source_of('stack')} is {settings.stack}; give "
+                f"{settings.source_of('stack')} inprocess or drop {' and '.join(tiers)}")
     if settings.stack == MP:
         return None
     where = settings.source_of("stack")

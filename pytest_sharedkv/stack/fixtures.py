@@ -438,13 +438,15 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
         if settings.stack != "mp":  # --sharedkv-stack inprocess|native
             from pytest_sharedkv.stack.stack_launch import (
                 StackUnavailable,
+                inprocess_tiers,
                 launch_stack_pair,
                 stacked_spec,
             )
 
             try:
                 stacked = stacked_spec(edit(spec) if edit is not None else spec,
-                                       settings.stack, cases, settings.concurrency)
+                                       settings.stack, cases, settings.concurrency,
+                                       inprocess_tiers(settings))
             except StackUnavailable as exc:
                 pytest.fail(str(exc), pytrace=False)
             return launch_stack_pair(stacked)

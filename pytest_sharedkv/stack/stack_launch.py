@@ -39,6 +39,27 @@ NATIVE_NO_GATE = (
     "integrity only as far as the served model can see corrupted KV")
 
 
+INPROCESS_NO_REMOTE = (
+    "--sharedkv-inprocess-remote none: the replicas share no remote backend (each LMCache's "
+    "tiers serve only its own replica), so B's cross-replica requests retrieve nothing of "
+    "A's and the gate, which zeroes a chunk in B's retrieves, has nothing to corrupt")
+
+
+@dataclass(frozen=True)
+class InprocessTiers:
+    """The in-process stack's tiers per replica, as the options give them: CPU (GiB; None:
+    the pool's size), disk (GiB; None: no disk tier) and whether a remote is shared."""
+
+    cpu_gib: float | None = None
+    disk_gib: float | None = None
+    remote: bool = True
+
+
+def inprocess_tiers(settings: Settings) -> InprocessTiers:
+    return InprocessTiers(settings.inprocess_cpu_gib, settings.inprocess_disk_gib,
+                          settings.inprocess_remote != "none")
+
+
 class StackUnavailable(RuntimeError):
     """The stack cannot be launched here (no redis-server, a corpus that fits the GPU)."""
 
@@ -100,21 +121,40 @@ def group_tokens(cases: CaseSet) -> int:
     return min(groups.values(), default=0)
 
 
-def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str,
-                    backend: RedisServer | None = None) -> StackLaunch:
-    """The in-process connector over REMOTE_URL, each replica's CPU tier of the pool's
-    size (``spec.l1_size_gb``), the chunk the MP stack would use; where SPEC asks for the
-    sensitivity gate, B's LMCache zeroes the named chunks (``inprocess_gate_hook``)."""
+def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str | None,
+                    backend: RedisServer | None = None,
+                    tiers: InprocessTiers = InprocessTiers()) -> StackLaunch:
+    """The in-process connector over REMOTE_URL (None: no remote), each replica's tiers as
+    TIERS size them (CPU: the pool's size, ``spec.l1_size_gb``, unless given; a disk
+    directory each under the run's log directory), the chunk the MP stack would use; where
+    SPEC asks for the sensitivity gate and a remote is shared, B's LMCache zeroes the named
+    chunks (``inprocess_gate_hook``). StackUnavailable names the option of a tier that
+    cannot run."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
-    from pytest_sharedkv.stack.inprocess_connector import InprocessSettings, inprocess_launch
+    from pytest_sharedkv.stack.inprocess_connector import (
+        InprocessConfigError,
+        InprocessSettings,
+        inprocess_launch,
+    )
 
-    launch = inprocess_launch(
-        InprocessSettings(chunk_size=spec.chunk_size, local_cpu_gb=spec.l1_size_gb,
-                          remote_url=remote_url, engine_block=engine_block_size(config)),
-        spec.log_dir / "lmcache-config")
+    options = {"local_cpu_gb": "--sharedkv-inprocess-cpu-gib",
+               "local_disk_gb": "--sharedkv-inprocess-disk-gib",
+               "local_disk": "--sharedkv-inprocess-disk-gib"}
+    disk = tiers.disk_gib is not None
+    try:
+        launch = inprocess_launch(
+            InprocessSettings(chunk_size=spec.chunk_size,
+                              local_cpu_gb=tiers.cpu_gib or spec.l1_size_gb,
+                              local_disk=spec.log_dir / "lmcache-disk" if disk else None,
+                              local_disk_gb=tiers.disk_gib or 0.0, remote_url=remote_url,
+                              engine_block=engine_block_size(config)),
+            spec.log_dir / "lmcache-config")
+    except InprocessConfigError as exc:
+        where = options.get(exc.field, "--sharedkv-stack inprocess")
+        raise StackUnavailable(f"{where}: {exc}") from None
     envs = {r.name: r.env for r in launch.replicas}
     gate = None
-    if spec.gate:
+    if spec.gate and remote_url is not None:
         from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
         from pytest_sharedkv.stack.providers import gate_paths
 
@@ -124,9 +164,10 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
                                   hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
     return StackLaunch(
         INPROCESS, ARMS[INPROCESS], tuple(launch.argv()), tuple(envs.items()),
-        {**launch.record(), "stack": INPROCESS,
-         "gate": "replica B's LMCache (inprocess_gate_hook)"
-         if gate is not None else "off"},
+        {**launch.record(), "stack": INPROCESS, **(
+            {"gate": "replica B's LMCache (inprocess_gate_hook)"} if gate is not None
+            else {"gate": "off"} if remote_url is not None
+            else {"gate": "none", "no_gate": INPROCESS_NO_REMOTE})},
         description=f"vllm x2, LMCache in-process ({launch.backend})",
         allocator=f"in-process ({launch.backend})", backend=backend, inprocess=launch,
         gate=gate)
@@ -214,10 +255,10 @@ def native_problem(settings: Settings) -> str | None:
     return None
 
 
-def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
-                 ) -> LaunchSpec:
+def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
+                 tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
     """SPEC (the MP stack's, for a launched vLLM pair) for STACK; the in-process stack's
-    Redis is made here (started by ``launch_stack_pair``)."""
+    Redis is made here (started by ``launch_stack_pair``), unless TIERS share no remote."""
     from pytest_sharedkv.models.config_file import read_config
 
     assert spec.model is not None
@@ -226,11 +267,15 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int
         from pytest_sharedkv.stack.inprocess_connector import redis_url
         from pytest_sharedkv.stack.redis_server import MISSING, RedisServer, find_redis_server
 
-        binary = find_redis_server()
-        if binary is None:
-            raise StackUnavailable(f"--sharedkv-stack inprocess: {MISSING}")
-        redis = RedisServer(binary, spec.log_dir)
-        launch = inprocess_stack(spec, config, redis_url(redis.host, redis.port), redis)
+        redis = None
+        if tiers.remote:
+            binary = find_redis_server()
+            if binary is None:
+                raise StackUnavailable(f"--sharedkv-stack inprocess: {MISSING}")
+            redis = RedisServer(binary, spec.log_dir)
+        launch = inprocess_stack(spec, config,
+                                 redis_url(redis.host, redis.port) if redis else None, redis,
+                                 tiers)
         return replace(spec, arm=launch.arm, gate=False, stack=launch)  # B's hook, not a server's
     launch = native_stack(spec, config, cases, concurrency)
     gb = float(launch.record["cpu_gb"])
