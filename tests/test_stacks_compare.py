@@ -156,3 +156,12 @@ def test_the_usage_lists_allow_stack_change(capsys: pytest.CaptureFixture[str]) 
 
     assert "[--allow-stack-change]" in USAGE and "STACK CHANGE, unless --allow-stack-change" \
         in " ".join(USAGE.split())
+
+
+def test_the_mp_servers_l2_is_the_topologys_not_a_stack_change(mp: Report) -> None:
+    """The real shared run against the real hosts run (one MP server, L1 only, against
+    one per replica over an fs L2): TOPOLOGY DIFFERS names it; no STACK CHANGE besides."""
+    hosts = read_report(H200 / "lmcache" / "h200" / "hosts-0.5.6-compiled-fs-mixed.json")
+    found = stack_of(hosts)
+    assert found is not None and found.kinds == {MP} and "L2 fs" in found.describe()
+    assert stack_change(mp, hosts) is None

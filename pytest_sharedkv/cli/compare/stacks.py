@@ -207,9 +207,15 @@ def stack_change(before: Report, after: Report) -> tuple[Stack, Stack] | None:
     differ; None otherwise. LMCache's version alone is no stack change: that is the
     upgrade ``compare`` is for."""
     b, a = stack_of(before), stack_of(after)
-    if b is None or a is None or b.connectors == a.connectors:
+    if b is None or a is None or _compared(b) == _compared(a):
         return None
     return b, a
+
+
+def _compared(stack: Stack) -> frozenset[tuple[str | None, str | None]]:
+    """What a stack change compares: each connector and its backend, but not the MP
+    server's L1/L2, which only the hosts topology changes and TOPOLOGY DIFFERS names."""
+    return frozenset((c.name, None if c.kind == MP else c.backend) for c in stack.connectors)
 
 
 def change_line(found: tuple[Stack, Stack]) -> str:
