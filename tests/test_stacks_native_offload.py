@@ -122,3 +122,26 @@ def test_boundary_prompts_straddle_whole_offload_blocks() -> None:
         assert source < 32  # copied from the first chunk: the blocks the CPU tier serves
         steps = len(request.expected)
         assert tuple(continue_ids(ids, steps, miss=4)) == request.expected
+
+
+def test_a_full_hit_at_a_block_edge_is_whole_blocks_short_of_the_last_token() -> None:
+    from pytest_sharedkv.stack.native_offload import boundary_cached
+
+    assert [boundary_cached(n, BLOCK) for n in boundary_lengths(BLOCK, (64,))] == [
+        1008, 1008, 1024]  # one short of, at, one past 64 blocks
+    with pytest.raises(NativeOffloadError):
+        boundary_cached(1024, 0)
+
+
+def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:
+    import hashlib
+
+    from pytest_sharedkv.stack.native_offload import BOUNDARY, boundary_cases
+
+    requests = boundary_requests(BLOCK, (64,), chunk=32)
+    cases = boundary_cases(BLOCK, (64,), chunk=32)
+    assert [(c.id, c.size, c.role, c.prompt_tokens, c.expected, c.source_chunk)
+            for c in cases] == [(r.id, BOUNDARY, "measured", r.prompt_tokens, r.expected,
+                                 r.source_chunk) for r in requests]
+    for case in cases:  # the payload made on first use is the one its digest names
+        assert hashlib.sha256(case.text.encode()).hexdigest() == case.sha256

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_sharedkv.config.stack_choice import MAMBA_TYPES, is_hybrid
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.corpus.cases import Case
     from pytest_sharedkv.corpus.copy_corpus import Request
 
 SIMPLE_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"
@@ -199,3 +200,36 @@ def boundary_requests(offload_block: int, blocks: Sequence[int], chunk: int,
                                   recipe)
         out.append(request)
     return out
+
+
+BOUNDARY = "boundary"  # the size the boundary cases carry
+
+
+def boundary_cached(prompt_tokens: int, block: int) -> int:
+    """The cached tokens a full hit gives a PROMPT_TOKENS prompt: whole blocks of all but
+    its last token (vLLM recomputes the last token and caches whole blocks), so n blocks
+    exactly hit n-1 of them and one token more hits all n; not ``Case.shareable``."""
+    if block <= 0 or prompt_tokens <= 0:
+        raise NativeOffloadError("block", f"a block and a prompt must be > 0, not {block}, "
+                                 f"{prompt_tokens}")
+    return (prompt_tokens - 1) // block * block
+
+
+def boundary_cases(offload_block: int, blocks: Sequence[int], chunk: int) -> list[Case]:
+    """``boundary_requests`` as the service tier's cases (size ``boundary``, measured),
+    their payloads made when first sent; each one's full hit is ``boundary_cached``."""
+    import functools
+
+    from pytest_sharedkv.corpus.cases import Case
+    from pytest_sharedkv.corpus.copy_corpus import make_request
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, text_of
+
+    recipe = CopyModelRecipe()
+
+    def payload(rid: str, seed: str, length: int) -> str:
+        return text_of(make_request(rid, BOUNDARY, seed, length, chunk, 0, recipe)[1], recipe)
+
+    return [Case(r.id, "measured", BOUNDARY,
+                 functools.partial(payload, r.id, r.seed, r.prompt_tokens), r.sha256,
+                 r.prompt_tokens, r.expected, r.source_chunk)
+            for r in boundary_requests(offload_block, blocks, chunk)]
