@@ -1,6 +1,7 @@
-"""The docs cannot drift from the code: the options page is the generator's output and its
-rows show the option table's defaults. (docs/ is not in the sdist, MANIFEST.in says why:
-there these skip.)"""
+"""The docs cannot drift from the code: the options page is the generator's output, its
+rows show the option table's defaults, and every relative link in README.md and docs/
+names a file that exists. (docs/ is not in the sdist, MANIFEST.in says why: there these
+skip.) The site's strict build (warnings as errors) is .ci/run's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pytest_sharedkv.config.options import OPTIONS, Settings, options_of, parse_
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 OPTIONS_PAGE = ROOT / options_doc.PAGE
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 @pytest.fixture
@@ -70,3 +72,27 @@ def test_check_says_where_the_page_differs(tmp_path: Path,
     assert options_doc.main(["--page", str(page)]) == 0
     assert options_doc.main(["--check", "--page", str(page)]) == 0
     assert page.read_text() == options_doc.render()
+
+
+def relative_links(page: Path) -> list[str]:
+    """The link targets of PAGE that point into the repository (not URLs, not anchors)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [target for target in LINK.findall(text)
+            if not re.match(r"[a-z]+:", target) and not target.startswith("#")]
+
+
+def test_every_relative_link_names_a_file_that_exists(docs: Path) -> None:
+    pages = [ROOT / "README.md", *sorted(docs.rglob("*.md"))]
+    broken = [f"{page.relative_to(ROOT)}: {target}" for page in pages
+              for target in relative_links(page)
+              if not (page.parent / target.split("#", 1)[0]).exists()]
+    assert broken == []
+    readme = relative_links(ROOT / "README.md")
+    assert {"docs/options.md", "docs/findings/2026-12-02-hosts.md"} <= set(readme)
+
+
+def test_a_broken_link_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("[there](there.md) [web](https://example.org) [here](#top)\n"
+                    "```\n[in code](nowhere.md)\n```\n")
+    assert relative_links(page) == ["there.md"]
