@@ -95,6 +95,7 @@ def test_no_lmcache_is_not_installed() -> None:
 
 class _Pair:
     labels = {"provider": "vllm"}
+    topology = None  # the shared topology
 
 
 def test_reference_key_names_the_kernel_path() -> None:

@@ -27,8 +27,6 @@ from pytest_sharedkv.config.options import (
     whole_number,
 )
 
-README = Path(__file__).parent.parent / "README.md"
-
 
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -372,17 +370,6 @@ def test_a_changed_default_shows_in_the_help_and_the_settings() -> None:
     assert "(default 10;" in next(o for o in OPTIONS if o.name == "trials").help
     assert OPTION_KEY in spec.metadata
     assert Settings(allocators=("lazy",)).allocators == ("lazy",)  # keywords, as tests use
-
-
-def test_readme_option_table_shows_the_defaults() -> None:
-    """The README's option table agrees with the option table's defaults."""
-    rows = {m.group(1): m.group(2).strip() for m in re.finditer(
-        r"^\| `(--sharedkv-[a-z0-9-]+)[^`]*` \| [^|]* \| ([^|]*) \|", README.read_text(), re.M)}
-    for opt in OPTIONS:
-        if opt.flag and opt.ini:
-            assert rows[opt.flag_name] == ("on" if opt.default else "off"), opt.flag_name
-        elif not opt.flag and opt.default is not None:
-            assert rows[opt.flag_name] == opt.show(opt.default), opt.flag_name
 
 
 @pytest.mark.parametrize(("ini", "args", "where", "message"), [

@@ -82,7 +82,8 @@ def test_the_audit_record_is_no_step_of_the_table() -> None:
     """The audit's digest count is no request step: it stays out of the step verdict."""
     checks = _checks(PROVEN, "sensitivity proven", wrong=0)
     lines = verdicts(checks)
-    assert lines[-1].startswith("VERDICT lazy: 200/200 requests exact in every step")
+    [verdict] = [v for v in lines if v.startswith("VERDICT")]
+    assert verdict.startswith("VERDICT lazy: 200/200 requests exact in every step")
 
 
 @pytest.mark.parametrize(("wrapped", "words"), [

@@ -622,7 +622,8 @@ class Settings:
     snapshot_dir: Path | None = setting(
         None,
         "service tier: where stored reference answers live (default: the references "
-        "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there",
+        "shipped in pytest_sharedkv.fixtures/snapshots); --snapshot-update writes there, "
+        "and needs this option where the plugin is installed (not into site-packages)",
         parse_path, kind=PATH, metavar="DIR")
     kv_audit: bool = setting(
         True,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_sharedkv.config.tiers import parametrizes
+from pytest_sharedkv.config.tiers import parametrizes, tier_of
 from pytest_sharedkv.report.progress import progress_logger
 from pytest_sharedkv.state import state_of
 
@@ -104,6 +104,27 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[BASELINE] = read_baseline(settings.baseline)
     except BaselineError as exc:
         raise pytest.UsageError(f"{settings.source_of('baseline')}: {exc}") from None
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--snapshot-update for service tests with no --sharedkv-snapshot-dir would write into
+    the installed package: a usage error before any test, naming the option."""
+    if not getattr(config.option, "update_snapshots", False) \
+            or state_of(config).settings.snapshot_dir is not None \
+            or not any(tier_of(item) == TIER for item in items):
+        return
+    from pytest_sharedkv.service.references import default_root, installed_problem
+    from pytest_sharedkv.state import WORKER_USAGE_ERROR
+
+    problem = installed_problem(default_root())
+    if problem is None:
+        return
+    if hasattr(config, "workerinput"):  # the controller says it (plugin.pytest_testnodedown)
+        config.workeroutput[WORKER_USAGE_ERROR] = problem  # type: ignore[attr-defined]
+        items[:] = []
+        return
+    raise pytest.UsageError(problem)
 
 
 def pytest_sharedkv_tier_report(config: pytest.Config) -> TierReport:

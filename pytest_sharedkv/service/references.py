@@ -38,6 +38,26 @@ def default_root() -> Path:
     return fixtures_dir() / REFERENCES
 
 
+def installed_problem(root: Path, site_dirs: tuple[Path, ...] | None = None) -> str | None:
+    """Why ``--snapshot-update`` must not write into ROOT: it lies in an installed package
+    (site-packages), where the next upgrade or reinstall replaces what it wrote and a
+    project cannot keep it. None for a checkout (an editable install's fixtures/)."""
+    import sysconfig
+
+    if site_dirs is None:
+        paths = sysconfig.get_paths()
+        site_dirs = tuple(Path(paths[key]) for key in ("purelib", "platlib"))
+    where = root.resolve()
+    installed = any(where.is_relative_to(d.resolve()) for d in site_dirs) or bool(
+        {"site-packages", "dist-packages"} & set(where.parts))
+    if not installed:
+        return None
+    return (f"--snapshot-update would write the service tier's stored references into the "
+            f"installed package ({root}), which an upgrade or reinstall replaces; give "
+            "--sharedkv-snapshot-dir DIR (or sharedkv_snapshot_dir in the ini file), a "
+            "directory your project keeps, e.g. --sharedkv-snapshot-dir sharedkv-snapshots")
+
+
 def model_key(model: Path | None, kind: str) -> str:
     """copy-<digest> for the copy model; <dir>-<config hash> for a user's checkpoint."""
     if model is None:
