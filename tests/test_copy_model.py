@@ -1,7 +1,8 @@
 """The copy model: deterministic weights and digest, a tokenizer that round-trips its
 words, and the corruption matrix on CPU with transformers: it sees a lost or foreign
-chunk and stale or zeroed Gated DeltaNet state, and is blind to 1-ulp noise, to other
-chunks and (a limit of attention) to chunks permuted within one prompt."""
+chunk, stale or zeroed Gated DeltaNet state, and that state reset at a hit boundary 3 tokens
+before the source (not one far from it), and is blind to 1-ulp noise, to other chunks and
+(a limit of attention) to chunks permuted within one prompt."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ runs of two 3k requests."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -51,11 +53,15 @@ def test_the_prefix_before_the_gap_is_served_and_the_rest_recomputed(
     assert {k: detail["hosts"][k] for k in ("l1", "l2", "retained")} == \
         {"l1": 0, "l2": CHAINS * GAP, "retained": CHAINS * GAP}
     assert detail["audit"]["compared"] > 0 and detail["audit"]["mismatches"] == 0
+    assert (detail["audit"]["unmatched"], detail["audit"]["unmatched_state"]) == (0, 0)
     argv = detail["launches"][1]["argv"]  # replica B's stub: server 2
     reader = json.loads(argv[argv.index("--l2-adapter") + 1])
     assert reader["type"] == "fault_inject" and reader["gap_indices"] == [GAP]
     result.stdout.fnmatch_lines([f"*server 2: {CHAINS * GAP}/* retained keys (0 L1, "
-                                 f"{CHAINS * GAP} L2)*"])
+                                 f"{CHAINS * GAP} L2)*",
+                                 "*L2 FAULT *: 2/2 answers exact*; KV audit: * digests "
+                                 "compared, 0 differ from A's; recurrent-state loads with no "
+                                 "store by A (not judged): 0"])
 
 
 def test_a_hit_past_the_gap_fails(pytester: pytest.Pytester) -> None:
@@ -96,3 +102,41 @@ def test_the_gap_hit_judge() -> None:
 
     assert [judged(n) for n in (128, 160, 96, 0, None)] == \
         [None, "hits", "hits", "hits", "hits-unknown"]
+
+
+def test_the_cell_keeps_the_recurrent_state_loads_the_audit_could_not_judge(
+        tmp_path: Path) -> None:
+    """B loaded chunk 3's recurrent state, which A never stored (a hit ending where A kept
+    no state): the cell's audit record and its L2 FAULT line count it beside the digests
+    compared, and a record from before the count was kept says "not recorded", not 0."""
+    from pytest_sharedkv.report.records import Check
+    from pytest_sharedkv.service.execute import _audit
+    from pytest_sharedkv.service.summary import gap_verdicts
+    from pytest_sharedkv.stack.pair import ReplicaPair
+
+    def record(kind: str, role: str, chunk: int, recurrent: bool = False) -> str:
+        return json.dumps({"kind": kind, "role": role, "request": "3k-004", "chunk": chunk,
+                           "key": f"k{chunk}", "group": 0, "layer": "gdn" if recurrent
+                           else "attn", "recurrent": recurrent, "digest": f"d{chunk}"})
+
+    lines = [json.dumps({"kind": "registered", "role": r}) for r in "AB"]
+    lines += [record(kind, role, c) for c in range(4) for kind, role in
+              (("store", "A"), ("load", "B"))]
+    lines.append(record("load", "B", 3, recurrent=True))  # A kept no state at chunk 3
+    (tmp_path / "kv-audit-1.jsonl").write_text("\n".join(lines) + "\n")
+    pair = cast(ReplicaPair, SimpleNamespace(kv_audit_dir=tmp_path))
+    audit = _audit(pair, "cross", {"3k-004"})
+    assert audit == {"compared": 4, "compared_state": 0, "unmatched": 1,
+                     "unmatched_state": 1, "mismatches": 0}
+
+    def line(audit: dict[str, Any]) -> str:
+        cell = Check("service_regression", {"step": f"l2 fault gap {GAP}"}, 1, 1,
+                     kind="hits", detail={"gap": GAP, "prefix_tokens": GAP * CHUNK,
+                                          "audit": audit})
+        [text] = gap_verdicts("mixed", [cell])
+        return text
+
+    assert line(audit).endswith("; KV audit: 4 digests compared, 0 differ from A's; "
+                                "recurrent-state loads with no store by A (not judged): 1")
+    assert line({"compared": 4, "mismatches": 0}).endswith(
+        "(not judged): not recorded")

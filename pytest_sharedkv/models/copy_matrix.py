@@ -7,7 +7,11 @@ Expected: clean = the answer by construction; 1-ulp noise on every cached value 
 unchanged; the source chunk lost, or holding another prompt's KV = changed; another chunk
 lost = unchanged; chunks permuted within the prompt = unchanged (attention sees content,
 not order: a documented limit for any model); Gated DeltaNet state zeroed, stale (the
-previous chunk's) or partly so = changed.
+previous chunk's) or partly so = changed; Gated DeltaNet state reset mid-prompt, at a hit
+boundary b with all attention KV before b exact (what B resumes from when the pool's
+chunk before b holds a state no engine kept) = changed when the source lies 3 tokens
+after b, unchanged when it lies far from b (the answer reads keys only within ~5 tokens
+after a reset).
 """
 
 from __future__ import annotations
@@ -34,7 +38,27 @@ EXPECTED_CHANGE: dict[str, bool] = {
     "conv-state-zeroed": True,
     "recurrent-state-zeroed": True,
     "recurrent-state-stale": True,
+    "state-reset-near-source": True,
+    "state-reset-far-from-source": False,
 }
+
+# How far (tokens) the "far" reset keeps from the source, its answer's keys and the query.
+FAR = 24
+
+
+def reset_position(name: str, source: int, prompt: int, steps: int) -> int | None:
+    """Where the state-reset rows zero the Gated DeltaNet state (a prefill of PROMPT tokens
+    whose answer reads the keys at SOURCE..SOURCE+STEPS-1), or None for the other rows.
+    The model has no chunks: only the distance from the source matters, so the boundary is
+    placed relative to it (3 tokens before it, as the H200 fault cell's 3k-004: source 131,
+    hit boundary 128); "far" lies FAR tokens after the answer's keys, or, where the prompt
+    ends too soon for that, FAR tokens before the source."""
+    if name == "state-reset-near-source":
+        return source - 3
+    if name == "state-reset-far-from-source":
+        after = source + steps + FAR
+        return after if after <= prompt - FAR else max(1, source - FAR)
+    return None
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,23 @@ class CopyRunner:
                     stale = [(layer.conv_states[0].clone(), layer.recurrent_states[0].clone())
                              for layer in linear_layers(cache)]
         return cache, stale
+
+    def prefill_reset(self, ids: Sequence[int], at: int) -> Any:
+        """The cache after IDS with every Gated DeltaNet layer's conv and recurrent state
+        zeroed after the first AT tokens: attention KV is exact throughout."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        cache = DynamicCache(config=self.model.config)
+        with torch.no_grad():
+            for n, part in enumerate((list(ids[:at]), list(ids[at:]))):
+                self.model(input_ids=torch.tensor([part]), use_cache=True,
+                           **{self.cache_kw: cache})
+                if n == 0:
+                    for layer in linear_layers(cache):
+                        layer.conv_states[0].zero_()
+                        layer.recurrent_states[0].zero_()
+        return cache
 
     def continue_greedy(self, cache: Any, last: int, steps: int) -> tuple[list[int], float]:
         (one,) = self.continue_batch(cache, [last], steps)
@@ -245,6 +286,10 @@ def _run_matrix(model_dir: Path, requests: Sequence[tuple[str, list[int], int, i
         foreign, _ = prefilled[(n + 1) % len(requests)]
         caches = []
         for name in corruptions:
+            at = reset_position(name, source, len(prefix), steps)
+            if at is not None:
+                caches.append(runner.prefill_reset(prefix, at))
+                continue
             cache = copy.deepcopy(pristine)
             corrupt(name, cache, stale, foreign, chunk, source_chunk, other)
             caches.append(cache)

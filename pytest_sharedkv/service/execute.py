@@ -200,12 +200,16 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
 
 
 def _audit(pair: ReplicaPair, step: str, ids: set[str]) -> dict[str, Any]:
-    """The KV audit of PAIR for the requests IDS at STEP: {} where it is off or void."""
+    """The KV audit of PAIR for the requests IDS at STEP: {} where it is off or void.
+    Beside the digests compared and those that differ, the loads it could not judge (no
+    store of the same chunk by A), recurrent state apart: a hit that ends where A kept no
+    state loads one, and the audit cannot say whether it was right. The pair is the cell's
+    own, so its counts are the cell's."""
     from pytest_sharedkv.stack import kv_audit
 
     report = kv_audit.audit(pair.kv_audit_dir) if pair.kv_audit_dir is not None else None
     if report is None or report.void is not None:
         return {}
-    return {"compared": report.compared,
+    return {**report.counts(),
             "mismatches": sum(m.step == step and m.request in ids
                               for m in report.mismatches)}

@@ -242,13 +242,27 @@ def gap_verdicts(name: str, cells: list[Check]) -> list[str]:
         head = (f"L2 FAULT {name}: server 2's L2 failed to load chunk {detail.get('gap')} of "
                 "every prompt (LMCache's fault_inject)")
         if cell.ok:
-            lines.append(f"{head}: {cell.passed}/{cell.trials} answers exact, each hit the "
-                         f"{detail.get('prefix_tokens')} tokens before the gap and the rest "
-                         "recomputed")
+            line = (f"{head}: {cell.passed}/{cell.trials} answers exact, each hit the "
+                    f"{detail.get('prefix_tokens')} tokens before the gap and the rest "
+                    "recomputed")
         else:
-            lines.append(f"{head}: FAIL ({cell.kind}): {cell.passed}/{cell.trials} held; "
-                         f"{cell.message}")
+            line = (f"{head}: FAIL ({cell.kind}): {cell.passed}/{cell.trials} held; "
+                    f"{cell.message}")
+        lines.append(line + _gap_audit(detail.get("audit") or {}))
     return lines
+
+
+def _gap_audit(audit: Mapping[str, object]) -> str:
+    """The cell's KV audit beside its verdict, with the recurrent-state loads it could not
+    judge (a hit ending where A kept no state loads one); a record without that count
+    says so rather than showing 0."""
+    if not audit:
+        return ""
+    state = audit.get("unmatched_state")
+    unjudged = ("recurrent-state loads with no store by A (not judged): "
+                + ("not recorded" if state is None else str(state)))
+    return (f"; KV audit: {audit.get('compared')} digests compared, "
+            f"{audit.get('mismatches')} differ from A's; {unjudged}")
 
 
 def model_table(checks: list[Check]) -> list[str]:
