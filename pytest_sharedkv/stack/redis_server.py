@@ -100,6 +100,29 @@ def server_pid(host: str, port: int) -> int | None:
         return None
 
 
+def refused_writes(host: str, port: int) -> int | None:
+    """The writes the Redis at HOST:PORT refused for want of memory (``INFO errorstats``'
+    OOM count: noeviction at maxmemory); None when that cannot be read."""
+    import redis
+
+    try:
+        with client(host, port) as conn:
+            stats = conn.info("errorstats")
+    except (redis.RedisError, OSError):
+        return None
+    oom = stats.get("errorstat_OOM")
+    return int(oom["count"]) if isinstance(oom, dict) and "count" in oom else 0
+
+
+def limit_memory(host: str, port: int, headroom: int) -> int:
+    """Set maxmemory to HEADROOM bytes above what the Redis at HOST:PORT uses now (an
+    empty server's own use differs between builds); the limit set."""
+    with client(host, port) as conn:
+        limit = int(conn.info("memory")["used_memory"]) + headroom
+        conn.config_set("maxmemory", limit)
+    return limit
+
+
 class RedisServer:
     """``redis-server`` on 127.0.0.1 with ``--save '' --appendonly no`` (nothing written to
     disk); ``maxmemory`` (bytes) with ``noeviction`` makes a full Redis refuse writes, as a
