@@ -114,6 +114,17 @@ def refused_writes(host: str, port: int) -> int | None:
     return int(oom["count"]) if isinstance(oom, dict) and "count" in oom else 0
 
 
+def used_memory(host: str, port: int) -> int | None:
+    """What the Redis at HOST:PORT uses now (INFO memory), or None."""
+    import redis
+
+    try:
+        with client(host, port) as conn:
+            return int(conn.info("memory")["used_memory"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
 def limit_memory(host: str, port: int, headroom: int) -> int:
     """Set maxmemory to HEADROOM bytes above what the Redis at HOST:PORT uses now (an
     empty server's own use differs between builds); the limit set."""
