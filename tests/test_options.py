@@ -51,7 +51,7 @@ README = Path(__file__).parent.parent / "README.md"
         (["--sharedkv-kv-cache-gib=0"], "--sharedkv-kv-cache-gib: '0' is out of range*"),
         (["--sharedkv-perf-arms=OFF,ON"], "--sharedkv-perf-arms: 'OFF,ON' names OFF, the "
                                           "control every block pair holds anyway; it takes "
-                                          "one or both of ON,NATIVE"),
+                                          "one or more of ON,HOSTS,NATIVE"),
         (["--sharedkv-perf-arms=ON,FAST"], "--sharedkv-perf-arms: FAST: not a treatment arm*"),
         (["--sharedkv-perf-arms=on,ON"], "--sharedkv-perf-arms: 'on,ON' names ON twice*"),
         (["--sharedkv-perf-arms=,"], "--sharedkv-perf-arms: needs at least one treatment arm*"),

@@ -144,6 +144,10 @@ class L2:
         raises OSError or the client's error where the L2 refuses it."""
         raise NotImplementedError(f"cannot write into a {self.adapter_type} L2")
 
+    def remove(self, entry: str) -> None:
+        """Remove ENTRY where it is (the suite's own probe entries); nothing where absent."""
+        raise NotImplementedError(f"cannot remove from a {self.adapter_type} L2")
+
     def held(self, salt: str) -> Held | None:
         """What it holds of SALT, chunk by chunk; None when that cannot be listed."""
         found = self.entries(salt)
@@ -243,6 +247,10 @@ class RedisL2(L2):
         with redis_server.client(self.host, self.port) as conn:
             conn.set(entry, data)
 
+    def remove(self, entry: str) -> None:
+        with redis_server.client(self.host, self.port) as conn:
+            conn.delete(entry)
+
 
 class DirectoryL2(L2):
     """A directory every server reaches (a shared filesystem across hosts), through LMCache's
@@ -308,6 +316,9 @@ class DirectoryL2(L2):
         partial = self.path / (entry + ".tmp")
         partial.write_bytes(data)
         partial.replace(self.path / entry)
+
+    def remove(self, entry: str) -> None:
+        (self.path / entry).unlink(missing_ok=True)
 
 
 class OtherL2(L2):
