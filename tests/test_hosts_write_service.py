@@ -2,8 +2,8 @@
 redis-server at its memory limit): both stubs take the same prompts cold at once and some
 of their L2 writes are refused; a fresh pair then answers them on B, every hit from the
 L2. Clean: answers exact, no hit past what the L2 holds, the audit clean, writes refused.
-A byte changed in the L2 (the stub's --l2-flip-chunk) is a wrong answer and an audit
-mismatch. In-process runs of two 3k requests; a precise skip without redis-server."""
+Wrong bytes loaded from the L2 are wrong answers and audit mismatches. In-process runs of
+two 3k requests; a precise skip without redis-server."""
 
 from __future__ import annotations
 
@@ -63,14 +63,25 @@ def test_refused_writes_never_become_a_wrong_answer(pytester: pytest.Pytester) -
     assert sum(cached.values()) <= sum(held.values()) * detail["chunk"]
     assert detail["audit"]["compared"] > 0 and detail["audit"]["mismatches"] == 0
     assert all(s["l1"] == 0 for s in detail["splits"].values() if s["retained"])
+    result.stdout.fnmatch_lines([f"*L2 WRITE stub (test double): {detail['refused']} L2 "
+                                 "write(s) refused while both replicas stored the same "
+                                 f"prompts (a Redis at its memory limit): {CHAINS}/{CHAINS} "
+                                 "later answers from that L2 exact, no hit past what it "
+                                 "held, the audit clean"])
 
 
 @pytest.mark.usefixtures("redis_present")
-def test_a_byte_changed_in_the_l2_is_caught(pytester: pytest.Pytester) -> None:
-    result, cell = _cell(pytester, *HOSTS, faults=StubFaults(l2_flip_chunk=0))
+def test_wrong_bytes_loaded_from_the_l2_are_caught(pytester: pytest.Pytester) -> None:
+    """B's loads from the pool answer as from other bytes (--corrupt-external): both
+    writers' entries may be the one the Redis kept, so a byte flipped by one writer may be
+    overwritten by the other's; B's loads in the later pair are wrong whichever it was."""
+    result, cell = _cell(pytester, *HOSTS, faults=StubFaults(corrupt_external=True))
     result.assert_outcomes(failed=1)
     assert (cell["kind"], cell["status"]) == ("divergence", "fail")
     assert cell["detail"]["audit"]["mismatches"] > 0
+    result.stdout.fnmatch_lines(["*L2 WRITE stub (test double): * L2 write(s) refused *: "
+                                 "FAIL (divergence): 0/2 held; request 3k-00*"])
+    assert "VERDICT stub (test double): 0/0" not in result.stdout.str()
 
 
 def test_the_cell_is_the_hosts_topologys(pytester: pytest.Pytester) -> None:
