@@ -114,3 +114,43 @@ def test_transfer_across_hosts(sharedkv_settings: Settings, tmp_path: Path,
                                          or str(outcome.void)))
     if failed:
         pytest.fail("\n".join(failed), pytrace=False)
+
+
+@pytest.mark.replica_pair
+@pytest.mark.sharedkv_requires("lmcache")
+def test_transfer_write_failure_across_hosts(sharedkv_settings: Settings, tmp_path: Path,
+                                             sharedkv_kv_namespace: Namespaces,
+                                             sharedkv_results: ResultSink,
+                                             request: pytest.FixtureRequest) -> None:
+    """A failed L2 write never becomes a wrong answer (model-free, CPU): servers 1 and 2
+    store the same prompt at once, as two replicas it reached cold, into a Redis the suite
+    starts at its memory limit (noeviction: some writes refused); a server 3 that stored
+    nothing then looks it up and retrieves it through that L2. It may miss, or hit only
+    what the L2 holds, from the L2, every byte A's: a hit with other bytes fails naming
+    the chunk. No write refused is VOID."""
+    from pytest_sharedkv.config.markers import skip_not_asked
+    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.stack import l2_transfer
+    from pytest_sharedkv.stack.l2 import adapter_problem
+    from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
+
+    if not uses_l2(sharedkv_settings):
+        skip_not_asked(request.node, "the write-failure cell across hosts runs in the hosts "
+                       "topology (--sharedkv-topology hosts)")
+    if find_redis_server() is None:
+        pytest.skip(f"the write-failure cell fills a Redis the suite starts: {MISSING}")
+    missing = adapter_problem("resp")
+    if missing is not None:
+        pytest.skip(f"the write-failure cell writes through LMCache's resp adapter: "
+                    f"{missing.message}")
+    outcome = l2_transfer.check_write_failure(
+        tmp_path, sharedkv_kv_namespace("transfer-write-failure").salt)
+    kind, status = l2_transfer.record_verdict(outcome)
+    message = "; ".join(p.message for p in outcome.problems) or (outcome.void or "")
+    sharedkv_results.check(
+        "replica_pair", {"provider": "transfer (cpu, hosts)", "allocator": "mixed",
+                         "delay": "0", "step": "across hosts: write failure"},
+        int(status == "pass"), 1, message=message[:500], kind=kind, status=status,
+        role="negative-control", detail=outcome.as_dict())
+    if status != "pass":
+        pytest.fail(f"write failure: {message}", pytrace=False)

@@ -430,6 +430,44 @@ def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
         pytest.fail("\n".join([*problems, *cell.unknown][:20]), pytrace=False)
 
 
+def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
+                          sharedkv_settings: Settings, sharedkv_results: ResultSink,
+                          tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The hosts topology's L2 write-failure cell: the same prompts reach both replicas
+    cold at once, each server writing them to a Redis (resp) at its memory limit, so some
+    writes are refused; a fresh pair over that Redis then answers them on B. Every answer
+    exact, no hit past what the L2 holds, and with the KV audit on, every chunk B loaded
+    is what A or B stored. No write refused: VOID."""
+    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.report.records import kinds_of, worst_kind
+    from pytest_sharedkv.service.execute import write_failure_cell
+    from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
+
+    if not uses_l2(sharedkv_settings):
+        skip_not_asked(request.node, "the L2 write-failure cell runs in the hosts topology "
+                       "(--sharedkv-topology hosts)")
+    if find_redis_server() is None:
+        pytest.skip(f"the L2 write-failure cell fills a Redis the suite starts: {MISSING}")
+    sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
+    cell = write_failure_cell(sharedkv_service_pass, sharedkv_pair_slot, tmp_path)
+    problems = [*cell.problems]
+    kind = worst_kind(kinds_of(problems), "divergence")
+    if not problems and (cell.error or cell.unknown):
+        kind = "error" if cell.error else "hits-unknown"
+    status = ("fail" if problems else "void" if cell.void else
+              "unknown" if cell.error or cell.unknown else "pass")
+    sharedkv_results.check(
+        TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
+               "step": "l2 write failure"}, cell.exact, cell.requests, kind=kind,
+        status=status, message="; ".join([*problems, *cell.unknown][:3])
+        or (cell.error or cell.void or ""), detail=cell.detail)
+    if cell.error:
+        pytest.fail(f"l2 write failure: {cell.error}", pytrace=False)
+    if problems or cell.unknown or cell.void:
+        pytest.fail("\n".join([*problems, *cell.unknown][:20]) or str(cell.void),
+                    pytrace=False)
+
+
 def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
                 sharedkv_settings: Settings, sharedkv_results: ResultSink,
                 tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest

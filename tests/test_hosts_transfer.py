@@ -22,7 +22,7 @@ from tests.conftest import keep_loaded
 keep_loaded("torch", "lmcache", "redis", "redis.backoff", "redis.retry")
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-p", "no:cacheprovider",
-        "--sharedkv-provider=stub", "-k", "across_hosts", "--sharedkv-json=r.json", "-rs"]
+        "--sharedkv-provider=stub", "-k", "transfer_across_hosts", "--sharedkv-json=r.json", "-rs"]
 
 
 def _outcomes(wrong: bool) -> dict[str, HostsOutcome]:

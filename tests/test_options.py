@@ -49,7 +49,7 @@ from pytest_sharedkv.config.options import (
         (["--sharedkv-kv-cache-gib=0"], "--sharedkv-kv-cache-gib: '0' is out of range*"),
         (["--sharedkv-perf-arms=OFF,ON"], "--sharedkv-perf-arms: 'OFF,ON' names OFF, the "
                                           "control every block pair holds anyway; it takes "
-                                          "one or both of ON,NATIVE"),
+                                          "one or more of ON,HOSTS,NATIVE"),
         (["--sharedkv-perf-arms=ON,FAST"], "--sharedkv-perf-arms: FAST: not a treatment arm*"),
         (["--sharedkv-perf-arms=on,ON"], "--sharedkv-perf-arms: 'on,ON' names ON twice*"),
         (["--sharedkv-perf-arms=,"], "--sharedkv-perf-arms: needs at least one treatment arm*"),

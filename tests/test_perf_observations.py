@@ -54,7 +54,7 @@ def test_round_trip(perf_data: dict[str, Any]) -> None:
     (lambda d: d["observations"][3].pop("ttft_s"),
      "perf.observations[3]: missing field 'ttft_s'"),
     (lambda d: d["observations"][2].update(arm="MAYBE"),
-     "perf.observations[2].arm: 'MAYBE' is not one of OFF, ON, NATIVE"),
+     "perf.observations[2].arm: 'MAYBE' is not one of OFF, ON, HOSTS, NATIVE"),
     (lambda d: d["observations"][2].update(prompt_tokens=True),
      "perf.observations[2].prompt_tokens: expected an integer"),
     (lambda d: d["sessions"][0].update(placement="random"),

@@ -282,8 +282,10 @@ SERVICE_SIZES = ("3k", "8k", "32k", "128k")  # the sizes the corpus has referenc
 PERF_SIZES = (*SERVICE_SIZES, "256k")
 PERF_DEFAULT_SIZES = ("8k", "32k")  # neither --sharedkv-perf-sizes nor service sizes given
 CONTROL_ARM = "OFF"  # the perf tier's control: in every block pair, never named as a treatment
-TREATMENT_ARMS = ("ON", "NATIVE")  # the arms a block pair may screen against OFF, in block order
-NATIVE_SHORTHAND = TREATMENT_ARMS  # what --sharedkv-native-arm stands for
+# the arms a block pair may screen against OFF, in block order; HOSTS: the pool across
+# hosts (one LMCache server per replica sharing the --sharedkv-l2 L2)
+TREATMENT_ARMS = ("ON", "HOSTS", "NATIVE")
+NATIVE_SHORTHAND = ("ON", "NATIVE")  # what --sharedkv-native-arm stands for
 
 
 def parse_perf_arms(text: str) -> tuple[str, ...]:
@@ -291,7 +293,7 @@ def parse_perf_arms(text: str) -> tuple[str, ...]:
     order they are written in): a pair runs them in that order, so two runs that name the
     same arms run the same blocks."""
     names = tuple(s for s in (p.strip().upper() for p in text.split(",")) if s)
-    takes = f"it takes one or both of {','.join(TREATMENT_ARMS)}"
+    takes = f"it takes one or more of {','.join(TREATMENT_ARMS)}"
     if not names:
         raise OptionError(f"needs at least one treatment arm; {takes}")
     if CONTROL_ARM in names:
@@ -590,8 +592,10 @@ class Settings:
         "pair), one block each per pair: ON (the shared LMCache pool), NATIVE (vLLM's native "
         "CPU offloading, --kv-offloading-backend native, the pool's size on each replica) or "
         "both (default {default}: OFF-ON, ON-OFF, ...; NATIVE: OFF-NATIVE, NATIVE-OFF; "
-        "ON,NATIVE: OFF-ON-NATIVE, NATIVE-ON-OFF)",
-        parse_perf_arms, metavar="ON,NATIVE")
+        "ON,NATIVE: OFF-ON-NATIVE, NATIVE-ON-OFF); HOSTS adds the pool across hosts (one "
+        "LMCache server per replica sharing the L2 of --sharedkv-l2): ON,HOSTS: OFF-ON-HOSTS, "
+        "HOSTS-ON-OFF",
+        parse_perf_arms, metavar="ON,HOSTS,NATIVE")
     native_arm: bool = setting(
         False,
         "perf tier: shorthand for the perf arms ON,NATIVE (--sharedkv-perf-arms): vLLM's "
@@ -864,6 +868,12 @@ def uses_l2(settings: Settings) -> bool:
     return settings.topology == "hosts"
 
 
+def needs_l2(settings: Settings) -> bool:
+    """Whether anything this run launches shares an L2: the hosts topology, or the perf
+    tier's HOSTS arm (its blocks launch in the hosts topology whatever the topology)."""
+    return uses_l2(settings) or "HOSTS" in settings.treatment_arms
+
+
 def _requested_provider(settings: Settings) -> Provider:
     """The provider asked for, ``auto`` resolved as far as the settings say (external
     where endpoints are given)."""
@@ -898,9 +908,13 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{settings.source_of('topology')}: the hosts topology launches one LMCache "
                 f"server per replica, and the external provider ({_provider_named_by(settings)})"
                 " serves a deployment the suite never starts or stops; drop one of them")
+    if "HOSTS" in settings.treatment_arms and provider is Provider.EXTERNAL:
+        return (f"{settings.source_of('perf_arms')}: the HOSTS arm launches one LMCache "
+                f"server per replica, and the external provider ({_provider_named_by(settings)})"
+                " serves a deployment the suite never starts or stops; drop one of them")
     hosts_only = [settings.source_of(f) for f in ("l2", "l2_fault_gap")
                   if settings.sources.get(f, "default") != "default"]
-    if hosts_only and not uses_l2(settings):
+    if hosts_only and not needs_l2(settings):
         return (f"{', '.join(hosts_only)}: only the hosts topology uses an L2, and "
                 f"{settings.source_of('topology')} is {settings.topology}; give "
                 f"{OPTION_PREFIX}topology hosts or drop {' and '.join(hosts_only)}")

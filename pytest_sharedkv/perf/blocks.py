@@ -185,6 +185,7 @@ class BlockRunner:
                     done = self._phase(block, arm, f"{what} {step.name}")
                     if step.name == "cross":
                         self._settle(sum(prompt_size(p.prompt_tokens, p.text) for p in batch))
+                        self._wait_l2(block, batch)
                     for payload in batch:
                         self._request(block, arm, step.name, step.replica, payload,
                                       payload.id)
@@ -248,6 +249,22 @@ class BlockRunner:
         if seconds > 0:
             time.sleep(seconds)
         self.accounting.settle_s += seconds
+
+    def _wait_l2(self, block: int, batch: Sequence[Payload]) -> None:
+        """In the hosts topology (the HOSTS arm), after the settle: until the L2 holds every
+        whole chunk of each payload B will ask for (LMCache writes it after the store);
+        what was missing when the deadline passed goes into the notes."""
+        topology = self.pair.topology if self.pair is not None else None
+        chunk = self.run_record.chunk_tokens or (topology.chunk if topology else None)
+        if topology is None or not topology.hosts or not chunk:
+            return
+        tokens = {p.id: prompt_size(p.prompt_tokens, p.text) for p in batch}
+        wait = topology.wait_l2({self.salt(f"block-{block}/{p.id}"):
+                                 max(tokens[p.id] - 1, 0) // chunk for p in batch},
+                                sum(tokens.values()))
+        self.accounting.settle_s += wait.seconds
+        if wait.missing:
+            self.run_record.notes.append("L2 wait: " + "; ".join(wait.missing))
 
     def salt(self, key: str) -> str:
         """One cache_salt per key (a request's steps share it, so they can hit)."""

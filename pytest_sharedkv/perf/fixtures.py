@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.stack.faults import StubFaults
+    from pytest_sharedkv.stack.l2 import L2
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import EngineSettings
+    from pytest_sharedkv.stack.topology import HostsSpec
 
 TIER = "perf"
 PROVIDER = "sharedkv_perf_provider"
@@ -224,6 +226,25 @@ def _floor(model: Path) -> tuple[Floor | None, str]:
                    f"{floor.h2d_gb_s:.1f} GB/s host-to-device{layout}")
 
 
+def _l2_floor(floor: Floor | None, l2: L2) -> tuple[Floor | None, str]:
+    """The HOSTS arm's L2 floor beside the H2D floor: the L2's read rate measured now (an
+    entry written and read back through the suite's own client, as floor.py times the
+    host-to-device copy), over the bytes a token the pool stores."""
+    from pytest_sharedkv.perf.floor import FloorError, measure_l2_read_gb_s
+
+    if floor is None:
+        return None, "no L2 floor: no floor (the bytes a token are unknown)"
+    try:
+        rate = measure_l2_read_gb_s(l2)
+    except FloorError as exc:
+        return floor, f"no L2 floor: {exc}"
+    floor = replace(floor, l2_gb_s=rate)
+    return floor, (f"L2 floor (HOSTS arm): {floor.stored_or_kv_bytes_per_token:,} bytes a "
+                   f"token at {rate:.2f} GB/s, the read rate of {l2.describe()} measured in "
+                   "this run (one 256 MiB entry written and read back by the suite's own "
+                   "client, median of 3: not LMCache's reads)")
+
+
 @dataclass
 class _Setup:
     """What differs between providers: how a pair comes to exist in an arm, and what the
@@ -249,8 +270,14 @@ class _Setup:
     model_record: dict[str, str] = field(default_factory=dict)
 
 
+def launch_arm(arm: str) -> str:
+    """The launch arm of a perf arm: HOSTS launches the pool (ON) in the hosts topology."""
+    return "ON" if arm == "HOSTS" else arm
+
+
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
-                tmp_path_factory: pytest.TempPathFactory, faults: StubFaults) -> _Setup:
+                tmp_path_factory: pytest.TempPathFactory, faults: StubFaults,
+                hosts: HostsSpec | None = None) -> _Setup:
     from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, stub_pair
 
     chunk = settings.chunk_size or STUB_CHUNK
@@ -259,8 +286,9 @@ def _stub_setup(settings: Settings, arms: tuple[str, ...],
 
     def launch(arm: str) -> ReplicaPair:
         return stub_pair(LaunchSpec(log_dir=tmp_path_factory.mktemp(f"perf-stub-{arm}"),
-                                    chunk_size=chunk, arm=arm, engine=engine,
-                                    stub_prefill_us=STUB_PREFILL_US, stub_faults=faults))
+                                    chunk_size=chunk, arm=launch_arm(arm), engine=engine,
+                                    stub_prefill_us=STUB_PREFILL_US, stub_faults=faults,
+                                    hosts=hosts if arm == "HOSTS" else None))
 
     return _Setup(launch, arms, chunk, "stub (test double)", max_tokens=8, settle_s=0.0,
                   store_s_per_token=0.0,  # the stub stores synchronously
@@ -387,7 +415,8 @@ def _model_record(model: Path, choice: ModelChoice | None) -> dict[str, str]:
 
 def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
                 tmp_path_factory: pytest.TempPathFactory, gpus: Sequence[Gpu] = (),
-                choice: ModelChoice | None = None) -> _Setup:
+                choice: ModelChoice | None = None, hosts: HostsSpec | None = None,
+                l2: L2 | None = None) -> _Setup:
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.models.compute_model import is_compute_model
     from pytest_sharedkv.models.geometry_model import is_geometry_model
@@ -406,7 +435,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
     def launch(arm: str) -> ReplicaPair:  # ON: the validated (mixed) allocator; no gate hook
         return launch_vllm_pair(LaunchSpec(
             log_dir=log_root / f"{arm}-{time.monotonic_ns()}", allocator="mixed", model=model,
-            devices=devices, arm=arm, gate=False, chunk_size=chunk,
+            devices=devices, arm=launch_arm(arm), gate=False, chunk_size=chunk,
+            hosts=hosts if arm == "HOSTS" else None,
             # the context and the pools are set once the payloads are known
             max_model_len=setup.max_model_len,
             l1_size_gb=setup.native_gb if arm == "NATIVE" else setup.l1_size_gb,
@@ -419,6 +449,9 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
     setup.model_record = _model_record(model, choice)
     setup.floor, line = _floor(model)
     setup.notes.append(line)
+    if hosts is not None and l2 is not None:
+        setup.floor, line = _l2_floor(setup.floor, l2)
+        setup.notes.append(line)
     setup.notes.append(f"model: {setup.model_record['why']}")
     if is_geometry_model(model):
         setup.notes.append("geometry model: the 27B's KV and recurrent-state bytes with small "
@@ -452,10 +485,17 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
                                "its test double)" if resolved.missing else ""))
     provider = resolved.provider
     arms = block_arms(settings.blocks, settings.treatment_arms)
+    hosts = l2 = None
+    if "HOSTS" in arms and provider is not Provider.EXTERNAL:
+        from pytest_sharedkv.stack.fixtures import hosts_spec
+
+        l2 = request.getfixturevalue("sharedkv_l2")
+        hosts = hosts_spec(l2)
     if provider is Provider.STUB:
         from pytest_sharedkv.stack.faults import planted
 
-        setup = _stub_setup(settings, arms, tmp_path_factory, planted(pytestconfig).stub)
+        setup = _stub_setup(settings, arms, tmp_path_factory, planted(pytestconfig).stub,
+                            hosts)
     elif provider is Provider.EXTERNAL:
         setup = _external_setup(settings)
     else:
@@ -463,7 +503,8 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
         choice = choose_model(settings, _free_gib(gpus))
         model = (settings.model if settings.model is not None else
                  perf_model_dir(pytestconfig, tmp_path_factory, choice.kind))
-        setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice)
+        setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice, hosts,
+                            l2)
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
     if provider is Provider.VLLM and setup.model is not None:
@@ -517,9 +558,14 @@ def _pool_note(pool: PoolSize, arms: Sequence[str]) -> str:
     the pool its NATIVE offload is sized from)."""
     native = (f"the NATIVE arm offloads to {pool.native_gb:g} GB on each replica (vLLM's "
               "own, not shared; both replicas' on this host stay under its cap)")
+    hosts = ("the HOSTS arm's two LMCache servers (one per replica, sharing the L2) "
+             f"{pool.gb:g} GB of L1 each")
     if "ON" not in arms:
-        return f"pool: {native}, sized as the ON arm's {pool.gb:g} GB would be ({pool.why})"
+        sized = f"sized as the ON arm's {pool.gb:g} GB would be ({pool.why})"
+        return "pool: " + "; ".join([*([hosts] if "HOSTS" in arms else []),
+                                     *([native] if "NATIVE" in arms else [])]) + f", {sized}"
     return (f"pool: {pool.gb:g} GB of LMCache L1 in the ON arm ({pool.why})"
+            + (f"; {hosts}" if "HOSTS" in arms else "")
             + (f"; {native}" if "NATIVE" in arms else ""))
 
 

@@ -162,6 +162,44 @@ def measure_h2d_gb_s(device: str = "cuda", nbytes: int = H2D_BYTES,
     return float(statistics.median(rates))
 
 
+L2_PROBE_BYTES = 256 << 20
+L2_PROBE_REPEATS = 3
+L2_PROBE_ENTRY = "sharedkv-floor-probe@0x00000000@0@probe@sharedkv-floor"
+
+
+def measure_l2_read_gb_s(l2: Any, nbytes: int = L2_PROBE_BYTES,
+                         repeats: int = L2_PROBE_REPEATS) -> float:
+    """An L2's read rate in GB/s (1e9 bytes): one entry of NBYTES written through the
+    suite's own client (stack.l2), then the median of REPEATS timed reads of it whole; the
+    entry is removed after. FloorError where the L2 cannot be written or read."""
+    import time
+
+    if nbytes < 1 or repeats < 1:
+        raise FloorError(f"nbytes and repeats must be positive, not {nbytes}, {repeats}")
+    entry = L2_PROBE_ENTRY + (".data" if getattr(l2, "adapter_type", "").startswith("fs")
+                              else "")
+    data = bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256)
+    try:
+        l2.write(entry, data)
+    except Exception as exc:  # the L2's own error: a full Redis, a read-only directory
+        raise FloorError(f"the L2 read rate: {l2.describe()} refused a {nbytes:,}-byte "
+                         f"entry ({type(exc).__name__}: {exc})") from None
+    try:
+        rates = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            read = l2.read(entry)
+            seconds = time.perf_counter() - started
+            if read is None or len(read) != nbytes:
+                raise FloorError(f"the L2 read rate: {l2.describe()} gave back "
+                                 f"{'nothing' if read is None else f'{len(read):,} bytes'} "
+                                 f"of a {nbytes:,}-byte entry")
+            rates.append(nbytes / seconds / 1e9)
+    finally:
+        l2.remove(entry)
+    return float(statistics.median(rates))
+
+
 def floor_ratio(ttft_s: float, tokens: int, floor: Floor) -> float:
     """How many floors a TTFT is: below 1 the pool cannot have served it."""
     return ttft_s / floor.seconds(tokens)

@@ -18,7 +18,9 @@ from collections.abc import Iterable
 
 from pytest_sharedkv.perf.observations import Observation
 
-POOLED_ARMS = ("ON",)  # NATIVE offloads per replica: B cannot hit what A offloaded
+# the arms whose B hits what A stored (HOSTS: through the L2); NATIVE offloads per
+# replica: B cannot hit what A offloaded
+POOLED_ARMS = ("ON", "HOSTS")
 
 
 def full_hit_tokens(prompt_tokens: int, chunk: int) -> int:

@@ -89,6 +89,19 @@ class Floor:
     # pages: 4x the KV for the 27B), where that differs from the KV; None: the same, or an
     # older report. A full hit moves this much: the floor of this stack's layout.
     stored_bytes_per_token: int | None = None
+    # the HOSTS arm's L2 read rate measured in the same run (GB/s); None: no HOSTS arm, or
+    # an older report. Its floor: the stored bytes of a prompt at that rate.
+    l2_gb_s: float | None = None
+
+    @property
+    def stored_or_kv_bytes_per_token(self) -> int:
+        return self.stored_bytes_per_token or self.kv_bytes_per_token
+
+    def l2_seconds(self, tokens: int) -> float | None:
+        """The stored bytes of TOKENS at the L2 read rate; None where not measured."""
+        if not self.l2_gb_s:
+            return None
+        return tokens * self.stored_or_kv_bytes_per_token / (self.l2_gb_s * 1e9)
 
     def seconds(self, tokens: int) -> float:
         return ((tokens * self.kv_bytes_per_token + self.recurrent_bytes_per_sequence)
@@ -209,8 +222,9 @@ def to_json(run: PerfRun) -> dict[str, Any]:
     for name in ("runs", "block_pairs", "replica_placement"):
         if not getattr(run, name):
             del data[name]
-    if data.get("floor") is not None and data["floor"].get("stored_bytes_per_token") is None:
-        del data["floor"]["stored_bytes_per_token"]
+    for name in ("stored_bytes_per_token", "l2_gb_s"):
+        if data.get("floor") is not None and data["floor"].get(name) is None:
+            del data["floor"][name]
     return data
 
 
@@ -239,11 +253,12 @@ _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "plac
             "turns": "int", "wall_s": "float", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
           "recurrent_bytes_per_sequence": "int", "source": "str",
-          "stored_bytes_per_token": "int?"}
+          "stored_bytes_per_token": "int?", "l2_gb_s": "float?"}
 _RUN_SOURCE = {"source": "str", "host": "str", "created": "str", "first_block": "int",
                "blocks": "int", "first_pair": "int", "pairs": "int", "wall_s": "float",
                "engine_flags": "str"}
-_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token"}  # older reports lack them
+# older reports lack them
+_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token", "l2_gb_s"}
 
 
 def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:

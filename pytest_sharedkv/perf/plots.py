@@ -21,7 +21,7 @@ from pytest_sharedkv.perf.statistics import Analysis
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLOURS = {"OFF": "#7f7f7f", "ON": "#1f77b4", "NATIVE": "#ff7f0e"}
+COLOURS = {"OFF": "#7f7f7f", "ON": "#1f77b4", "HOSTS": "#2ca02c", "NATIVE": "#ff7f0e"}
 MISSING = "no plots: matplotlib is not installed (pip install 'pytest-sharedkv[plots]')"
 SEED = 0
 

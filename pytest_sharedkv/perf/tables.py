@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pytest_sharedkv.perf.floor import floor_ratio, invalid
 from pytest_sharedkv.perf.hits import cached_share, counted, partial_hits, pooled_cross
-from pytest_sharedkv.perf.observations import STEPS, Observation, size_order
+from pytest_sharedkv.perf.observations import STEPS, Observation, arm_order, size_order
 from pytest_sharedkv.perf.statistics import (
     MIN_PAIRS,
     Analysis,
@@ -161,11 +161,13 @@ def floor_table(analysis: Analysis) -> list[str]:
             ([f"PARTIAL ({partial} of {c.n} not full pool hits)"] if partial else [])
         share = cached_share(c.observations)
         layout = floor.layout_seconds(tokens)
+        l2 = floor.l2_seconds(tokens)
         rows.append([c.size, c.arm, f"{tokens:,}", seconds(floor.seconds(tokens)),
                      seconds(c.median_ttft_s),
                      f"{floor_ratio(c.median_ttft_s, tokens, floor):.1f}x",
                      *([] if layout is None else [seconds(layout),
                                                   f"{c.median_ttft_s / layout:.2f}x"]),
+                     *([] if l2 is None else [seconds(l2), f"{c.median_ttft_s / l2:.2f}x"]),
                      "-" if share is None else f"{share:.0%}", "; ".join(marks) or "ok"])
     if not rows:
         return []
@@ -174,6 +176,11 @@ def floor_table(analysis: Analysis) -> list[str]:
     layout_text = ("" if stored is None else
                    f"; layout floor: the {stored:,} bytes a token the pool stores as the "
                    "engine lays the KV out, at the same rate (what a full hit moves)")
+    if floor.l2_gb_s:
+        layout_head += ["L2 floor s", "x L2 floor"]
+        layout_text += (f"; L2 floor (the HOSTS arm's extra hop): the "
+                        f"{floor.stored_or_kv_bytes_per_token:,} bytes a token the pool "
+                        f"stores at the L2's measured read rate, {floor.l2_gb_s:.2f} GB/s")
     return [f"cross-replica TTFT / physical floor ({floor.kv_bytes_per_token:,} KV bytes a "
             f"token + {floor.recurrent_bytes_per_sequence:,} recurrent bytes a sequence at "
             f"{floor.h2d_gb_s:.1f} GB/s host-to-device; {floor.source}{layout_text}):",
@@ -210,14 +217,15 @@ def hit_verdict(analysis: Analysis) -> str | None:
     if not pooled:
         return None
     chunk, known = analysis.run.chunk_tokens, counted(pooled)
+    named = " and ".join(sorted({o.arm for o in pooled}, key=arm_order))  # ON, HOSTS
     if not chunk or not known:
         why = "no chunk size was recorded" if not chunk else \
             "the engine reported no cached-token counts"
-        return (f"NOTE hits: {why}, so no ON cross-replica request was checked for a full "
-                "pool hit")
+        return (f"NOTE hits: {why}, so no {named} cross-replica request was checked for a "
+                "full pool hit")
     bad = partial_hits(pooled, chunk)
     if not bad:
-        return (f"VERDICT hits: all {len(known)} ON cross-replica requests were full pool "
+        return (f"VERDICT hits: all {len(known)} {named} cross-replica requests were full pool "
                 "hits (every whole chunk of the prompt from a cache)")
     parts = []
     for size in sorted({o.size for o in bad}, key=size_order):
@@ -225,7 +233,7 @@ def hit_verdict(analysis: Analysis) -> str | None:
         share = cached_share(mine)
         parts.append(f"{size}: {sum(o.size == size for o in bad)} of {len(mine)}, median "
                      f"{0.0 if share is None else share:.0%} of the prompt from a cache")
-    return (f"VERDICT hits: PARTIAL: {len(bad)} of {len(known)} ON cross-replica requests "
+    return (f"VERDICT hits: PARTIAL: {len(bad)} of {len(known)} {named} cross-replica requests "
             f"were not full pool hits ({'; '.join(parts)}), so their TTFT includes a "
             "recompute and their cross ratio is not judged. Either the pool evicted part of "
             "a size's prompts before B asked (give the ON arm a pool larger than what that "

@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.report.records import Problem
-from pytest_sharedkv.service.answers import ServiceRun
+from pytest_sharedkv.service.answers import Answer, ServiceRun
 from pytest_sharedkv.service.protocol import run_protocol
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.service.sensitivity import run_gate
@@ -26,6 +27,7 @@ from pytest_sharedkv.stack.pair import ReplicaPair
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.fixtures import PairSlot
     from pytest_sharedkv.stack.l2 import L2
+    from pytest_sharedkv.stack.l2_log import KeySplit
     from pytest_sharedkv.stack.providers import LaunchSpec
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
@@ -213,3 +215,270 @@ def _audit(pair: ReplicaPair, step: str, ids: set[str]) -> dict[str, Any]:
     return {**report.counts(),
             "mismatches": sum(m.step == step and m.request in ids
                               for m in report.mismatches)}
+
+
+WRITE_GROUP = "l2 write failure"
+
+
+@dataclass
+class WriteCell:
+    """The L2 write-failure cell: both replicas take the same prompts cold at once (each
+    server writes them to the L2) into a Redis at its memory limit, so some writes are
+    refused; a fresh pair over that L2 then answers them on B, every hit from the L2.
+    PROBLEMS what broke, UNKNOWN what could not be judged, VOID why nothing was tested."""
+
+    size: str | None = None
+    requests: int = 0
+    exact: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    void: str | None = None
+
+
+def write_cases(cases: CaseSet, chunks: Callable[[Case], int]) -> list[Case]:
+    """The measured requests of the smallest size whose lookups ask for two or more whole
+    chunks (a refused write can then fall past a held one); at most GAP_CASES."""
+    return gap_cases(cases, 1, chunks)
+
+
+def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> WriteCell:
+    """A Redis of its own (resp, noeviction): a probe request cold on A measures the bytes
+    one chunk takes in it, and its limit is then set to half the chunks the cell's
+    requests store above what it holds. A pair over it (both servers that Redis) takes the
+    requests cold on A and B at once; once each salt's writes are over (every chunk in the
+    L2, or each server logged the keys it could not write), that pair is closed and a
+    fresh one (empty L1s) answers them on B: every answer exact, no hit past what the L2
+    holds, server 2's split all from L2, and with the KV audit on, every chunk B loaded
+    equal to what A or B stored (either may have written it). No write refused: VOID."""
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
+
+    from pytest_sharedkv.corpus.cases import prompt_size
+    from pytest_sharedkv.service.checks import diverged
+    from pytest_sharedkv.stack import l2 as l2_module
+    from pytest_sharedkv.stack import redis_server
+    from pytest_sharedkv.stack.l2_log import store_failures
+    from pytest_sharedkv.stack.pair import ReplicaError
+    from pytest_sharedkv.stack.steps import Step
+    from pytest_sharedkv.stack.topology import L2_DEADLINE_S, POLL_S
+
+    cell = WriteCell()
+    runner = service_pass.runner
+    try:
+        redis = l2_module.suite_redis(work_dir, "resp", maxmemory=1 << 40)  # limited below
+        redis.start()
+    except l2_module.L2Unavailable as exc:
+        cell.error = f"its Redis: {exc}"
+        return cell
+    assert isinstance(redis, l2_module.RedisL2)
+    adapter = redis.adapter_json()
+
+    def edit(spec: LaunchSpec) -> LaunchSpec:
+        assert spec.hosts is not None
+        return replace(spec, hosts=replace(spec.hosts, adapter=adapter, l2=redis.describe(),
+                                           reader_adapter=None, cell="write-failure"))
+
+    def launch() -> ReplicaPair | None:
+        try:
+            return slot.launch(edit)
+        except (ReplicaError, RuntimeError, OSError) as exc:
+            cell.error = f"its pair did not start: {str(exc).splitlines()[0][:300]}"
+            return None
+
+    def closed(pair: ReplicaPair) -> None:
+        leftovers = pair.close()
+        if leftovers:
+            cell.problems.append(Problem(f"processes {leftovers} survived the cell's "
+                                         "teardown", "error"))
+
+    try:
+        if service_pass.pair.labels.get("provider") == "vllm" and slot.live:
+            service_pass.ensure(PROTOCOL)  # every stage first: later tests only read it
+            leftovers = slot.release()
+            runner.log("l2 write failure: released the session's pair (the cell runs alone)"
+                       + (f"; processes {leftovers} survived" if leftovers else ""))
+        first = launch()
+        if first is None:
+            return cell
+        audits = [first.kv_audit_dir]
+        try:
+            mine = Runner(first, runner.cases, lambda key: runner.salts(f"l2-full/{key}"),
+                          runner.settle_s, runner.concurrency, runner.log,
+                          runner.store_s_per_token)
+            need = {c.id: mine.chunks(prompt_size(c.prompt_tokens, c.text))
+                    for c in runner.cases.cases}
+            cases = write_cases(runner.cases, lambda c: need[c.id])
+            if not cases:
+                cell.error = "no size of the corpus asks for two whole chunks"
+                return cell
+            cell.size, cell.requests = cases[0].size, len(cases)
+            topology = first.topology
+            assert topology is not None
+            # the bytes one chunk takes in this Redis: one probe request, its own salt
+            probe = Runner(first, runner.cases,
+                           lambda key: runner.salts(f"l2-full-probe/{key}"), runner.settle_s)
+            before = redis_server.used_memory(redis.host, redis.port)
+            probe.step(f"{WRITE_GROUP} probe", Step("cold", "A", "none"), cases[:1])
+            probe_wait = topology.wait_l2({probe.salt(cases[0].id): need[cases[0].id]},
+                                          prompt_size(cases[0].prompt_tokens, cases[0].text))
+            after = redis_server.used_memory(redis.host, redis.port)
+            if before is None or after is None or probe_wait.missing or after <= before:
+                cell.error = ("the probe could not size a chunk in the Redis: "
+                              f"used_memory {before} -> {after}; "
+                              + ("; ".join(probe_wait.missing) or "the L2 held it"))
+                return cell
+            per_chunk = (after - before) // max(need[cases[0].id], 1)
+            headroom = per_chunk * sum(need[c.id] for c in cases) // 2
+            limit = redis_server.limit_memory(redis.host, redis.port, headroom)
+            runner.log(f"l2 write failure: {redis.describe()} limited to {limit} bytes "
+                       f"({headroom} above its use: half the cell's chunks at {per_chunk} "
+                       "bytes each)")
+            # the same prompts reach both replicas cold, at once
+            steps = (Step("cold", "A", "none"), Step("cold-b", "B", "none"))
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                list(pool.map(lambda s: mine.step(WRITE_GROUP, s, cases), steps))
+            salts = {mine.salt(c.id): need[c.id] for c in cases}
+            started, pending = time.monotonic(), dict(salts)
+            held: dict[str, int | None] = {}
+            while True:  # each salt's writes over: all in the L2, or each writer's failure
+                logs = [s.log() for s in topology.servers]
+                for salt in list(pending):
+                    found = redis.held(salt)
+                    held[salt] = None if found is None else found.whole
+                    if (found is not None and found.whole >= pending[salt]) or all(
+                            store_failures(log, salt) for log in logs):
+                        del pending[salt]
+                if not pending or time.monotonic() - started > L2_DEADLINE_S:
+                    break
+                time.sleep(POLL_S)
+            if pending:
+                cell.unknown.append(f"the L2 writes of {len(pending)} of {len(salts)} "
+                                    f"salt(s) were not over {L2_DEADLINE_S:g} s after the "
+                                    "cold steps (neither every chunk held nor a failure "
+                                    "logged by each server)")
+            refused = redis_server.refused_writes(redis.host, redis.port)
+            failed = {s.name: sum(store_failures(s.log(), salt) for salt in salts)
+                      for s in topology.servers}
+        finally:
+            closed(first)
+        for salt in salts:  # what the L2 holds now that no writer is left: B reads this
+            found = redis.held(salt)
+            held[salt] = None if found is None else found.whole
+        if refused is None:
+            cell.unknown.append("the Redis's refused writes (INFO errorstats) could not be "
+                                "read")
+        cell.void = refused_void(refused)
+        second = launch()  # fresh engines and servers: every hit now comes from the L2
+        if second is None:
+            return cell
+        audits.append(second.kv_audit_dir)
+        try:
+            later = Runner(second, runner.cases, mine.salt, runner.settle_s,
+                           runner.concurrency, runner.log, runner.store_s_per_token)
+            later.run.answers.update(mine.run.answers)  # the cold answers: what B must give
+            step = Step("after-failure", "B", "external")
+            later.step(WRITE_GROUP, step, cases)
+            chunk = (second.topology.chunk if second.topology is not None else None) \
+                or runner.cases.chunk or 1
+            cached: dict[str, int | None] = {}
+            for case in cases:
+                answer = later.run.answer(case.id, step.name)
+                where = f"request {case.id}, step {step.name}"
+                if answer is None or answer.error:
+                    cell.problems.append(Problem(
+                        f"{where}: {answer.error if answer else 'no answer was recorded'}",
+                        "error"))
+                    continue
+                wrong = diverged(later.run, case, answer)
+                cell.exact += wrong is None
+                if wrong is not None:
+                    cell.problems.append(Problem(f"{where}: {wrong}", "divergence"))
+                cached[case.id] = answer.cached_tokens
+                judged = held_hit_problem(answer, held.get(mine.salt(case.id)), chunk,
+                                          later.splits.get((case.id, step.name)))
+                if isinstance(judged, Problem):
+                    cell.problems.append(judged)
+                elif judged is not None:
+                    cell.unknown.append(judged)
+            audit = _either_writer_audit(audits, step.name, {c.id for c in cases})
+            if audit.get("mismatches"):
+                cell.problems.append(Problem(
+                    f"the KV audit: {audit['mismatches']} chunk(s) B loaded equal neither "
+                    f"writer's store (first: {audit['first']})", "audit-mismatch"))
+            cell.detail = {"l2": redis.describe(), "limit_bytes": limit,
+                           "chunk_bytes": per_chunk, "refused": refused,
+                           "failed_keys": failed, "held_whole": held, "chunk": chunk,
+                           "cached_by_request": cached, "audit": audit,
+                           "splits": {k: v.as_dict() for (k, s), v in later.splits.items()
+                                      if s == step.name},
+                           "launches": list(second.launches)}
+            runner.log(f"l2 write failure: {refused} write(s) refused; after it, "
+                       f"{cell.exact} of {len(cases)} answers exact, cached "
+                       f"{sum(v or 0 for v in cached.values())} tokens")
+        finally:
+            closed(second)
+        return cell
+    finally:
+        redis.stop()
+
+
+def refused_void(refused: int | None) -> str | None:
+    """Why the write-failure cell tested nothing: the Redis refused no write."""
+    if refused == 0:
+        return ("VOID: the Redis at its memory limit refused no write: no L2 write failed, "
+                "so nothing was tested")
+    return None
+
+
+def held_hit_problem(answer: Answer, whole: int | None, chunk: int,
+                     split: KeySplit | None) -> Problem | str | None:
+    """What is wrong with ANSWER's hit after refused writes (a Problem), what could not
+    be judged (a line), or None: no more than the WHOLE chunks of CHUNK tokens the L2
+    held, and a fresh server 2 took none of it from its L1."""
+    where = f"request {answer.case}, step {answer.step}"
+    if answer.cached_tokens is None or whole is None:
+        return f"{where}: its hit or what the L2 held is unknown"
+    if answer.cached_tokens > whole * chunk:
+        return Problem(f"{where}: a hit past what the L2 holds: {answer.cached_tokens} tokens "
+                       f"cached, the L2 held {whole} whole chunk(s) of {chunk}", "hits")
+    if answer.cached_tokens and split is not None and split.known and split.l1:
+        return Problem(f"{where}: a fresh server 2 took keys from its L1: {split.describe()}",
+                       "hits")
+    return None
+
+
+def _either_writer_audit(dirs: list[Path | None], step: str, ids: set[str]) -> dict[str, Any]:
+    """B's loads at STEP of requests IDS against what either replica stored of the same
+    chunk (both wrote it; either write may be the one the L2 kept), across the cell's
+    pairs' audit logs: {} where the audit is off."""
+    from pytest_sharedkv.stack import kv_audit
+    from pytest_sharedkv.stack.request_tags import parse_request_tag
+
+    if any(d is None for d in dirs):
+        return {}
+    records = [r for d in dirs if d is not None and d.exists()
+               for r in kv_audit.read_records(d)]
+    stored: dict[tuple[str, Any, Any], set[str]] = {}
+    for r in records:
+        if r.get("kind") == "store":
+            stored.setdefault((r["key"], r["group"], r["layer"]), set()).add(r["digest"])
+    compared = mismatches = unmatched = 0
+    first = ""
+    for r in records:
+        if r.get("kind") != "load" or r.get("role") != "B":
+            continue
+        tag = parse_request_tag(str(r.get("request", "")))
+        if tag is None or tag[0] not in ids or tag[1] != step:
+            continue
+        digests = stored.get((r["key"], r["group"], r["layer"]))
+        if digests is None:
+            unmatched += 1
+            continue
+        compared += 1
+        if r["digest"] not in digests:
+            mismatches += 1
+            first = first or f"request {tag[0]} chunk {r['chunk']} layer {r['layer']}"
+    return {"compared": compared, "mismatches": mismatches, "unmatched": unmatched,
+            "first": first}

@@ -172,8 +172,10 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         gate = next((c for c in mine if c.key.get("size") == "gate"), None)
         steps = _steps(mine)
         gaps = [c for c in steps if str(c.key.get("step", "")).startswith(GAP_STEP)]
-        steps = [c for c in steps if c not in gaps]  # the L2 fault cell: a line of its own
-        tail = gap_verdicts(name, gaps)
+        writes = [c for c in steps if c.key.get("step") == WRITE_STEP]
+        # the L2 fault and write-failure cells: a line of their own
+        steps = [c for c in steps if c not in gaps and c not in writes]
+        tail = gap_verdicts(name, gaps) + write_verdicts(name, writes)
         cross = [c for c in steps if c.key.get("step") == "cross"]
         total = sum(c.trials for c in cross)
         failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
@@ -263,6 +265,27 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
                 + ("not recorded" if state is None else str(state)))
     return (f"; KV audit: {audit.get('compared')} digests compared, "
             f"{audit.get('mismatches')} differ from A's; {unjudged}")
+
+
+WRITE_STEP = "l2 write failure"  # execute.WRITE_GROUP, the L2 write-failure cell's step
+
+
+def write_verdicts(name: str, cells: list[Check]) -> list[str]:
+    """The L2 write-failure cell's verdict: writes refused by a full Redis while both
+    replicas stored the same prompts, then every answer from that L2 exact."""
+    lines = []
+    for cell in cells:
+        detail = cell.detail
+        head = (f"L2 WRITE {name}: {detail.get('refused', 'unknown')} L2 write(s) refused "
+                "while both replicas stored the same prompts (a Redis at its memory limit)")
+        if str(cell.status) == "pass":
+            lines.append(f"{head}: {cell.passed}/{cell.trials} later answers from that L2 "
+                         f"exact, no hit past what it held, the audit "
+                         f"{'clean' if detail.get('audit') else 'off'}")
+        else:
+            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
+                         f"{cell.trials} held; {cell.message}")
+    return lines
 
 
 def model_table(checks: list[Check]) -> list[str]:

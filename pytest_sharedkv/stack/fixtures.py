@@ -69,12 +69,12 @@ def _check_l2(config: pytest.Config) -> None:
     what it needs is missing: a Redis binary, an adapter type or its client the installed
     LMCache lacks, an existing L2 that does not answer, a directory that cannot hold files
     (stack.l2.configure_problem); the header names the topology either way."""
-    from pytest_sharedkv.config.options import uses_l2
+    from pytest_sharedkv.config.options import needs_l2
     from pytest_sharedkv.host.environment import TOPOLOGY_LINE
 
     settings = state_of(config).settings
     config.stash[TOPOLOGY_LINE] = topology_line(settings)
-    if not uses_l2(settings):
+    if not needs_l2(settings):
         return
     from pytest_sharedkv.stack.l2 import configure_problem
 

@@ -26,6 +26,7 @@ from pytest_sharedkv.stack import redis_server
 ProblemKind = Literal["bad-spec", "redis-missing", "port-in-use", "start-failed",
                       "unreachable", "not-writable", "adapter-missing"]
 REDIS_TYPES = ("resp", "valkey")
+PORT_TRIES = 3  # free ports the suite's Redis tries, each taken before it listened
 DIRECTORY_TYPES = ("fs", "fs_native")
 SUITE_TYPES = REDIS_TYPES + DIRECTORY_TYPES  # what the suite can provide itself
 FILE_SUFFIX = ".data"  # fs_l2_adapter.py:57; fs_native writes the same names
@@ -144,6 +145,10 @@ class L2:
         raises OSError or the client's error where the L2 refuses it."""
         raise NotImplementedError(f"cannot write into a {self.adapter_type} L2")
 
+    def remove(self, entry: str) -> None:
+        """Remove ENTRY where it is (the suite's own probe entries); nothing where absent."""
+        raise NotImplementedError(f"cannot remove from a {self.adapter_type} L2")
+
     def held(self, salt: str) -> Held | None:
         """What it holds of SALT, chunk by chunk; None when that cannot be listed."""
         found = self.entries(salt)
@@ -170,9 +175,30 @@ class RedisL2(L2):
         return f"{self.adapter_type} -> {owner} at {self.host}:{self.port}"
 
     def start(self) -> None:
+        """Started and answering; a port the suite picked that another process took before
+        the Redis listened there is replaced by another, PORT_TRIES in all."""
         missing = adapter_problem(self.adapter_type)
         if missing is not None:
             raise L2Unavailable(missing)
+        tried: list[int] = []
+        while True:
+            try:
+                self._start_server()
+                break
+            except L2Unavailable as exc:
+                tried.append(self.port)
+                if exc.problem.kind != "port-in-use" or self.server is None \
+                        or not self.server.chosen:
+                    raise
+                if len(tried) >= PORT_TRIES:
+                    raise L2Unavailable(L2Problem("port-in-use", (
+                        f"{exc.problem.message} (the suite picked {len(tried)} free ports, "
+                        f"{', '.join(map(str, tried))}, and each was taken before its Redis "
+                        "listened there)"))) from None
+                self.port = self.server.repick()
+        super().start()
+
+    def _start_server(self) -> None:
         if self.server is not None:
             if redis_server.port_in_use(self.port, self.host):
                 raise L2Unavailable(L2Problem(
@@ -185,7 +211,6 @@ class RedisL2(L2):
                 kind: ProblemKind = "port-in-use" if self.server.port_taken(exc) else "start-failed"
                 raise L2Unavailable(L2Problem(kind, f"{self.server.process.name} did not start: "
                                               f"{str(exc).splitlines()[0]}")) from None
-        super().start()
 
     def stop(self) -> list[int]:
         return self.server.stop() if self.server is not None else []
@@ -242,6 +267,10 @@ class RedisL2(L2):
     def write(self, entry: str, data: bytes) -> None:
         with redis_server.client(self.host, self.port) as conn:
             conn.set(entry, data)
+
+    def remove(self, entry: str) -> None:
+        with redis_server.client(self.host, self.port) as conn:
+            conn.delete(entry)
 
 
 class DirectoryL2(L2):
@@ -308,6 +337,9 @@ class DirectoryL2(L2):
         partial = self.path / (entry + ".tmp")
         partial.write_bytes(data)
         partial.replace(self.path / entry)
+
+    def remove(self, entry: str) -> None:
+        (self.path / entry).unlink(missing_ok=True)
 
 
 class OtherL2(L2):

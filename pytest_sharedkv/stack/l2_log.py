@@ -137,3 +137,14 @@ def key_split(log: str, request_id: str) -> KeySplit:
     last = found[-1]
     return KeySplit(request_id, int(last["retained"]), int(last["requested"]),
                     int(last["l1"]), int(last["l2"]))
+
+
+STORE_FAILED = re.compile(r"Store task \d+ to adapter \d+ failed for keys: (?P<keys>.*)")
+
+
+def store_failures(log: str, salt: str) -> int:
+    """How many keys of cache salt SALT a server's store controller logged it could not
+    write to an L2 (LMCache 0.5.6's ``Store task N to adapter M failed for keys: [...]``,
+    store_controller.py:791; one ObjectKey per key)."""
+    needle = f"cache_salt='{salt}')"
+    return sum(m["keys"].count(needle) for m in STORE_FAILED.finditer(ANSI.sub("", log)))

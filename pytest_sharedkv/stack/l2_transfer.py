@@ -116,6 +116,7 @@ class HostsOutcome:
     planted: str | None = None
     problems: list[Problem] = field(default_factory=list)
     void: str | None = None
+    seen: dict[str, Any] | None = None  # the write-failure cell: WriteFailureSeen.as_dict
 
     def verdict(self) -> tuple[str, str]:
         """(kind, status): void, the first problem's kind and fail, or a pass."""
@@ -132,7 +133,8 @@ class HostsOutcome:
                 "split": self.split.as_dict() if self.split else None,
                 "l2_visible_s": self.l2_visible_s, "planted": self.planted,
                 "fetch_s": self.fetch.get("fetch_s"),
-                "problems": [asdict(p) for p in self.problems], "void": self.void}
+                "problems": [asdict(p) for p in self.problems], "void": self.void,
+                **({"seen": self.seen} if self.seen is not None else {})}
 
 
 def judge(case: HostCase, fetch: dict[str, Any], split: KeySplit | None) -> list[Problem]:
@@ -458,3 +460,175 @@ def check_through(l2: L2, workdir: Path, salt: str, gap: int,
     finally:
         for each in servers:
             each.stop()
+
+
+# The write-failure cell: two writers store one salt at once into a Redis at its memory
+# limit (noeviction), as two replicas do when one prompt reaches both cold.
+WRITE_FAILURE = "write-failure"
+# What the full Redis may hold above an empty server's own use: the two stores' values
+# (2 x 512 KiB) and the servers' connection buffers need more, so some writes land and the
+# rest are refused (on Redis 7.0.15: 5 of 16 SETs landed, 11 refused).
+WRITE_FAILURE_HEADROOM = 1 << 20
+
+
+@dataclass(frozen=True)
+class WriteFailureSeen:
+    """What the L2 and the writers said once the stores were over: the writes the Redis
+    refused (None: unreadable), the keys each writer logged it could not write, and the
+    salt's entries the L2 held."""
+
+    refused: int | None
+    failed_keys: tuple[int, ...]
+    held: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"refused": self.refused, "failed_keys": list(self.failed_keys),
+                "held": self.held}
+
+
+def judge_write_failure(fetch: dict[str, Any], split: KeySplit | None,
+                        seen: WriteFailureSeen) -> tuple[list[Problem], str | None]:
+    """(problems, void) of a reader's fetch after writes failed: it may miss, or hit only
+    what the L2 holds, from the L2, every byte A's; a hit with other bytes names the
+    chunk. VOID where no write was refused (nothing was tested) or that is unknown."""
+    problems: list[Problem] = []
+    if fetch.get("control_hit_tokens"):
+        problems.append(Problem("leak", f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                "tokens: salts do not separate namespaces"))
+    hit = int(fetch.get("hit_tokens") or 0)
+    wrong = int(fetch.get("mismatched_pages", 0))
+    changed = int(fetch.get("untouched_pages_changed", 0))
+    if wrong or changed:
+        chunks = fetch.get("mismatched_chunks") or []
+        named = (f"chunk{'s' if len(chunks) > 1 else ''} "
+                 f"{', '.join(str(c) for c in chunks)}" if chunks else "no chunk named")
+        first = "; ".join(fetch.get("mismatches", [])[:2])
+        problems.append(Problem("bytes", f"a hit with other bytes after failed L2 writes: "
+                                f"{named} of the {hit} tokens hit ({wrong} of "
+                                f"{fetch.get('pages_compared')} page(s) wrong, {changed} "
+                                f"other page(s) changed); first: {first}"))
+    if hit:
+        if not fetch.get("retrieved"):
+            problems.append(Problem("hits", "the reader's retrieve reported failure"))
+        keys = hit // CHUNK
+        if seen.held is not None and keys > seen.held:
+            problems.append(Problem("hits", f"the reader hit {hit} tokens ({keys} chunks) but "
+                                    f"the L2 held {seen.held} of the salt's {KEYS} entries"))
+        if split is None or not split.known or split.l1 != 0 or split.l2 != keys:
+            problems.append(Problem("source", "the reader's keys did not all come from L2: "
+                                    f"{split.describe() if split else 'no split read'}; "
+                                    f"expected {keys} from L2"))
+    if seen.refused is None:
+        return problems, ("VOID: the Redis's refused writes (INFO errorstats) could not be "
+                          "read: whether any L2 write failed is unknown")
+    if seen.refused == 0:
+        return problems, ("VOID: the Redis at its memory limit refused no write: no L2 "
+                          "write failed, so nothing was tested")
+    return problems, None
+
+
+def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = None,
+                        headroom: int = WRITE_FAILURE_HEADROOM, timeout: float = 180.0,
+                        deadline_s: float = 30.0) -> HostsOutcome:
+    """Two writers (servers 1 and 2, one store process each, started together) store the
+    same salt into a Redis the suite starts with noeviction and maxmemory HEADROOM above
+    its own use; once each writer's store is over (the L2 holds every key, or the writer
+    logged the keys it could not write), a reader (server 3, which stored nothing) looks
+    up and retrieves it through that L2: a miss, or a hit of only what the L2 holds, byte
+    for byte A's. L2Unavailable where no Redis can be started."""
+    from pytest_sharedkv.processes.managed import ProcessFailed
+    from pytest_sharedkv.stack import l2 as l2_module
+    from pytest_sharedkv.stack import redis_server
+    from pytest_sharedkv.stack.l2 import RedisL2
+    from pytest_sharedkv.stack.l2_log import store_failures
+    from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if env is None else env
+    redis = l2_module.suite_redis(workdir, "resp", maxmemory=64 << 20)  # tightened below
+    assert isinstance(redis, RedisL2)
+    outcome = HostsOutcome(WRITE_FAILURE, redis.describe(), WRITE_FAILURE)
+    servers: list[LMCacheServer] = []
+    replicas: list[ManagedProcess] = []
+    try:
+        redis.start()
+        limit = redis_server.limit_memory(redis.host, redis.port, headroom)
+        outcome.planted = (f"Redis maxmemory {limit} bytes ({headroom} above its own use), "
+                           "policy noeviction")
+        for role in ("1", "2", "3 (reader)"):
+            servers.append(LMCacheServer(ServerConfig(
+                l1_size_gb=0.25, chunk_size=CHUNK, l2_adapters=(redis.adapter_json(),)),
+                workdir, env=env, role=role))
+        for each in servers:
+            each.launch()
+        writers, reader = servers[:2], servers[2]
+        for index, writer in enumerate(writers):
+            own = workdir / f"store-{index + 1}"
+            own.mkdir(exist_ok=True)
+            replicas.append(_replica("store", ["--url", writer.url, "--model", MODEL,
+                                               "--salt", salt], own))
+        fetch_dir = workdir / "store-1"  # A's pages: what every retrieved byte must equal
+        fetch = _replica("fetch", ["--model", MODEL, "--after", str(workdir / L2_READY),
+                                   "--after-timeout", str(timeout), "--job", "reader",
+                                   reader.url, salt], fetch_dir)
+        replicas.append(fetch)
+        for each in servers:
+            each.wait_ready()
+        for replica in replicas:  # the two stores at once; the fetch's imports overlap them
+            replica.start()
+        stored: list[dict[str, Any]] = []
+        for index, replica in enumerate(replicas[:2]):
+            code = replica.wait_exit(timeout, "finish its store")
+            result = workdir / f"store-{index + 1}" / "store.json"
+            if code != 0 or not result.exists():
+                raise replica.failure(f"exited with status {code} without a result")
+            stored.append(json.loads(result.read_text()))
+        if any(s.get("unsupported") for s in stored):
+            outcome.void = unsupported_void(next(s for s in stored if s.get("unsupported")))
+            return outcome
+        outcome.store = {f"writer {i + 1}": s["salts"][salt] for i, s in enumerate(stored)}
+        for name, result in outcome.store.items():
+            if not result.get("stored") or result.get("visible_hit_tokens") != NUM_TOKENS:
+                outcome.problems.append(Problem("process", f"{name}'s store did not become "
+                                                f"visible in its own server: {result}"))
+        started = time.monotonic()
+        while True:  # each writer's L2 write over: every key there, or its failure logged
+            held = redis.entries(salt)
+            failed = tuple(store_failures(w.process.log_text(), salt) for w in writers)
+            if (held is not None and len(held) >= KEYS) or all(failed):
+                break
+            if time.monotonic() - started > deadline_s:
+                outcome.problems.append(Problem("l2", f"{deadline_s:g}s after both stores "
+                                                f"returned, {redis.describe()} held "
+                                                f"{'unknown' if held is None else len(held)} "
+                                                f"of the {KEYS} entries and the writers had "
+                                                f"logged {list(failed)} failed key(s)"))
+                break
+            time.sleep(0.01)
+        outcome.l2_visible_s = round(time.monotonic() - started, 4)  # the stores over
+        seen = WriteFailureSeen(redis_server.refused_writes(redis.host, redis.port), failed,
+                                None if held is None else len(held))
+        (workdir / L2_READY).touch()
+        code = fetch.wait_exit(timeout, "finish its fetch")
+        result = fetch_dir / "fetch.json"
+        if code != 0 or not result.exists():
+            raise fetch.failure(f"exited with status {code} without a result")
+        outcome.fetch = json.loads(result.read_text())["jobs"].get("reader", {})
+        outcome.seen = seen.as_dict()
+        if outcome.fetch.get("error"):
+            outcome.problems.append(Problem("process", f"the reader's fetch: "
+                                            f"{outcome.fetch['error']}"))
+            return outcome
+        outcome.split = reader.key_split(fetch_request_id("-reader"))
+        problems, outcome.void = judge_write_failure(outcome.fetch, outcome.split, seen)
+        outcome.problems += problems
+    except ProcessFailed as exc:
+        outcome.problems.insert(0, Problem("process", str(exc)))
+    finally:
+        for replica in replicas:
+            if replica.proc is not None:
+                replica.stop()
+                _cleanup_shm(replica.pid)
+        for each in servers:
+            each.stop()
+        redis.stop()
+    return outcome

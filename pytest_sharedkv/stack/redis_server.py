@@ -100,6 +100,40 @@ def server_pid(host: str, port: int) -> int | None:
         return None
 
 
+def refused_writes(host: str, port: int) -> int | None:
+    """The writes the Redis at HOST:PORT refused for want of memory (``INFO errorstats``'
+    OOM count: noeviction at maxmemory); None when that cannot be read."""
+    import redis
+
+    try:
+        with client(host, port) as conn:
+            stats = conn.info("errorstats")
+    except (redis.RedisError, OSError):
+        return None
+    oom = stats.get("errorstat_OOM")
+    return int(oom["count"]) if isinstance(oom, dict) and "count" in oom else 0
+
+
+def used_memory(host: str, port: int) -> int | None:
+    """What the Redis at HOST:PORT uses now (INFO memory), or None."""
+    import redis
+
+    try:
+        with client(host, port) as conn:
+            return int(conn.info("memory")["used_memory"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
+def limit_memory(host: str, port: int, headroom: int) -> int:
+    """Set maxmemory to HEADROOM bytes above what the Redis at HOST:PORT uses now (an
+    empty server's own use differs between builds); the limit set."""
+    with client(host, port) as conn:
+        limit = int(conn.info("memory")["used_memory"]) + headroom
+        conn.config_set("maxmemory", limit)
+    return limit
+
+
 class RedisServer:
     """``redis-server`` on 127.0.0.1 with ``--save '' --appendonly no`` (nothing written to
     disk); ``maxmemory`` (bytes) with ``noeviction`` makes a full Redis refuse writes, as a
@@ -108,16 +142,28 @@ class RedisServer:
     def __init__(self, binary: RedisBinary, log_dir: Path, port: int | None = None,
                  maxmemory: int | None = None, ready_timeout: float = 30.0) -> None:
         self.binary = binary
-        self.port = free_port() if port is None else port
+        self.log_dir = log_dir
+        self.chosen = port is None  # the suite picked the port (another may be picked)
         self.maxmemory = maxmemory
         self.ready_timeout = ready_timeout
-        argv = [str(binary.path), "--bind", HOST, "--port", str(self.port), "--save", "",
-                "--appendonly", "no", "--dir", str(log_dir), "--daemonize", "no",
+        self.port, self.process = self._process(free_port() if port is None else port)
+
+    def _process(self, port: int) -> tuple[int, ManagedProcess]:
+        argv = [str(self.binary.path), "--bind", HOST, "--port", str(port), "--save", "",
+                "--appendonly", "no", "--dir", str(self.log_dir), "--daemonize", "no",
                 "--logfile", ""]
-        if maxmemory is not None:
-            argv += ["--maxmemory", str(maxmemory), "--maxmemory-policy", "noeviction"]
-        self.process = ManagedProcess(f"redis-server ({binary.source}) on {HOST}:{self.port}",
-                                      argv, log_dir / f"redis-{self.port}.log")
+        if self.maxmemory is not None:
+            argv += ["--maxmemory", str(self.maxmemory), "--maxmemory-policy", "noeviction"]
+        return port, ManagedProcess(f"redis-server ({self.binary.source}) on {HOST}:{port}",
+                                    argv, self.log_dir / f"redis-{port}.log")
+
+    def repick(self) -> int:
+        """Another free port, for a Redis that never started (the one it picked was taken
+        before it could listen there); the new port."""
+        if self.process.proc is not None and self.process.alive():
+            raise RuntimeError(f"{self.process.name} is running: its port stays")
+        self.port, self.process = self._process(free_port())
+        return self.port
 
     @property
     def host(self) -> str:

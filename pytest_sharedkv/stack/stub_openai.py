@@ -243,6 +243,10 @@ class _State:
             print(f"[{self.name}] LMCache WARNING: L2 store failed for {entry}: "
                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   flush=True)
+            # and as LMCache 0.5.6's store controller says it (l2_log.store_failures)
+            print(f"[{self.name}] LMCache WARNING: Store task {index} to adapter 0 failed "
+                  f"for keys: [ObjectKey(chunk_hash={key[:32]!r}, model_name='stub', "
+                  f"kv_rank=0, object_group_id=0, cache_salt='{salt}')]", flush=True)
 
     def evict(self, capacity: int) -> None:
         """A pool of CAPACITY blocks: the oldest stored go first, as an LRU pool's would

@@ -286,6 +286,7 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str,
         torch.cuda.synchronize()  # the retrieve's own event is what vLLM waits on; be sure
     mismatches: list[str] = []
     mismatched_pages = untouched_changed = 0
+    chunks: set[int] = set()  # the chunks (of A's store) a wrong page belongs to
     target = {b: j for j, b in enumerate(moved)}
     for layer, tensor in enumerate(kv.values()):
         for block in range(NUM_BLOCKS):
@@ -297,6 +298,7 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str,
             first = int(diff.nonzero()[0, 0])
             if block in target:
                 mismatched_pages += 1
+                chunks.add(target[block] * BLOCK // CHUNK)
             else:
                 untouched_changed += 1
             if len(mismatches) < 5:
@@ -309,7 +311,8 @@ def fetch_role(client: Client, workdir: Path, salt: str, device: str,
                     f"0x{int(want[first]):02x}, observed 0x{int(now[first]):02x}")
     return {"hit_tokens": hit, "control_hit_tokens": control, "retrieved": retrieved,
             "pages_compared": LAYERS * len(moved), "mismatched_pages": mismatched_pages,
-            "untouched_pages_changed": untouched_changed, "mismatches": mismatches}
+            "untouched_pages_changed": untouched_changed, "mismatches": mismatches,
+            "mismatched_chunks": sorted(chunks)}
 
 
 def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
