@@ -96,8 +96,10 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_two_writers_into_a_full_redis_never_give_a_wrong_byte(real: dict[str, Any]) -> None:
     assert (real["kind"], real["status"]) == ("l2-transfer", "pass"), real
     seen = real["seen"]
-    assert seen["refused"] > 0 and seen["held"] < KEYS, seen
-    assert all(seen["failed_keys"]), seen  # each writer logged what it could not write
+    # writes were refused; which writer lost them is the race's (in CI once one lost all 8
+    # and the other's landed, so the L2 held every key)
+    assert seen["refused"] > 0 and seen["held"] <= KEYS, seen
+    assert any(seen["failed_keys"]), seen  # a writer logged what it could not write
     assert real["hit_tokens"] <= seen["held"] * CHUNK
     if real["hit_tokens"]:
         assert (real["split"]["l1"], real["split"]["l2"]) == (0, real["hit_tokens"] // CHUNK)
