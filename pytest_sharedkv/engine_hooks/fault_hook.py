@@ -41,6 +41,7 @@ from typing import Any
 from pytest_sharedkv.engine_hooks import post_import
 from pytest_sharedkv.engine_hooks.corrupt_hook import TARGETS
 from pytest_sharedkv.engine_hooks.fault_classes import HOOK_CLASSES, fault_class
+from pytest_sharedkv.engine_hooks.hook_log import read_log as read_log  # the suite reads it here
 from pytest_sharedkv.layouts.object_layout import (
     ATTENTION,
     NULL_BLOCK,
@@ -111,23 +112,6 @@ def parse_control(data: Any) -> Control:
     if not isinstance(cell, str):
         raise ControlError("'cell' must be a string")
     return Control(name, every, seed, tuple(requests), bit, cell)
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """The log's records (a torn or foreign line is skipped)."""
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def of_cell(records: Sequence[dict[str, Any]], cell: str) -> list[dict[str, Any]]:

@@ -29,10 +29,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_sharedkv.engine_hooks import post_import
+from pytest_sharedkv.engine_hooks.hook_log import read_log as read_log  # the suite reads it here
 
 REMEDY_ENV = "SHAREDKV_STREAM_REMEDY"  # "current-stream" or "wait-producer"
 LOG_ENV = "SHAREDKV_STREAM_REMEDY_LOG"
@@ -146,22 +146,6 @@ def wrap(name: str, fn: Callable[..., Any], remedy: str, cuda: Cuda, log: Remedy
         return None
 
     return remedied
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def void_problem(records: Sequence[dict[str, Any]], remedy: str) -> str | None:
