@@ -40,7 +40,7 @@ from pytest_sharedkv.engine_hooks.fault_classes import (
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check, Kind
 from pytest_sharedkv.service.runner import Runner
-from pytest_sharedkv.service.triage import Relaunch, audit_count, right_answer
+from pytest_sharedkv.service.triage import Relaunch, audit_count, tally_answers
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.steps import Step
 
@@ -204,14 +204,8 @@ def judge(cell: Cell, runner: Runner, target: ReplicaPair, cases: Sequence[Case]
     from pytest_sharedkv.service.checks import hit_problem, totals_problems, totals_unknown
 
     run = runner.run
+    tally_answers(cell, run, cases, cross.name, cold.name)
     for case in cases:
-        right = right_answer(run, case, cross.name, cold.name)
-        cell.requests += 1
-        cell.exact += right is True
-        cell.errors += right is None
-        if right is False and not cell.first_wrong:
-            answer = run.answer(case.id, cross.name)
-            cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
         answer = run.answer(case.id, cross.name)
         if answer is not None and not answer.error:
             problem = hit_problem(case, cross, answer)

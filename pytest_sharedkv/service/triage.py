@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.engine_hooks import stream_remedy_hook
@@ -345,6 +345,28 @@ def right_answer(run: ServiceRun, case: Case, step: str = "cross", cold_step: st
     return diverged(run, case, answer, cold_step) is None
 
 
+class Tally(Protocol):
+    """A cell's answer counts (the triage's and the catalogue's cells)."""
+
+    requests: int
+    exact: int
+    errors: int
+    first_wrong: str
+
+
+def tally_answers(cell: Tally, run: ServiceRun, cases: Sequence[Case], step: str = "cross",
+                  cold_step: str = "cold") -> None:
+    """Count CASES' answers at STEP into CELL (``right_answer``), keeping the first wrong."""
+    for case in cases:
+        right = right_answer(run, case, step, cold_step)
+        cell.requests += 1
+        cell.exact += right is True
+        cell.errors += right is None
+        if right is False and not cell.first_wrong:
+            answer = run.answer(case.id, step)
+            cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
+
+
 def audit_count(pair: ReplicaPair, step: str, ids: set[str]) -> tuple[int | None, int]:
     """(mismatching digests B loaded at STEP for the requests IDS, digests compared); None
     where the pair's audit is off or compared nothing."""
@@ -401,14 +423,7 @@ def run_cell(control: Control, pair: ReplicaPair, cases: Sequence[Case], warmups
             runner.chain("triage warm-up", warmups, (COLD, CROSS))
         runner.chain(f"triage {control.name}", cases, (COLD, CROSS))
         run = runner.run
-        for case in cases:
-            right = right_answer(run, case, CROSS.name, COLD.name)
-            cell.requests += 1
-            cell.exact += right is True
-            cell.errors += right is None
-            if right is False and not cell.first_wrong:
-                answer = run.answer(case.id, CROSS.name)
-                cell.first_wrong = f"{case.id} answered {answer.text[:60] if answer else ''!r}"
+        tally_answers(cell, run, cases, CROSS.name, COLD.name)
         cell.mismatches, cell.compared = audit_count(target, CROSS.name, {c.id for c in cases})
         if control.sync_transfers:
             from pytest_sharedkv.engine_hooks.delay_hook import read_log
