@@ -18,6 +18,8 @@ from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
+from pytest_sharedkv.service.execute import GAP_GROUP as GAP_STEP
+from pytest_sharedkv.service.execute import WRITE_GROUP as WRITE_STEP
 from pytest_sharedkv.service.triage import (
     ALLOCATOR_REMEDY,
     OTHER_ALLOCATOR,
@@ -232,9 +234,6 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
     return lines
 
 
-GAP_STEP = "l2 fault gap"  # execute.GAP_GROUP, the L2 fault cell's step
-
-
 def gap_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The L2 fault cell's verdict: server 2's L2 fails one chunk's load of every prompt,
     so each answer must be exact with B's hit trimmed to the chunks before the gap."""
@@ -265,9 +264,6 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
                 + ("not recorded" if state is None else str(state)))
     return (f"; KV audit: {audit.get('compared')} digests compared, "
             f"{audit.get('mismatches')} differ from A's; {unjudged}")
-
-
-WRITE_STEP = "l2 write failure"  # execute.WRITE_GROUP, the L2 write-failure cell's step
 
 
 def write_verdicts(name: str, cells: list[Check]) -> list[str]:
