@@ -4,10 +4,12 @@ accounted for, so a cache-induced divergence cannot pass as an HTTP 200.
 
 Per request: cold on A (no hits: a hit is a namespace leak) -> local reuse on A -> cross-
 replica on B (hits from the pool only, covering the shareable prefix) -> receiver-local on
-B. A sensitivity gate proves, in every launched run, that the served model sees a zeroed
-chunk; if it does not, every result here is VOID. Sessions alternate replicas over six
-turns whose answers only the distant prefix holds; protocol checks cover what clients
-depend on. Stored references (syrupy) separate engine drift from cache-induced divergence.
+B; on a stack whose replicas share nothing (vLLM's native offload) each step expects what
+``service/expected_hits.py`` says instead. A sensitivity gate proves, in every launched
+run, that the served model sees a zeroed chunk; if it does not, every result here is VOID.
+Sessions alternate replicas over six turns whose answers only the distant prefix holds;
+protocol checks cover what clients depend on. Stored references (syrupy) separate engine
+drift from cache-induced divergence.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ def _evicted_one_host(service_pass: Pass, group: str) -> bool:
     return not runner.hosts and evicted(runner.evictions.get(group))
 
 
+def _skip_not_applicable(check: str, service_pass: Pass, request: pytest.FixtureRequest
+                         ) -> None:
+    """Skip CHECK, saying why, where the pass's stack gives it nothing to judge
+    (``expected_hits.NOT_APPLICABLE``: its hooks or its premise are LMCache's)."""
+    from pytest_sharedkv.service.expected_hits import not_applicable
+
+    why = not_applicable(check, service_pass.run.stack)
+    if why is not None:
+        skip_not_asked(request.node, why)
+
+
 def _case(service_pass: Pass, case_id: str) -> Case:
     """The corpus case a test is parametrized with (a size the corpus lacks: skipped)."""
     case = service_pass.run.cases.case(case_id)
@@ -98,6 +111,7 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.checks import chain_failures
     from pytest_sharedkv.service.execute import GATE
+    from pytest_sharedkv.service.expected_hits import not_applicable
 
     case = _case(sharedkv_service_pass, sharedkv_service_case)
     gated = sharedkv_service_pass.ensure(GATE)
@@ -115,7 +129,8 @@ def test_request_chain(sharedkv_service_pass: Pass, sharedkv_service_case: str,
             detail={"case": case.id, "sha256": case.sha256, "answers": answers,
                     "expected": list(case.expected or ())})
         if "divergence" in kinds_of(failures) and not sharedkv_settings.triage \
-                and sharedkv_pair_slot.relaunchable:
+                and sharedkv_pair_slot.relaunchable \
+                and not_applicable("triage", run.stack) is None:
             hint.append(TRIAGE_HINT)
     _verdict(run, [*failures, *hint])
 
@@ -134,6 +149,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         totals_unknown,
     )
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.service.expected_hits import expected_hits
     from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
@@ -153,7 +169,8 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         shareable = sum(c.shareable or 0 for c in group) if all(
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable,
-                                _evicted_one_host(sharedkv_service_pass, totals.group))
+                                _evicted_one_host(sharedkv_service_pass, totals.group),
+                                expected_hits(run.stack).totals(totals.step))
         why_unknown = totals_unknown(totals)
         hosts: dict[str, object] = {}
         if runner.hosts and steps[totals.step].hits == "external":  # server 2's own account
@@ -204,6 +221,7 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.report.records import Problem, worst_kind
+    from pytest_sharedkv.service.checks import turn_hit_problem
     from pytest_sharedkv.service.execute import SESSIONS
 
     run = sharedkv_service_pass.ensure(SESSIONS)
@@ -223,11 +241,10 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
             problems.append(Problem(f"{where} (source chunk {turn.source_chunk}): answered "
                                     f"{answer.text!r}, expected by construction another "
                                     "answer", "divergence"))
-        elif turn.index and turn.source_chunk is not None and run.cases.chunk and (
-                (answer.cached_tokens or 0) <= turn.source_chunk * run.cases.chunk):
-            problems.append(Problem(f"{where}: only {answer.cached_tokens} cached tokens, so "
-                                    "the distant source was recomputed, not recovered from a "
-                                    "cache", "hits"))
+        elif (hit := turn_hit_problem(run, where, turn.index, turn.replica,
+                                      turn.source_chunk, answer,
+                                      [t.replica for t in session.turns[:turn.index]])):
+            problems.append(hit)
     if len(answers) < len(session.turns):
         problems.append(Problem(f"{session.id}: {len(answers)} of {len(session.turns)} turns "
                                 "ran", "error"))
@@ -350,6 +367,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     if not sharedkv_settings.kv_audit:
         skip_not_asked(request.node, "the in-engine KV audit is off "
                        f"({sharedkv_settings.source_of('kv_audit')})")
+    _skip_not_applicable("kv_audit", sharedkv_service_pass, request)
     if pair.kv_audit_dir is None:
         pytest.skip("the KV audit runs inside replicas the suite launches (vLLM, and the "
                     "stub test double); this pair's replicas were not launched by the suite "
@@ -407,6 +425,7 @@ def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.execute import gap_cell
 
+    _skip_not_applicable("l2", sharedkv_service_pass, request)
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the L2 fault cell runs in the hosts topology "
                        "(--sharedkv-topology hosts)")
@@ -443,6 +462,7 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
     from pytest_sharedkv.service.execute import write_failure_cell
     from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
 
+    _skip_not_applicable("l2", sharedkv_service_pass, request)
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the L2 write-failure cell runs in the hosts topology "
                        "(--sharedkv-topology hosts)")
@@ -478,6 +498,7 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     from pytest_sharedkv.service import triage
 
     sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
+    _skip_not_applicable("triage", sharedkv_service_pass, request)
     found = triage.diagnose(sharedkv_service_pass)
     if not sharedkv_settings.triage:  # said only where there was something to triage
         skip_not_asked(request.node, "triage is off (--sharedkv-triage re-runs a diverging "
@@ -516,6 +537,7 @@ def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSl
 
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
+    _skip_not_applicable("fault_catalogue", sharedkv_service_pass, request)
     if sharedkv_settings.fault_catalogue is None:
         skip_not_asked(request.node, "the fault catalogue is off (--sharedkv-fault-catalogue "
                        "all shows which fault classes the suite can see on this stack)")

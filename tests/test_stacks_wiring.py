@@ -324,22 +324,3 @@ def test_the_stack_reaches_the_report_as_a_fact(tmp_path: Path, stack: str) -> N
     found = stack_of(only)
     assert found is not None and found.kinds == {INPROCESS if stack == "inprocess" else NATIVE}
     assert stack_change(only, report_of(pair.record, stack)) is None  # fact == argv
-
-
-def test_the_service_tier_gives_no_verdict_on_native_offload(pytester: pytest.Pytester) -> None:
-    """Its hit accounting expects a pool the replicas share: on native offload every chain
-    would fail by construction, so the tier says why it judges nothing, and launches nothing."""
-    import json
-
-    from pytest_sharedkv.service.fixtures import NATIVE_NOT_JUDGED
-
-    result = pytester.runpytest_inprocess(
-        "-p", "pytest_sharedkv", "--pyargs", "pytest_sharedkv.suites", "-m",
-        "service_regression", "--sharedkv-provider=stub", "--sharedkv-stack=native",
-        "--sharedkv-service-sizes=3k", "-k", "not served_model_sees", "--sharedkv-json",
-        "r.json")
-    report = json.loads((pytester.path / "r.json").read_text())
-    outcomes = {t["outcome"] for t in report["tests"]}
-    assert outcomes == {"skipped"}, outcomes
-    assert {t["message"] for t in report["tests"]} == {NATIVE_NOT_JUDGED}
-    assert result.ret == pytest.ExitCode.OK

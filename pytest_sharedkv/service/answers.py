@@ -57,6 +57,7 @@ class ServiceRun:
 
     cases: CaseSet
     pair: str
+    stack: str = "mp"  # the stack the pair runs (config.stack_choice): what hits it expects
     answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
     totals: list[StepTotals] = field(default_factory=list)
     sessions: dict[str, list[Answer]] = field(default_factory=dict)

@@ -12,10 +12,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pytest_sharedkv.config.stack_choice import MP
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.models.copy_rule import first_divergence
 from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
+from pytest_sharedkv.service.expected_hits import (
+    EXTERNAL,
+    LEAK,
+    LOCAL,
+    StepHits,
+    expected_hits,
+)
 from pytest_sharedkv.stack.steps import STEPS, Step
 
 if TYPE_CHECKING:
@@ -61,28 +69,34 @@ def diverged(run: ServiceRun, case: Case, answer: Answer, cold_step: str = "cold
                    "divergence")
 
 
-def hit_problem(case: Case, step: Step, answer: Answer, evicted: bool = False
-                ) -> Problem | None:
-    """What is wrong with ANSWER's hits at STEP. EVICTED: the one server evicted from its
-    L1 during the pass (an L1 smaller than the corpus, one host), so a cross-replica hit
-    may stop short of the shareable prefix (never past it)."""
+def hit_problem(case: Case, step: Step, answer: Answer, evicted: bool = False,
+                expect: StepHits | None = None) -> Problem | None:
+    """What is wrong with ANSWER's hits at STEP, against EXPECT (None: the shared pool's
+    expectation of STEP; see ``expected_hits``). EVICTED: the one server evicted from its
+    L1 during the pass (an L1 smaller than the corpus, one host), so a step that may stop
+    short (the cross-replica hit) may fall short of the shareable prefix (never past it)."""
+    expect = expect or expected_hits(MP).step(step)
     cached = answer.cached_tokens
     if cached is None:
         return Problem(f"replica {answer.replica} reported no "
                        "usage.prompt_tokens_details.cached_tokens", "hits-unknown")
-    if step.hits == "none":
-        if cached:
+    if not expect.sources:
+        if cached and expect.stray == LEAK:
             return Problem(f"namespace leak: the cold request hit {cached} cached tokens on "
                            f"replica {answer.replica} in a fresh cache_salt namespace", "leak")
+        if cached:
+            return Problem(f"replica {answer.replica} hit {cached} cached tokens where "
+                           "nothing is shared: its own caches never saw this prompt, so the "
+                           "KV came from nowhere (a cold request on it must hit none)",
+                           expect.stray)
         return None
-    if evicted and step.hits == "external" and case.shareable is not None \
+    if evicted and expect.may_stop_short and case.shareable is not None \
             and cached <= case.shareable:
         return None
-    if case.shareable is not None and cached != case.shareable:
-        kind = "the pool" if step.hits == "external" else "its own prefix cache"
+    if expect.full and case.shareable is not None and cached != case.shareable:
         return Problem(f"replica {answer.replica} took {cached} of the {case.shareable} "
-                       f"shareable prompt tokens from {kind} (a full hit leaves exactly one "
-                       "to compute)", "hits")
+                       f"shareable prompt tokens from {expect.where} (a full hit leaves "
+                       "exactly one to compute)", "hits")
     return None
 
 
@@ -112,6 +126,8 @@ def failed_requests(run: ServiceRun, cases: list[Case], step: str) -> int:
 
 def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = True,
                   evicted: bool = False) -> list[Problem]:
+    """What is wrong at STEP of CASE's chain: its answer, and (CHECK_HITS) its hits
+    against what the run's stack lets that step hit."""
     answer = run.answer(case.id, step.name)
     if answer is None:
         return [Problem(f"{step.name}: no answer was recorded", "error")]
@@ -122,7 +138,7 @@ def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = Tr
     if wrong:
         problems.append(wrong)
     if check_hits:
-        hit = hit_problem(case, step, answer, evicted)
+        hit = hit_problem(case, step, answer, evicted, expected_hits(run.stack).step(step))
         if hit:
             problems.append(hit)
     return problems
@@ -177,15 +193,19 @@ def totals_unknown(totals: StepTotals) -> str | None:
             f"on replica {', '.join(totals.unread)}, so the step's hits are unknown")
 
 
-def totals_problems(totals: StepTotals, shareable: int | None, evicted: bool = False
-                    ) -> list[Problem]:
-    """What a step's counter deltas say against what the step may have (nothing where
-    they are unknown: see totals_unknown).
+def totals_problems(totals: StepTotals, shareable: int | None, evicted: bool = False,
+                    expect: StepHits | None = None) -> list[Problem]:
+    """What a step's counter deltas say against what the step may have, EXPECT (None: the
+    shared pool's expectation of a step of that name; nothing where they are unknown: see
+    totals_unknown).
 
     The pool counter (``vllm:external_prefix_cache_hits``) counts hit tokens and must equal
     the responses' ``cached_tokens``; the engine's own prefix-cache counter is only read as
     zero or not: for a hybrid model vLLM 0.26 counts it per KV-cache group and scheduling
-    step (57,152 counted for 12,032 cached tokens on an H200), not per token."""
+    step (57,152 counted for 12,032 cached tokens on an H200), not per token. A step that
+    may hit both (native offload's local steps) is judged on the sum: the external counter
+    no more than the cached tokens, the rest shown by a non-zero local counter."""
+    expect = expect or expected_hits(MP).totals(totals.step)
     where = f"{totals.group} {totals.step} on {totals.replica}"
     if totals.unread:
         return []
@@ -194,34 +214,52 @@ def totals_problems(totals: StepTotals, shareable: int | None, evicted: bool = F
                         f"{'local' if totals.local is None else 'pool'} hit counter, so the "
                         "split cannot be accounted", "hits-unknown")]
     problems = []
-    if totals.step == "cold" and (totals.local or totals.external):
-        problems.append(Problem(f"{where}: {totals.local} local and {totals.external} pool "
-                                "hit tokens in cold requests (a namespace leak)", "leak"))
+    if not expect.sources and (totals.local or totals.external):
+        if expect.stray == LEAK:
+            problems.append(Problem(f"{where}: {totals.local} local and {totals.external} "
+                                    "pool hit tokens in cold requests (a namespace leak)",
+                                    "leak"))
+        else:
+            problems.append(Problem(
+                f"{where}: {totals.local} local and {totals.external} external hit tokens "
+                f"where nothing is shared: replica {totals.replica}'s own caches never saw "
+                "these prompts, so the KV came from nowhere", expect.stray))
     problems += [Problem(text, "hits")
-                 for text in _hit_counts(totals, shareable, where, evicted)]
+                 for text in _hit_counts(totals, shareable, where, evicted, expect)]
     return problems
 
 
 def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
-                evicted: bool = False) -> list[str]:
-    """What a step's counters say against the hits it may have (not a leak)."""
+                evicted: bool, expect: StepHits) -> list[str]:
+    """What a step's counters say against the hits EXPECT lets it have (not a leak)."""
     problems = []
-    if totals.step in ("local", "receiver-local") and totals.external:
-        problems.append(f"{where}: {totals.external} tokens came from the pool where the "
+    sources, expected = expect.sources, totals.cached
+    external, local = totals.external or 0, totals.local or 0
+    if expect.split and sources == (LOCAL,) and external:
+        problems.append(f"{where}: {external} tokens came from the pool where the "
                         "engine's own prefix cache should have served")
-    if totals.step == "cross" and totals.local:
-        problems.append(f"{where}: {totals.local} tokens hit replica B's own prefix cache "
-                        "before B ever saw these prompts")
-    expected = totals.cached
-    if totals.step == "cross" and totals.external != expected:
-        problems.append(f"{where}: the engine counted {totals.external} pool hit tokens, its "
+    if expect.split and sources == (EXTERNAL,) and local:
+        problems.append(f"{where}: {local} tokens hit replica {totals.replica}'s own "
+                        f"prefix cache before {totals.replica} ever saw these prompts")
+    if expect.split and expect.exact_counter == EXTERNAL and external != expected:
+        problems.append(f"{where}: the engine counted {external} pool hit tokens, its "
                         f"responses reported {expected} cached")
-    if totals.step in ("local", "receiver-local") and expected and not totals.local:
+    both = expect.split and EXTERNAL in sources and LOCAL in sources
+    if both and external > expected:
+        problems.append(f"{where}: the engine counted {external} external hit tokens (its "
+                        f"own CPU tier), more than the {expected} its responses reported "
+                        "cached")
+    if expect.split and sources == (LOCAL,) and expected and not local:
         problems.append(f"{where}: the responses reported {expected} cached tokens but the "
                         "engine counted no hits in its own prefix cache")
-    short_by_eviction = evicted and totals.step == "cross" and shareable is not None \
+    if both and expected > external and not local:
+        problems.append(f"{where}: the responses reported {expected} cached tokens, the "
+                        f"external counter {external} of them (its own CPU tier), but the "
+                        f"engine counted no hits in its own prefix cache for the other "
+                        f"{expected - external}")
+    short_by_eviction = evicted and expect.may_stop_short and shareable is not None \
         and expected <= shareable
-    if shareable is not None and totals.step != "cold" and expected != shareable \
+    if shareable is not None and expect.full and expected != shareable \
             and not short_by_eviction:
         problems.append(f"{where}: {expected} of {shareable} shareable tokens were cached")
     if totals.other_local or totals.other_external:
@@ -229,6 +267,30 @@ def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
                         f"{totals.other_local} local and {totals.other_external} pool hits "
                         "while it had no requests")
     return problems
+
+
+def turn_hit_problem(run: ServiceRun, where: str, index: int, replica: str,
+                     source_chunk: int | None, answer: Answer,
+                     earlier: Sequence[str]) -> Problem | None:
+    """What is wrong with a session turn's hits (turn INDEX on REPLICA; EARLIER: the
+    replicas of the session's earlier turns). On a stack whose replicas share KV, every
+    turn but the first must have recovered its distant source from a cache (cached tokens
+    past SOURCE_CHUNK); where they share nothing (``StackHits.shared``), a turn on a
+    replica that served no earlier turn has nothing to recover it from, so it hits none
+    (a hit is KV from nowhere), and a later turn on a replica must recover it from what
+    that replica cached of its own earlier turn."""
+    chunk, cached = run.cases.chunk, answer.cached_tokens or 0
+    if not expected_hits(run.stack).shared and replica not in earlier:
+        if cached:
+            return Problem(f"{where}: {cached} cached tokens, but replica {replica} served no "
+                           f"earlier turn of this session and the {run.stack} stack shares "
+                           "nothing between replicas: the KV came from nowhere", "hits")
+        return None
+    if index and source_chunk is not None and chunk and cached <= source_chunk * chunk:
+        return Problem(f"{where}: only {answer.cached_tokens} cached tokens, so "
+                       "the distant source was recomputed, not recovered from a "
+                       "cache", "hits")
+    return None
 
 
 def split_problems(run: ServiceRun, splits: Mapping[tuple[str, str], KeySplit],

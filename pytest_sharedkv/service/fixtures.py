@@ -50,13 +50,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(PROTOCOL, list(CHECKS), ids=list(CHECKS))
 
 
-NATIVE_NOT_JUDGED = (
-    "no service verdict for vLLM's native offload yet (--sharedkv-stack native): the "
-    "tier's hit accounting expects a pool the replicas share, and each replica's native "
-    "CPU tier serves only its own engine, so every chain would fail on hits that are no "
-    "fault of the stack; expected hits per stack are not built yet")
-
-
 @pytest.fixture(scope="session")
 def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
                           sharedkv_pair_slot: PairSlot, sharedkv_case_set: CaseSet
@@ -69,8 +62,6 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 
     settings = state_of(pytestconfig).settings
-    if settings.stack == "native":  # before anything launches
-        pytest.skip(NATIVE_NOT_JUDGED)
     pair = sharedkv_pair_slot.pair
     namespaces = Namespaces(run_id(pytestconfig), f"service/{pair.description}/"
                             f"{'-'.join(pair.labels.values())}")

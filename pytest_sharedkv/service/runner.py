@@ -2,12 +2,15 @@
 
 Order by steps, not by request: all cold requests on A, then A again (local reuse), one
 settle (LMCache stores A's KV after A answers), all cross-replica requests on B, then B
-again (receiver-local). Settling per request would cost a settle per request; ordering by
-steps costs one per group. Within a step requests go concurrently (the engines batch
-them); each request's ``cached_tokens`` comes from its own usage, and the split between
-the engine's own prefix cache and the pool comes from the engines' counters, read before
-and after the step: every step expects one kind of hit only, so step totals account for
-every request.
+again (receiver-local). Which steps settle first is the stack's (``expected_hits``): on
+vLLM's native offload the local steps do, as they read the replica's own CPU tier, which
+its engine fills after it answers. Settling per request would cost a settle per request;
+ordering by steps costs one per group. Within a step requests go concurrently (the
+engines batch them); each request's ``cached_tokens`` comes from its own usage, and the
+split between the engine's own prefix cache and the pool (or, on native offload, the
+replica's CPU tier) comes from the engines' counters, read before and after the step:
+every step expects the hits its stack lets it have, so step totals account for every
+request.
 
 In the hosts topology (one LMCache server per replica, sharing an L2) the wait before B's
 step is no sleep: the L2 is polled until it holds every chunk of every salt B will ask for
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
+from pytest_sharedkv.service.expected_hits import expected_hits, stack_of
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
@@ -73,7 +77,9 @@ class Runner:
         self.store_s_per_token = store_s_per_token
         self.concurrency = concurrency
         self.log = log or (lambda line: None)
-        self.run = ServiceRun(cases, pair.description)
+        self.stack = stack_of(pair.record.stack)
+        self.expect = expected_hits(self.stack)
+        self.run = ServiceRun(cases, pair.description, self.stack)
         self._salt: dict[str, str] = {}
         self.topology = pair.topology
         # the hosts topology: (case, step) -> server 2's split of that request's lookup;
@@ -166,7 +172,7 @@ class Runner:
     def chain(self, group: str, cases: Sequence[Case], steps: Sequence[Step] = STEPS
               ) -> None:
         for step in steps:
-            if step.hits == "external":  # B reads what A's step stored: let LMCache store it
+            if self.expect.step(step).settle:  # it reads what an earlier step stored
                 time.sleep(self.settle_for(cases, group))
             self.step(group, step, cases)
         self.count_evictions(group)

@@ -35,6 +35,9 @@ class StubFaults:
     l2_flip_chunk: int | None = None
     l2_unattached: bool = False
     hosts_share_l1: bool = False  # the two "hosts" keep one L1: B's server saw A's KV
+    # native offload: the two replicas' CPU tiers are one, so B's cross step hits A's KV,
+    # which a native stack has no way to give it
+    native_share_pool: bool = False
     # a race in the pool's copies: B's pool hits are stale unless the server runs this
     # stream remedy (a triage remedy cell removes it) or the replicas' launches are
     # synchronous (CUDA_LAUNCH_BLOCKING, as a real race's); or while the delay hook is on

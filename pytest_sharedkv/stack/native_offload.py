@@ -1,8 +1,8 @@
 """vLLM's own CPU offload (``--kv-offloading-backend native``, the ``OffloadingConnector``)
 under the service tier: the flags that make its CPU tier, not the GPU's prefix cache, serve
 the local and receiver-local steps, and the prompts that sit at and beside its block
-boundaries. The perf tier launches the same backend as its NATIVE arm; no tier checks its
-answers yet.
+boundaries. The perf tier launches the same backend as its NATIVE arm; the service tier
+judges its answers and hits by ``service/expected_hits.py``'s native table.
 
 Read from vLLM 0.26.0:
 

@@ -449,7 +449,11 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         elif spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
         elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
-            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}")), "--offload-log"]
+            own = "stub-pool-A" if faults.native_share_pool else f"stub-pool-{name}"
+            argv += ["--pool", str(pool.with_name(own)), "--offload-log"]
+            gpu = (spec.stack.record.get("gpu_blocks") if spec.stack is not None else None)
+            if gpu is not None:  # the service tier's native stack: a GPU it evicts from
+                argv += ["--gpu-blocks", str(gpu)]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))

@@ -35,8 +35,10 @@ STUB_ARMS = {INPROCESS: "ON", NATIVE: "NATIVE"}  # one shared pool, or one pool 
 NATIVE_NO_GATE = (
     "vLLM's native offload shares no KV between the replicas (each keeps a CPU tier of its "
     "own), so B's cross-replica requests retrieve nothing of A's and the gate, which zeroes "
-    "a chunk in B's retrieves, has nothing to corrupt; exact answers on this stack prove "
-    "integrity only as far as the served model can see corrupted KV")
+    "a chunk in B's retrieves, has nothing to corrupt; a native gate would zero a block of "
+    "a replica's own CPU-to-GPU load at its local step, and the suite has no hook in vLLM's "
+    "offloading transfer yet; exact answers on this stack prove integrity only as far as "
+    "the served model can see corrupted KV")
 
 
 INPROCESS_NO_REMOTE = (
@@ -308,16 +310,24 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
     return stacked
 
 
+# the stub's GPU cache on native offload, in blocks: fewer than a 3k size group's, so its
+# local steps hit the stub's own pool (its CPU tier) as well as its own cache
+STUB_GPU_BLOCKS = 256
+
+
 def stub_stack(stack: str) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
-    a remote) or one pool each (native offload), said in its record; no engine runs. Its
-    gate is the stub's own where the stack has one, none on native offload."""
-    gate = {"gate": "none", "no_gate": NATIVE_NO_GATE} if stack == NATIVE else {}
+    a remote) or one pool each (native offload, with a GPU cache of STUB_GPU_BLOCKS that
+    evicts), said in its record; no engine runs. Its gate is the stub's own where the
+    stack has one, none on native offload."""
+    native = {"gate": "none", "no_gate": NATIVE_NO_GATE,
+              "gpu_blocks": STUB_GPU_BLOCKS} if stack == NATIVE else {}
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
                     + ("one pool both stubs share" if stack == INPROCESS
-                       else "a pool of each stub's own, its offload log"), **gate},
+                       else "a pool of each stub's own, its offload log, a GPU cache of "
+                            f"{STUB_GPU_BLOCKS} blocks"), **native},
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}")
 
 

@@ -29,6 +29,10 @@ carries ``X-Sharedkv-Test-Double: 1``.
 ``--offload-log`` (the NATIVE arm: a pool of its own) prints a vLLM-shaped "KV Transfer
 metrics" line for each request that stored blocks to its pool or loaded them back (at
 ``STUB_TOKEN_BYTES`` a token), as vLLM's OffloadingConnector logs its stats.
+``--gpu-blocks N`` keeps at most N blocks in the stub's own cache (the GPU's prefix cache),
+least recently used out, so a prompt evicted from it is served from its pool (vLLM's
+native offload under the service tier: hits from the GPU and the replica's CPU tier, in
+whatever mix eviction left, both counted as vLLM counts them).
 
 The server's hooks have stand-ins, so the fault catalogue and the triage's remedy cells run
 on CPU through the code that judges them on a GPU: ``--fault-control FILE --fault-log
@@ -115,6 +119,7 @@ class _State:
         self.queries = 0
         self.scrapes = 0  # GET /metrics so far
         self.blocks: set[str] = set()
+        self.gpu_order: OrderedDict[str, None] = OrderedDict()  # --gpu-blocks: its LRU
         self.lock = threading.Lock()
         self.l2, self.gaps = _l2_of(args.l2_adapter)
         self.l1_writes = 0  # blocks this stub put in its server's L1
@@ -171,10 +176,23 @@ class _State:
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).touch()
                     stored.append(index)
+            self.used_on_gpu(key)
         self.l1_writes += len(stored)
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
         return local, external, stored, tuple(key for _, key in keys)
+
+    def used_on_gpu(self, key: str) -> None:
+        """With --gpu-blocks: KEY used most recently, and the least recently used blocks
+        out of the stub's own cache past its size (they stay in its pool)."""
+        capacity = self.args.gpu_blocks
+        if capacity is None:
+            return
+        self.gpu_order[key] = None
+        self.gpu_order.move_to_end(key)
+        while len(self.gpu_order) > capacity:
+            old, _ = self.gpu_order.popitem(last=False)
+            self.blocks.discard(old)
 
     def _hosts_lookup(self, salt: str, keys: list[tuple[int, str]]
                       ) -> tuple[int, int, list[int], tuple[str, ...]]:
@@ -856,6 +874,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-metrics", type=lambda t: {int(n) for n in t.split(",") if n},
                         default=set(), metavar="N,M",
                         help="answer these GET /metrics (1-based) with HTTP 503")
+    parser.add_argument("--gpu-blocks", type=int, default=None,
+                        help="keep at most N blocks in its own cache, LRU (native offload)")
     parser.add_argument("--offload-log", action="store_true",
                         help="log pool traffic as vLLM's offloading connector does")
     parser.add_argument("--kv-audit", type=Path, default=None,

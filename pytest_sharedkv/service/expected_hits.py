@@ -1,0 +1,140 @@
+"""What each step may hit, per stack, as data: the service tier's hit checks
+(``checks.hit_problem``, ``checks.totals_problems``) read it instead of branching on the
+stack.
+
+On ``mp`` and ``inprocess`` the replicas share a pool: A's local step hits its own prefix
+cache, B's cross step the pool (``vllm:external_prefix_cache_hits``, token for token the
+responses' ``cached_tokens``), B's receiver-local step its own prefix cache.
+
+On ``native`` (vLLM's ``OffloadingConnector``) each replica has a CPU tier of its own and
+its GPU cache is too small to keep a size group between the group's cold and local steps
+(``stack.native_offload.gpu_blocks``). Read from vLLM's scheduler
+(``v1/core/sched/scheduler.py``, ``schedule``): a waiting request takes its GPU prefix hit
+first (``get_computed_blocks``), then asks the connector for what lies past it
+(``get_num_new_matched_tokens(request, num_new_local_computed_tokens)``); the request's
+``num_cached_tokens``, the response's ``cached_tokens``, is the sum of the two, and the
+connector's part alone is recorded in ``connector_prefix_cache_stats``, which
+``vllm:external_prefix_cache_hits`` counts. So a native local or receiver-local step may
+hit from either source, in any mix that eviction left: the GPU (``local``) and the
+replica's own CPU tier (``external``). Which one serves a prompt is the eviction's choice,
+not the stack's contract, so either is accepted, but together they must cover the
+shareable prefix (whole offload blocks: the copy corpus's prompts are ``m * chunk + 1``
+tokens and a chunk is whole engine blocks); the external counter can then be no more than
+the cached tokens, and what it does not account for must show in the local counter.
+B's cross step has nothing to share (B's CPU tier never saw A's prompts): a cold request
+on B, 0 cached tokens, answers still exact; a hit there is KV from nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE
+from pytest_sharedkv.stack.steps import STEPS, Step
+
+LOCAL, EXTERNAL = "local", "external"  # vllm:prefix_cache_hits, vllm:external_prefix_cache_hits
+LEAK, FROM_NOWHERE = "leak", "hits"  # the kind of a hit where none may come
+
+
+@dataclass(frozen=True)
+class StepHits:
+    """What one step may hit. SOURCES: the counters its hits may come through (none: it
+    hits nothing; a hit is of kind STRAY). WHERE: those sources in words. FULL: its
+    responses' cached tokens must equal the shareable prefix. EXACT_COUNTER: the counter
+    that must equal the cached tokens, token for token (None: the counters are summed as
+    the module says). MAY_STOP_SHORT: the one server's L1 eviction may leave it short.
+    SETTLE: it reads what an earlier step stored asynchronously, so the runner settles
+    first. SPLIT: whether its counters are judged against each other at all (a step the
+    table does not name is judged on its sum alone)."""
+
+    sources: tuple[str, ...]
+    where: str = ""
+    full: bool = False
+    exact_counter: str | None = None
+    stray: str = LEAK
+    may_stop_short: bool = False
+    settle: bool = False
+    split: bool = True
+
+
+@dataclass(frozen=True)
+class StackHits:
+    """One stack's expectations: each step's (by name), and whether its replicas share KV
+    (a session turn on a replica that served none of its session's earlier turns can hit
+    only what the other replica shared)."""
+
+    stack: str
+    steps: Mapping[str, StepHits]
+    shared: bool
+
+    def step(self, step: Step) -> StepHits:
+        """STEP's expectation; a step the table does not name (a cell's own) is judged as
+        the table's step of the same kind of hit."""
+        found = self.steps.get(step.name)
+        if found is not None:
+            return found
+        return self.steps[next(s.name for s in STEPS if s.hits == step.hits)]
+
+    def totals(self, name: str) -> StepHits:
+        """The expectation of a step's counter totals; a step the table does not name (a
+        cell's own) is judged on its sum alone, not its split."""
+        return self.steps.get(name, UNNAMED)
+
+
+UNNAMED = StepHits((LOCAL, EXTERNAL), full=True, split=False)
+
+SHARED_POOL = {
+    "cold": StepHits(()),
+    "local": StepHits((LOCAL,), "its own prefix cache", full=True),
+    "cross": StepHits((EXTERNAL,), "the pool", full=True, exact_counter=EXTERNAL,
+                      may_stop_short=True, settle=True),
+    "receiver-local": StepHits((LOCAL,), "its own prefix cache", full=True),
+}
+OWN_CPU_TIER = {
+    "cold": StepHits(()),
+    "local": StepHits((LOCAL, EXTERNAL), "its own prefix cache and CPU tier", full=True,
+                      settle=True),
+    "cross": StepHits((), stray=FROM_NOWHERE),
+    "receiver-local": StepHits((LOCAL, EXTERNAL), "its own prefix cache and CPU tier",
+                               full=True, settle=True),
+}
+STACK_HITS = {MP: StackHits(MP, SHARED_POOL, shared=True),
+              INPROCESS: StackHits(INPROCESS, SHARED_POOL, shared=True),
+              NATIVE: StackHits(NATIVE, OWN_CPU_TIER, shared=False)}
+
+
+def expected_hits(stack: str | None) -> StackHits:
+    """STACK's expectations (None: a pair whose launch names no stack, the MP server's)."""
+    return STACK_HITS[stack or MP]
+
+
+def stack_of(record_stack: Mapping[str, Any] | None) -> str:
+    """The stack a launch record's ``stack`` names (none: the MP server's)."""
+    return str((record_stack or {}).get("stack") or MP)
+
+
+# what the service tier cannot judge on a stack, and why: check -> stack -> reason
+NOT_APPLICABLE: dict[str, dict[str, str]] = {
+    "kv_audit": {NATIVE: (
+        "n/a on --sharedkv-stack native: the KV audit compares what B loaded from the pool "
+        "with what A stored, and its hook sits in LMCache's connector; vLLM's native "
+        "offload runs no LMCache and moves nothing between the replicas (each reloads only "
+        "its own CPU tier)")},
+    "triage": {NATIVE: (
+        "n/a on --sharedkv-stack native: the triage's controls (the sync hook, the other "
+        "allocator, the stream remedies) act on LMCache's MP server, which this stack does "
+        "not run")},
+    "fault_catalogue": {NATIVE: (
+        "n/a on --sharedkv-stack native: the catalogue's faults are injected into LMCache's "
+        "MP server transfer, which this stack does not run")},
+    "l2": {NATIVE: (
+        "n/a on --sharedkv-stack native: the L2 cells need the hosts topology (an LMCache "
+        "MP server per replica sharing an L2), and this stack runs no LMCache")},
+}
+
+
+def not_applicable(check: str, stack: str) -> str | None:
+    """Why the service tier's CHECK cannot run on STACK, or None."""
+    return NOT_APPLICABLE[check].get(stack)
