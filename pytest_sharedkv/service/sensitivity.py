@@ -5,11 +5,13 @@ Control requests answer cold on A; then, while the control file tells the LMCach
 hook (``replicas/corrupt_hook.py``) to zero one chunk of every retrieve, B answers them
 from the pool. The answers that copy from the zeroed chunk must change and the others must
 not. If the hook never ran, or an answer that copies from the zeroed chunk stayed exact,
-the gate is VOID, with the reason; if answers from intact chunks changed as well, the pool
-corrupted the controls on its own and the gate is CONFOUNDED (the fault under test can undo
-or mask the gate's corruption). Either way an exact answer of the tier proves nothing; a
-wrong one is still a divergence (A answered the same prompt right cold). With external
-endpoints nothing can be injected: sensitivity is unproven, and the report says so.
+the gate is VOID, with the reason (the gate serves a copy model, which answers wrong from a
+lost chunk by construction: an exact one means the zeroed bytes did not reach it); if
+answers from intact chunks changed as well, the pool corrupted the controls on its own and
+the gate is CONFOUNDED (the fault under test can undo or mask the gate's corruption).
+Either way an exact answer of the tier proves nothing; a wrong one is still a divergence
+(A answered the same prompt right cold). With external endpoints nothing can be injected:
+sensitivity is unproven, and the report says so.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
                                "cold_exact": right_cold, "changed": changed,
                                "expected": list(case.expected or ()),
                                "cold": cold.to_data(), "cross": cross.to_data()})
-    return judge(result, broken)
+    return judge(result, broken, copy_model=runner.cases.kind == "copy")
 
 
 def _wrapped_words(wrapped: list[str] | None) -> str:
@@ -127,11 +129,13 @@ def _wrapped_words(wrapped: list[str] | None) -> str:
             "retrieve of the zeroed chunk")
 
 
-def judge(result: GateResult, broken: list[str]) -> GateResult:
+def judge(result: GateResult, broken: list[str], copy_model: bool = True) -> GateResult:
     """RESULT's status and message from its counts: VOID when a control broke cold, the hook
     never fired or an answer copying from the zeroed chunk stayed exact with every other
     exact; CONFOUNDED when such an answer stayed exact while answers from intact chunks
-    changed; else PROVEN."""
+    changed; else PROVEN. COPY_MODEL: the served model is the copy model (or its
+    attention-only variant), which sees a lost chunk by construction, so an answer that
+    stayed exact says the corruption did not reach it, not that the model cannot see it."""
     where = f"chunk {result.zeroed_chunk} zeroed in every retrieve"
     if broken:
         result.status, result.message = VOID, (
@@ -157,11 +161,21 @@ def judge(result: GateResult, broken: list[str]) -> GateResult:
             "pair prove nothing; wrong answers are still divergences. Remedy: fix the pool "
             "(for LMCache's lazy allocator on its torch fallback: --no-l1-use-lazy) and run "
             "again; the KV audit (on by default) shows where B's bytes differ")
-    elif result.changed < result.copying:
+    elif result.changed < result.copying and not copy_model:
         result.status, result.message = VOID, (
             f"VOID: with {where}, only {result.changed} of {result.copying} answers that copy "
             "from it changed: the served model does not see a lost chunk, so exact answers "
             "prove nothing; serve a model that copies from its context (the copy model)")
+    elif result.changed < result.copying:
+        result.status, result.message = VOID, (
+            f"VOID: with {where}, only {result.changed} of {result.copying} answers that copy "
+            f"from it changed, while {result.others_exact} of {result.others} from intact "
+            "chunks stayed exact: the zeroed bytes did not reach every answer that reads "
+            "them. The gate serves a copy model, which answers wrong from a lost chunk by "
+            "construction (its corruption matrix), so the pool or the engine lost, bypassed "
+            "or overwrote the gate's corruption on its way to B; exact answers of this pair "
+            "prove nothing, wrong ones are still divergences, and the KV audit (on by "
+            "default) shows where B's bytes differ")
     else:
         result.status = PROVEN
         result.message = (f"sensitivity proven: with {where}, {result.changed}/"
