@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_sharedkv.cli.compare.correctness import findings
+from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.terminal import verdict
 from pytest_sharedkv.service.baseline import exact_pair
 from pytest_sharedkv.service.summary import gap_verdicts, verdicts
@@ -70,3 +71,49 @@ def test_a_failed_l2_load_trimmed_every_hit_to_the_prefix_and_one_answer_was_wro
                          "recurrent-state loads with no store by A (not judged): not "
                          "recorded"), line
     assert [x for x in verdicts([cell]) if x.startswith("VERDICT")] == []  # no 0/0 verdict
+
+
+def _gap_cell(name: str) -> Check:
+    report = read(LMCACHE_H200 / name)
+    [cell] = [c for c in checks(report, "service_regression")
+              if str(c.key.get("step", "")).startswith("l2 fault gap")]
+    return cell
+
+
+def test_with_the_gap_at_chunk_6_the_one_wrong_answer_moved_to_the_request_whose_source_follows_it(
+        ) -> None:
+    """Triage run A (docs/findings/2026-12-02-hosts.md): the same cell with the gap at chunk
+    6. The wrong answer moved from 3k-004 (source 131 = 128 + 3) to 3k-006 (source 196 =
+    192 + 4), the request whose source lies just after the new boundary, as the
+    recurrent-state hypothesis predicts; every hit was 192 tokens, the 48 attention chunks
+    exact, and B resumed from recurrent state A never stored in 16 loads (8 requests x the
+    copy model's two Gated DeltaNet layers), none of them judged."""
+    cell = _gap_cell("hosts-0.5.6-compiled-fault-gap-6.json")
+    assert (cell.kind, cell.status, cell.passed, cell.trials) == ("divergence", "fail", 7, 8)
+    assert set(cell.detail["cached_by_request"].values()) == {6 * 32}
+    assert cell.detail["audit"] == {"compared": 48, "compared_state": 0, "unmatched": 16,
+                                    "unmatched_state": 16, "mismatches": 0}
+    [line] = gap_verdicts("mixed", [cell])
+    assert "FAIL (divergence): 7/8 held; request 3k-006, step cross: first divergent token 0" \
+        in line, line
+    assert line.endswith("recurrent-state loads with no store by A (not judged): 16"), line
+
+
+def test_with_scheduler_steps_on_chunk_boundaries_the_gap_cell_is_exact() -> None:
+    """Triage run B: the gap at chunk 4 again, with vLLM scheduling 128 tokens a step and
+    one sequence at a time (--max-num-batched-tokens 128 --max-num-seqs 1), so that A's
+    prefill ends a step at every 128th token and keeps a recurrent state there: 8/8 exact,
+    and the audit compared B's resumed state with A's (16 state digests, 0 unjudged)."""
+    cell = _gap_cell("hosts-0.5.6-compiled-fault-gap-aligned-steps.json")
+    assert (cell.status, cell.passed, cell.trials) == ("pass", 8, 8)
+    assert set(cell.detail["cached_by_request"].values()) == {4 * 32}
+    assert cell.detail["audit"] == {"compared": 48, "compared_state": 16, "unmatched": 0,
+                                    "unmatched_state": 0, "mismatches": 0}
+    engine = next(f for f in read(LMCACHE_H200 / "hosts-0.5.6-compiled-fault-gap-aligned-"
+                                  "steps.json").data["facts"] if f["name"] == "engine_settings")
+    assert '"--max-num-batched-tokens", "128", "--max-num-seqs", "1"' in engine["value"]
+    [line] = gap_verdicts("mixed", [cell])
+    assert line.startswith("L2 FAULT mixed: server 2's L2 failed to load chunk 4 of every "
+                           "prompt (LMCache's fault_inject): 8/8 answers exact, each hit the "
+                           "128 tokens before the gap and the rest recomputed"), line
+    assert line.endswith("recurrent-state loads with no store by A (not judged): 0"), line
