@@ -450,6 +450,25 @@ def _item_location(item: pytest.Item) -> tuple[str, int]:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, object, object]:
+    """A test interrupted mid-call (Ctrl-C, or SIGTERM turned into one) gets no report, so
+    the records it wrote so far would ride on none: they go straight into the run's log,
+    and the report written at the end keeps them (a catalogue or triage cut short keeps
+    its finished cells). Under xdist a worker's unreported records are not recovered."""
+    try:
+        return (yield)
+    except BaseException:
+        bundle = item.stash.get(ITEM_BUNDLE, None)
+        state = state_of(item.config)
+        if bundle and state.has_log and not state.is_worker:
+            from pytest_sharedkv.report.records import Bundle
+            state.log.bundle.extend(bundle)
+            item.stash[ITEM_BUNDLE] = Bundle()
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:

@@ -511,10 +511,12 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     status = (request.getfixturevalue("sharedkv_lmcache_status")  # the code remedies' path
               if sharedkv_service_pass.pair.has_server else None)
     kernel_path = None if status is None or isinstance(status, str) else status.kernel_path
+    labels = sharedkv_service_pass.pair.labels
     result = triage.triage(sharedkv_service_pass, sharedkv_pair_slot, found.group,
                            lambda name: tmp_path_factory.mktemp(f"triage-{name}"),
-                           kernel_path)
-    triage.record(sharedkv_results, sharedkv_service_pass.pair.labels, result)
+                           kernel_path, lambda base, cell: triage.record_cell(
+                               sharedkv_results, labels, base, cell))
+    triage.record_verdict(sharedkv_results, labels, result)
     line = result.verdict.line(result.base)
     if result.verdict.klass == "undecided":
         pytest.fail(line, pytrace=False)

@@ -225,6 +225,41 @@ def test_a_fault_launch_blocking_hides_is_named_a_stream_ordering_race(
         "3k cross-replica answers wrong*")), line
 
 
+CUT_AFTER_TWO_CELLS = """
+import pytest_sharedkv.service.triage as _triage
+
+_run_cell, _cells = _triage.run_cell, []
+
+
+def _cut(*args, **kwargs):
+    if len(_cells) == 2:  # the run ends as a Ctrl-C or a SIGTERM would end it
+        raise KeyboardInterrupt
+    _cells.append(1)
+    return _run_cell(*args, **kwargs)
+
+
+_triage.run_cell = _cut
+"""
+
+
+def test_a_triage_cut_short_keeps_the_cells_it_finished_in_the_report(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H200 triage stopped by its time limit after six cells had judged them all and
+    written none (the records were written when the triage ended): each cell is now a record
+    the moment it is judged, and a triage that never ended says no verdict."""
+    monkeypatch.setenv(MEASURED_ENV, "4")
+    plant(pytester, StubFaults(corrupt_external_unless="CUDA_LAUNCH_BLOCKING"))
+    conftest = pytester.path / "conftest.py"
+    conftest.write_text(conftest.read_text() + CUT_AFTER_TWO_CELLS)
+    result = pytester.runpytest_subprocess(*BASE, "--sharedkv-json=r.json")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    report = json.loads((pytester.path / "r.json").read_text())
+    cells = {c["key"]["step"]: c["status"] for c in report["checks"]
+             if c["key"].get("size") == "triage"}
+    assert cells == {"one-in-flight": "fail", "launch-blocking-all": "pass"}
+    assert [n for n in report["notes"] if n["kind"] == "triage-verdict"] == []
+
+
 def test_a_fault_no_control_removes_is_not_called_a_race(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     result, cells, said = _triage_run(pytester, monkeypatch, StubFaults(corrupt_external=True))

@@ -512,12 +512,15 @@ class Triage:
 
 
 def triage(service_pass: Pass, slot: PairSlot, group: str,
-           log_dir: Callable[[str], Path], kernel_path: str | None = None) -> Triage:
+           log_dir: Callable[[str], Path], kernel_path: str | None = None,
+           on_cell: Callable[[Base, Cell], None] | None = None) -> Triage:
     """GROUP of the pass again under each control, a cell each (LOG_DIR: a directory per
     control; KERNEL_PATH: LMCache's in this run, which the code remedies need to be the
-    torch fallback). One in flight runs on the session's pair; before the first cell that
-    starts a pair of its own, the session's pair is released (the next test to need it gets
-    it started again), so each cell runs alone on the GPU, as the pass did."""
+    torch fallback; ON_CELL: called with each cell once it is judged, so that a run cut
+    short keeps the cells it finished: ``record_cell``). One in flight runs on the session's
+    pair; before the first cell that starts a pair of its own, the session's pair is
+    released (the next test to need it gets it started again), so each cell runs alone on
+    the GPU, as the pass did."""
     run, pair, runner = service_pass.run, service_pass.pair, service_pass.runner
     base, cases = base_of(run, pair, group)
 
@@ -539,23 +542,30 @@ def triage(service_pass: Pass, slot: PairSlot, group: str,
                               run.cases.by_role("warmup"), runner_of, runner.salts,
                               runner.concurrency, log_dir(control.name), runner.log,
                               relaunch, pair.has_server, kernel_path))
+        if on_cell is not None:
+            on_cell(base, cells[-1])
     return Triage(base, tuple(cells), classify(base, cells))
 
 
-def record(results: ResultSink, labels: dict[str, str], found: Triage) -> None:
-    """One record per cell and the verdict as a note (the summary's TRIAGE line)."""
-    for cell in found.cells:
-        control = cell.control
-        results.check(
-            TIER, {**labels, "size": "triage", "step": control.name}, cell.exact,
-            cell.requests, kind="triage", status=cell.status,
-            message=cell.not_applicable or cell.why_unknown or cell.first_wrong,
-            detail={"control": control.what, "family": control.family,
-                    "group": found.base.group, "wrong": cell.wrong, "errors": cell.errors,
-                    "mismatches": cell.mismatches, "compared": cell.compared,
-                    "removed": cell.removed, "remedy": control.remedy,
-                    "suggestion": control.suggestion, "counts": cell.counts(),
-                    "stream_remedy": control.stream_remedy,
-                    "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
+def record_cell(results: ResultSink, labels: dict[str, str], base: Base, cell: Cell) -> None:
+    """One cell's record, written when the cell is judged (the report is written as the run
+    goes, so a triage cut short keeps its finished cells and the summary's table and proven
+    remedies read them)."""
+    control = cell.control
+    results.check(
+        TIER, {**labels, "size": "triage", "step": control.name}, cell.exact,
+        cell.requests, kind="triage", status=cell.status,
+        message=cell.not_applicable or cell.why_unknown or cell.first_wrong,
+        detail={"control": control.what, "family": control.family,
+                "group": base.group, "wrong": cell.wrong, "errors": cell.errors,
+                "mismatches": cell.mismatches, "compared": cell.compared,
+                "removed": cell.removed, "remedy": control.remedy,
+                "suggestion": control.suggestion, "counts": cell.counts(),
+                "stream_remedy": control.stream_remedy,
+                "wall_s": round(cell.wall_s, 1), "launches": cell.launches})
+
+
+def record_verdict(results: ResultSink, labels: dict[str, str], found: Triage) -> None:
+    """The verdict as a note (the summary's TRIAGE line), once every cell is judged."""
     results.note(TIER, found.verdict.line(found.base), kind="triage-verdict",
                  status="unknown" if found.verdict.klass == "undecided" else "info")
