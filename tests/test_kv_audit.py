@@ -111,16 +111,17 @@ def as_053(connector: Any) -> dict[str, Any]:
     return {n: [t] if n == "layers.2" else t for n, t in adapter.kv_caches.items()}
 
 
-def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0, release: str = "0.5.6"
-             ) -> list[dict[str, Any]]:
+def run_pair(tmp_path: Path, corrupt: Any = None, skip: int = 0, release: str = "0.5.6",
+             a_kept_state: bool = True) -> list[dict[str, Any]]:
     """A stores 4 chunks; B's pages get A's bytes (then CORRUPT(b_kv, a_blocks, b_blocks))
-    and B loads them."""
+    and B loads them. A_KEPT_STATE False: A's last chunk has no state block (the null
+    block, as where no scheduler step of A ended there), B's has one."""
     from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
 
     a_blocks = list(range(1, 9))
     b_blocks = list(range(20, 28))
     # recurrent state lives in the last block of the last chunk only (align mode)
-    a_state = [0] * 7 + [9]
+    a_state = [0] * 7 + [9 if a_kept_state else 0]
     b_state = [0] * 7 + [29]
     classes = {}
     for role in ("A", "B"):
@@ -189,6 +190,20 @@ def test_zeroed_recurrent_state_is_caught(tmp_path: Path, release: str) -> None:
     assert [(m.chunk, m.group, m.recurrent, m.equals) for m in report.mismatches] == [
         (3, 1, True, None)]
     assert "equal no chunk any replica stored" in report.mismatches[0].line()
+
+
+def test_recurrent_state_a_never_stored_is_named_by_request(tmp_path: Path) -> None:
+    """B resumed from a state block where A kept none (on the H200: a hit trimmed by an L2
+    fault ended where no scheduler step of A ended): not judged, but counted and named, so
+    a wrong answer can be read beside it."""
+    report = kv_audit.compare(run_pair(tmp_path, a_kept_state=False))
+    assert report.counts() == {"compared": 8, "compared_state": 0, "unmatched": 1,
+                               "unmatched_state": 1}
+    assert report.unkept_state == {"3k-001": 1}
+    assert report.summary("mixed").endswith(
+        "; 1 loads (1 of them recurrent state) had no store of the same chunk by A and were "
+        "not judged (recurrent state A never stored was loaded for 1 requests: 3k-001)")
+    assert kv_audit.compare(run_pair(tmp_path / "kept")).unkept_state == {}
 
 
 def test_chunks_the_server_skips_are_not_judged(tmp_path: Path) -> None:

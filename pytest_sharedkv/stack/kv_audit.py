@@ -47,6 +47,9 @@ class AuditReport:
     compared_state: int = 0  # ... of them Gated DeltaNet (recurrent) state
     unmatched: int = 0  # B loads with no A store of the same key (not judged)
     unmatched_state: int = 0
+    # request -> its recurrent-state loads with no A store: B resumed its recurrent layers
+    # from a state A never kept there (vLLM keeps one only where a scheduler step ends)
+    unkept_state: dict[str, int] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
     chunks_per_request: dict[str, int] = field(default_factory=dict)  # audited chunks
     registered: dict[str, int] = field(default_factory=dict)  # role -> processes
@@ -99,6 +102,11 @@ class AuditReport:
         unjudged = (f"; {self.unmatched} loads ({self.unmatched_state} of them recurrent "
                     "state) had no store of the same chunk by A and were not judged"
                     if self.unmatched else "")
+        if self.unkept_state:
+            names = sorted(self.unkept_state)
+            unjudged += (f" (recurrent state A never stored was loaded for "
+                         f"{len(names)} requests: {', '.join(names[:8])}"
+                         f"{', ...' if len(names) > 8 else ''})")
         return (f"KV AUDIT {label}: {self.compared} chunk-group-layer digests compared "
                 f"({self.compared - self.compared_state} attention KV, "
                 f"{self.compared_state} recurrent state) over "
@@ -154,6 +162,9 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
         if expected is None:
             report.unmatched += 1
             report.unmatched_state += state
+            if state:
+                request, _ = _name(r["request"])
+                report.unkept_state[request] = report.unkept_state.get(request, 0) + 1
             continue
         request, step = _name(r["request"])
         report.compared += 1
