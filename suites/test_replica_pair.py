@@ -130,15 +130,15 @@ def test_transfer_write_failure_across_hosts(sharedkv_settings: Settings, tmp_pa
     the chunk. No write refused is VOID."""
     from pytest_sharedkv.config.markers import skip_not_asked
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.stack import l2_transfer
+    from pytest_sharedkv.stack import l2_transfer, redis_server
     from pytest_sharedkv.stack.l2 import adapter_problem
-    from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
 
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the write-failure cell across hosts runs in the hosts "
                        "topology (--sharedkv-topology hosts)")
-    if find_redis_server() is None:
-        pytest.skip(f"the write-failure cell fills a Redis the suite starts: {MISSING}")
+    redis_missing = redis_server.missing()  # no redis-server, or no redis-py to talk to it
+    if redis_missing is not None:
+        pytest.skip(f"the write-failure cell fills a Redis the suite starts: {redis_missing}")
     missing = adapter_problem("resp")
     if missing is not None:
         pytest.skip(f"the write-failure cell writes through LMCache's resp adapter: "

@@ -460,14 +460,15 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
     from pytest_sharedkv.config.options import uses_l2
     from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.execute import write_failure_cell
-    from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
+    from pytest_sharedkv.stack import redis_server
 
     _skip_not_applicable("l2", sharedkv_service_pass, request)
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the L2 write-failure cell runs in the hosts topology "
                        "(--sharedkv-topology hosts)")
-    if find_redis_server() is None:
-        pytest.skip(f"the L2 write-failure cell fills a Redis the suite starts: {MISSING}")
+    redis_missing = redis_server.missing()  # no redis-server, or no redis-py to talk to it
+    if redis_missing is not None:
+        pytest.skip(f"the L2 write-failure cell fills a Redis the suite starts: {redis_missing}")
     sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
     cell = write_failure_cell(sharedkv_service_pass, sharedkv_pair_slot, tmp_path)
     problems = [*cell.problems]

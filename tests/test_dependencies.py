@@ -41,6 +41,20 @@ def test_an_editable_lmcache_satisfies_the_lmcache_extra() -> None:
     assert "torch" in reqs  # '.[lmcache]' alone gives a working suite (the README command)
 
 
+def test_the_suites_redis_client_is_declared() -> None:
+    """stack/redis_server.py talks to its Redis with redis-py (CLIENT_MODULES): the redis
+    extra declares it and the lmcache extra (the README's install) carries the same
+    requirement, uncapped. LMCache requiring it too is no declaration: the GPU kit installs
+    LMCache without its dependencies, and ran the in-process stack without redis-py."""
+    from pytest_sharedkv.stack.redis_server import CLIENT_MODULES
+
+    redis = {r.name.lower(): r for r in _requirements("redis")}
+    assert set(redis) == {m.split(".")[0] for m in CLIENT_MODULES} == {"redis"}
+    lmcache = {r.name.lower(): r for r in _requirements("lmcache")}
+    assert str(lmcache["redis"]) == str(redis["redis"])
+    assert all(s.operator in (">=", ">") for s in redis["redis"].specifier)
+
+
 def test_the_torch_extra() -> None:
     assert [r.name for r in _requirements("torch")] == ["torch"]
 

@@ -4,6 +4,7 @@ with exit 2, and `run` puts the chosen release's site before vLLM's."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,27 @@ def test_scripts_are_shellcheck_clean() -> None:
     out = subprocess.run([tool, *(str(p) for p in sorted(KIT.glob("*.sh")))],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout
+
+
+def _deps_wheels() -> set[str]:
+    """The names make-bundles.sh downloads into deps/ (its `pip download ... -d
+    "$OUT/deps"` command, continued over lines), without their versions."""
+    lines = (KIT / "make-bundles.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if '-d "$OUT/deps"' in line)
+    words: list[str] = []
+    for line in lines[start + 1:]:
+        body = line.split("#", 1)[0].rstrip()
+        words += body.removesuffix("\\").split()
+        if not body.endswith("\\"):
+            break
+    return {re.split(r"[=<>]", word)[0].lower() for word in words}
+
+
+def test_deps_carry_what_the_suite_imports_that_the_image_lacks() -> None:
+    """The image has pytest but neither syrupy (seen 2026-12-01) nor redis-py (seen
+    2026-12-02: LMCache goes in with --no-deps, and the in-process stack's Redis needs it)."""
+    wheels = _deps_wheels()
+    assert {"syrupy", "redis", "lmcache"} <= wheels, sorted(wheels)
 
 
 @pytest.mark.parametrize("argv", [[], ["frobnicate", "0.5.6"], ["install"]])

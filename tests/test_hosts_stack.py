@@ -19,6 +19,7 @@ from pytest_sharedkv.stack import l2, l2_log, redis_server
 from pytest_sharedkv.stack import stub_openai as stub
 from pytest_sharedkv.stack.topology import HostsSpec, ServerView, Topology, l1_evictions
 
+REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py
 COPY_PROMPT = " ".join(f"w{i % 100:02d}" for i in range(200))  # 6 chunks of 32 to look up
 CHUNKS = 200 // 32
 
@@ -45,7 +46,7 @@ def test_a_directory_l2_writes_whole_entries_and_reads_them_back(tmp_path: Path)
     assert held is not None and held.whole == 1
 
 
-@pytest.mark.skipif(redis_server.find_redis_server() is None, reason=redis_server.MISSING)
+@pytest.mark.skipif(REDIS_MISSING is not None, reason=str(REDIS_MISSING))
 def test_a_redis_at_its_memory_limit_refuses_a_write(tmp_path: Path) -> None:
     """What the failed-write cell stands on: a Redis at maxmemory (noeviction) refuses."""
     import redis
@@ -274,7 +275,7 @@ def test_a_small_l1_evicts_and_counts_it(tmp_path: Path) -> None:
             assert l1_evictions(response.read().decode()) == 2 * CHUNKS - 4
 
 
-@pytest.mark.skipif(redis_server.find_redis_server() is None, reason=redis_server.MISSING)
+@pytest.mark.skipif(REDIS_MISSING is not None, reason=str(REDIS_MISSING))
 def test_a_write_the_stubs_l2_refuses_is_logged_and_b_recomputes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     full = l2.suite_redis(tmp_path, maxmemory=1)  # below what Redis itself uses: every write

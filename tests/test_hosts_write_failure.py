@@ -24,7 +24,7 @@ from pytest_sharedkv.stack.l2_transfer import (
     WriteFailureSeen,
     judge_write_failure,
 )
-from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
+from pytest_sharedkv.stack.redis_server import missing
 from pytest_sharedkv.stack.transfer_provider import CHUNK
 from tests.conftest import keep_loaded
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
@@ -84,10 +84,11 @@ def test_the_store_failure_lines_are_counted_by_salt() -> None:
 def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if importlib.util.find_spec("lmcache") is None:
         pytest.skip("lmcache is not installed")
-    if find_redis_server() is None:
+    why = missing()  # no redis-server, or no redis-py
+    if why is not None:
         if os.environ.get(REQUIRE_REDIS_ENV):
-            pytest.fail(f"{REQUIRE_REDIS_ENV} is set: {MISSING}")
-        pytest.skip(MISSING)
+            pytest.fail(f"{REQUIRE_REDIS_ENV} is set: {why}")
+        pytest.skip(why)
     outcome = l2_transfer.check_write_failure(Path(tmp_path_factory.mktemp("l2-full")),
                                               "l2-write-failure")
     return outcome.as_dict()

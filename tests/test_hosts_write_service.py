@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
-from pytest_sharedkv.stack.redis_server import MISSING, find_redis_server
+from pytest_sharedkv.stack.redis_server import missing
 from tests.conftest import keep_loaded
 from tests.launch_faults import LaunchFaults, Planted, StubFaults
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
@@ -35,10 +35,11 @@ def _small_plan(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def redis_present() -> None:
-    if find_redis_server() is None:
+    why = missing()  # no redis-server, or no redis-py
+    if why is not None:
         if os.environ.get(REQUIRE_REDIS_ENV):
-            pytest.fail(f"{REQUIRE_REDIS_ENV} is set: {MISSING}")
-        pytest.skip(MISSING)
+            pytest.fail(f"{REQUIRE_REDIS_ENV} is set: {why}")
+        pytest.skip(why)
 
 
 def _cell(pytester: pytest.Pytester, *args: str, faults: StubFaults | None = None

@@ -18,7 +18,8 @@ from pytest_sharedkv.processes.managed import group_members
 from pytest_sharedkv.stack import l2, redis_server
 
 BINARY = redis_server.find_redis_server()
-needs_redis = pytest.mark.skipif(BINARY is None, reason=redis_server.MISSING)
+REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py
+needs_redis = pytest.mark.skipif(REDIS_MISSING is not None, reason=str(REDIS_MISSING))
 
 
 @pytest.fixture(scope="module")

