@@ -520,7 +520,7 @@ class _Collector:
     learns of sharedkv items from their reports). With ``--sharedkv-json`` the report is
     also rewritten (``"complete": false``) after a failure and at most every few seconds
     otherwise, so a run killed by a time limit (a GPU box's per-call cap) still leaves what
-    it found.
+    it found; and when a running test hands its records over early (``deliver``).
     """
 
     PARTIAL_EVERY_S = 5.0
@@ -564,6 +564,19 @@ class _Collector:
         message = str(excinfo.value).strip()
         name = excinfo.typename
         self.state.log.interrupted = f"{name}: {message}" if message else name
+
+    def deliver(self, bundle: Bundle) -> bool:
+        """A running test's records, before its report (``ResultSink.flush``): into the
+        run's log now, the JSON report rewritten with them. False where the run is not
+        active (they go with the test's report then)."""
+        if not self.state.active:
+            return False
+        self.state.log.bundle.extend(bundle)
+        path = self.state.settings.json
+        if path is not None:
+            self.last_write = time.monotonic()
+            self._write_partial(path)
+        return True
 
     def _write_partial(self, path: Path) -> None:
         from pytest_sharedkv.report import json_report
@@ -674,7 +687,12 @@ def sharedkv_results(request: pytest.FixtureRequest) -> ResultSink:
     from pytest_sharedkv.report.records import Bundle, ResultSink
     item = request.node
     bundle = item.stash.setdefault(ITEM_BUNDLE, Bundle())
-    return ResultSink(item.nodeid, bundle)
+    # the process that keeps the run's log takes records before the report (flush); an
+    # xdist worker's go with the test's report
+    collector = request.config.pluginmanager.get_plugin(COLLECTOR)
+    deliver = (collector.deliver if isinstance(collector, _Collector)
+               and not state_of(request.config).is_worker else None)
+    return ResultSink(item.nodeid, bundle, deliver)
 
 
 @pytest.fixture

@@ -531,9 +531,10 @@ def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSl
                          tmp_path_factory: pytest.TempPathFactory,
                          request: pytest.FixtureRequest) -> None:
     """--sharedkv-fault-catalogue: after a pass, each fault class injected in turn on a
-    slice of the corpus (a relaunched pair; one record per class: which of the answers, the
-    KV audit and the hit accounting caught it); a class applied and caught by nothing fails
-    ("this suite cannot see <class> on this stack"), as does a VOID cell."""
+    slice of the corpus (a relaunched pair; one record per class as its cell is judged:
+    which of the answers, the KV audit and the hit accounting caught it); a class applied
+    and caught by nothing fails ("this suite cannot see <class> on this stack"), as does a
+    VOID cell."""
     from pytest_sharedkv.service import catalogue
     from pytest_sharedkv.service.execute import GATE
     from pytest_sharedkv.service.triage import diverging_group
@@ -558,7 +559,8 @@ def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSl
                           lambda name: tmp_path_factory.mktemp(f"catalogue-{name}"),
                           sharedkv_settings.inject_delay or sharedkv_settings.delay_cycles,
                           sharedkv_settings.settle_for(1))
-    found = catalogue.run(plan, catalogue.chosen(sharedkv_settings.fault_catalogue))
-    catalogue.record(sharedkv_results, pair.labels, found)
+    # each cell recorded, and handed to the run, the moment it is judged
+    found = catalogue.run(plan, catalogue.chosen(sharedkv_settings.fault_catalogue),
+                          catalogue.Recorder(sharedkv_results, pair.labels))
     if found.failures:
         pytest.fail("\n".join(c.verdict() for c in found.failures), pytrace=False)

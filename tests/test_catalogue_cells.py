@@ -11,7 +11,7 @@ import pytest
 
 from pytest_sharedkv.engine_hooks import switches
 from pytest_sharedkv.engine_hooks.fault_classes import BY_NAME, CLASSES
-from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.records import Bundle, Check, ResultSink
 from pytest_sharedkv.service import catalogue
 from pytest_sharedkv.service.catalogue import Cell
 
@@ -64,15 +64,102 @@ def test_detections_read_each_check_apart() -> None:
     assert errors.detections() == {"answers": "unknown", "audit": "off", "hits": "unknown"}
 
 
+def _recorded(*cells: Cell, nodeid: str = "t::catalogue") -> list[Check]:
+    """CELLS' records as the catalogue makes them (a sink that keeps them)."""
+    sink = ResultSink(nodeid, Bundle())
+    recorder = catalogue.Recorder(sink, {"provider": "vllm", "allocator": "lazy"})
+    for made in cells:
+        recorder(made)
+    return sink.bundle.checks
+
+
 def test_the_catalogue_line_names_what_the_suite_cannot_see() -> None:
-    found = catalogue.Catalogue((cell("misrouted"), cell("lost-write", wrong=1),
-                                 cell("delayed-producer", wrong=1),
-                                 cell("l2-load-failure", not_applicable="no topology")), 12.0)
-    assert [c.name for c in found.failures] == ["misrouted", "delayed-producer"]
-    text = catalogue.line({"provider": "vllm", "allocator": "lazy"}, found)
-    assert text.startswith("CATALOGUE lazy: 1 of 3 fault classes seen as expected (12 s); "
-                           "this suite cannot see misrouted on this stack; delayed-producer: "
-                           "the stack races")
+    cells = (cell("misrouted"), cell("lost-write", wrong=1), cell("delayed-producer", wrong=1),
+             cell("l2-load-failure", not_applicable="no topology"))
+    assert [c.name for c in catalogue.Catalogue(cells, 12.0).failures] == [
+        "misrouted", "delayed-producer"]
+    for made in cells:
+        made.wall_s = 3.0
+    text = catalogue.line(_recorded(*cells), "lazy", [c.name for c in cells], {"t::catalogue"})
+    assert text is not None and text.startswith(
+        "CATALOGUE lazy: 1 of 3 fault classes seen as expected (12 s in its cells); this suite "
+        "cannot see misrouted on this stack; delayed-producer: the stack races")
+
+
+def test_a_catalogue_cut_short_says_how_far_it_got_from_its_records() -> None:
+    """Interrupted (its test has no outcome) or stopped (a chosen class has no record): how
+    many of the chosen classes have a record and which never ran; never "not run" where
+    cells ran, nor an offer of what was asked for."""
+    asked = [c.name for c in CLASSES]
+    ran = _recorded(cell("l2-load-failure", not_applicable="no topology"),
+                    cell("misrouted", mismatches=4), cell("key-collision", mismatches=2))
+    assert catalogue.line(ran, "mixed", asked, set()) == (
+        "CATALOGUE mixed: interrupted after 3 of 9 classes (not run: lost-write, bit-flip, "
+        "bit-flip-unread, state-unrestored, state-foreign, delayed-producer); of those, 2 of "
+        "2 fault classes seen as expected (0 s in its cells)")
+    stopped = catalogue.line(ran, "mixed", asked, {"t::catalogue"})  # its test failed
+    assert stopped is not None and stopped.startswith(
+        "CATALOGUE mixed: stopped after 3 of 9 classes (not run: lost-write,")
+    every = catalogue.line(_recorded(*(cell(c.name, mismatches=1) for c in CLASSES)),
+                           "mixed", asked, set())
+    assert every is not None and every.startswith(
+        "CATALOGUE mixed: interrupted after 9 of 9 classes; of those, ")
+    assert catalogue.line([], "mixed", asked, set()) == (
+        "CATALOGUE mixed: none of the 9 classes asked for has a record")
+    assert catalogue.line([], "mixed", None, set()) is None
+    assert catalogue.offer(ran, "vllm", "mixed", asked) == []
+    assert catalogue.offer([], "vllm", "mixed", asked) == []
+    rows = catalogue.matrix(ran)  # in the class table's order, not the order recorded
+    assert [r.split("|")[2].strip() for r in rows[3:]] == [
+        "misrouted", "key-collision", "l2-load-failure"]
+
+
+class _Closing:
+    """A pair whose close leaves LEFTOVERS."""
+
+    def __init__(self, leftovers: list[int]) -> None:
+        self.leftovers = leftovers
+
+    def close(self) -> list[int]:
+        return self.leftovers
+
+
+def test_each_cell_is_recorded_and_handed_to_the_run_as_it_is_judged() -> None:
+    """The record is made and delivered the moment its cell is judged (the sink keeps
+    nothing back for the test's report); a cell judged again amends its own record."""
+    delivered: list[Bundle] = []
+
+    def deliver(bundle: Bundle) -> bool:
+        delivered.append(bundle)
+        return True
+
+    sink = ResultSink("t::catalogue", Bundle(), deliver)
+    recorder = catalogue.Recorder(sink, {"provider": "vllm", "allocator": "mixed"})
+    first = cell("misrouted", mismatches=4)
+    recorder(first)
+    assert [[c.key["step"] for c in b.checks] for b in delivered] == [["misrouted"]]
+    assert not sink.bundle
+    second = cell("lost-write", wrong=2)
+    recorder(second)
+    assert [[c.key["step"] for c in b.checks] for b in delivered] == [["misrouted"],
+                                                                      ["lost-write"]]
+    first.why_unknown = "processes [12] survived the cell's teardown"
+    recorder(first)  # judged again: no second record
+    assert len(delivered) == 2 and not sink.bundle
+    (amended,) = delivered[0].checks
+    assert (amended.status, amended.kind) == ("unknown", "fault-catalogue")
+    assert amended.detail["why_unknown"] == first.why_unknown
+    assert amended.message.startswith("misrouted: UNKNOWN: processes [12] survived")
+    catalogue._closed(_Closing([4242]), [second], recorder)  # type: ignore[arg-type]  # its pair left a process
+    assert len(delivered) == 2 and delivered[1].checks[0].status == "unknown"
+    catalogue._closed(_Closing([]), [cell("bit-flip")], recorder)  # type: ignore[arg-type]  # a clean teardown
+    assert len(delivered) == 2
+    kept = ResultSink("t::catalogue", Bundle())  # no one to deliver to (an xdist worker)
+    catalogue.Recorder(kept, {})(cell("misrouted", mismatches=4))
+    assert [c.key["step"] for c in kept.bundle.checks] == ["misrouted"]
+    refused = ResultSink("t::catalogue", Bundle(), lambda bundle: False)
+    catalogue.Recorder(refused, {})(cell("misrouted", mismatches=4))
+    assert len(refused.bundle.checks) == 1
 
 
 def _record(name: str, status: str, applications: int = 3) -> Check:

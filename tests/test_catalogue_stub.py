@@ -6,6 +6,11 @@ run uses. Small plans: the slice is the first few requests of 3k."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -38,6 +43,8 @@ def test_every_class_is_applied_and_judged_by_what_caught_it(
     result, cells = _run(pytester, monkeypatch, 6, "--sharedkv-fault-catalogue=all",
                          faults=StubFaults(race_under_delay=True))
     result.assert_outcomes(failed=1)
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert len([c for c in report["checks"] if c["kind"] == "fault-catalogue"]) == 9  # once each
     assert {k: c["status"] for k, c in cells.items()} == {
         "misrouted": "pass", "key-collision": "pass", "lost-write": "pass", "bit-flip": "pass",
         "bit-flip-unread": "pass", "state-unrestored": "pass", "state-foreign": "pass",
@@ -89,3 +96,71 @@ def test_a_fault_the_server_never_applied_is_void(
     assert cells["lost-write"]["status"] == "void"
     result.stdout.fnmatch_lines(["*lost-write: VOID: the fault hook never loaded in the "
                                  "LMCache server*"])
+
+
+# The inner run's plugin: every catalogue cell after the first waits before it sends, so
+# a signal sent once the first cell is judged lands in the middle of the catalogue.
+SLOW_CELLS = """
+import time
+
+from pytest_sharedkv.service.runner import Runner
+
+_chain = Runner.chain
+
+
+def chain(self, label, *args, **kwargs):
+    if label.startswith("catalogue ") and label not in ("catalogue warm-up",
+                                                         "catalogue misrouted"):
+        time.sleep(60)
+    return _chain(self, label, *args, **kwargs)
+
+
+Runner.chain = chain
+"""
+
+
+def test_a_catalogue_killed_mid_way_reports_the_cells_that_finished(
+        pytester: pytest.Pytester) -> None:
+    """SIGTERM once the progress log shows the first cell judged: the JSON report holds
+    that cell's record and the n/a one (judged at the start), none of the cells that never
+    ran, and the summary says how far the catalogue got and which classes never ran."""
+    pytester.makepyfile(slow_cells=SLOW_CELLS)
+    basetemp = pytester.path / "bt"
+    env = {**os.environ, MEASURED_ENV: "2"}
+    with (pytester.path / "out.txt").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *BASE, "-p", "slow_cells",
+             "--sharedkv-fault-catalogue=all", f"--basetemp={basetemp}"],
+            cwd=pytester.path, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while proc.poll() is None and time.monotonic() < deadline:
+                logs = list(basetemp.glob("service*/progress.log"))
+                if logs and "catalogue misrouted: " in logs[0].read_text():
+                    break
+                time.sleep(0.05)
+            # the cell's record reached the report as it was judged, before its progress
+            # line: a run killed outright (SIGKILL) from here on still has it
+            partial = json.loads((pytester.path / "r.json").read_text())
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+    text = (pytester.path / "out.txt").read_text(errors="replace")
+    assert partial["complete"] is False
+    assert {c["key"]["step"] for c in partial["checks"] if c["kind"] == "fault-catalogue"} == {
+        "misrouted", "l2-load-failure"}, text
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, text
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is False and "SIGTERM" in report["interrupted"]
+    cells = {c["key"]["step"]: c for c in report["checks"] if c["kind"] == "fault-catalogue"}
+    assert {k: c["status"] for k, c in cells.items()} == {"misrouted": "pass",
+                                                          "l2-load-failure": "info"}, text
+    assert cells["misrouted"]["detail"]["detections"]["audit"] == "caught"
+    assert ("CATALOGUE stub (test double): interrupted after 2 of 9 classes (not run: "
+            "key-collision, lost-write, bit-flip, bit-flip-unread, state-unrestored, "
+            "state-foreign, delayed-producer); of those, 1 of 1 fault classes seen as "
+            "expected") in text, text
+    assert "not run; --sharedkv-fault-catalogue" not in text
+    assert [line for line in text.splitlines() if "| misrouted " in line], text

@@ -2,12 +2,14 @@
 
 A test appends ``Check`` records through the ``sharedkv_results`` fixture; the plugin
 moves them onto the test report's ``user_properties`` (which xdist already serialises),
-and the controller gathers them for the terminal tables and the JSON report.
+and the controller gathers them for the terminal tables and the JSON report. A test that
+runs for long can hand what it has recorded so far to the run at once
+(``ResultSink.flush``), so a run cut short still reports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
@@ -234,11 +236,30 @@ class Bundle:
 
 
 class ResultSink:
-    """What the ``sharedkv_results`` fixture hands a test: add checks, notes and facts."""
+    """What the ``sharedkv_results`` fixture hands a test: add checks, notes and facts.
 
-    def __init__(self, nodeid: str, bundle: Bundle) -> None:
+    DELIVER, where given, takes records before the test's report and says whether it kept
+    them (the process that keeps the run's log does; an xdist worker has none)."""
+
+    def __init__(self, nodeid: str, bundle: Bundle,
+                 deliver: Callable[[Bundle], bool] | None = None) -> None:
         self.nodeid = nodeid
         self.bundle = bundle
+        self.deliver = deliver
+
+    def flush(self) -> bool:
+        """Hand the records made so far to the run now (the JSON report is rewritten with
+        them), so a run killed before this test reports still has them; each goes once.
+        False where they stay for the test's report, as every record did (xdist workers)."""
+        if not self.bundle or self.deliver is None:
+            return False
+        held = Bundle(list(self.bundle.checks), list(self.bundle.notes),
+                      list(self.bundle.facts))
+        if not self.deliver(held):
+            return False
+        for records in (self.bundle.checks, self.bundle.notes, self.bundle.facts):
+            records.clear()
+        return True
 
     def check(
         self,

@@ -17,13 +17,17 @@ control file that names one class at a time, so one relaunched pair serves all o
 its cell has a pair of its own. A pair cannot swap its LMCache server alone: the replicas
 register their KV caches with the server once, at their start. The session's pair is
 released first, so each cell runs alone on the GPU as the pass did.
+
+Each cell is a record (kind fault-catalogue) the moment it is judged, handed to the run at
+once, so a run cut short reports the cells that finished; the summary's CATALOGUE line is
+read from those records and the classes the run chose, and says which never ran.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +42,7 @@ from pytest_sharedkv.engine_hooks.fault_classes import (
     Injector,
 )
 from pytest_sharedkv.report.markdown import markdown_table
-from pytest_sharedkv.report.records import Check, Kind
+from pytest_sharedkv.report.records import Check, Kind, Status
 from pytest_sharedkv.service.runner import Runner
 from pytest_sharedkv.service.triage import Relaunch, audit_count, tally_answers
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
@@ -284,17 +288,28 @@ def _started(cells: Sequence[Cell], plan: Plan, what: str, relaunch: Relaunch,
         return None
 
 
-def _closed(target: ReplicaPair, cells: Sequence[Cell]) -> None:
+Judged = Callable[["Cell"], None]  # told of each cell as it is judged (and judged again)
+
+
+def _ignore(cell: Cell) -> None:
+    """No one to tell of a judged cell."""
+
+
+def _closed(target: ReplicaPair, cells: Sequence[Cell], judged: Judged = _ignore) -> None:
+    """Close TARGET; processes that survived make the CELLS judged on it unknown (each is
+    judged again: its record says so)."""
     leftovers = target.close()
     for cell in cells:
         if leftovers and cell.why_unknown is None:
             cell.why_unknown = f"processes {leftovers} survived the cell's teardown"
+            judged(cell)
 
 
-def hook_cells(plan: Plan, cells: Sequence[Cell], cases: Sequence[Case]) -> None:
+def hook_cells(plan: Plan, cells: Sequence[Cell], cases: Sequence[Case],
+               judged: Judged = _ignore) -> None:
     """The fault hook's classes, one after another on one relaunched pair: each cell writes
-    its control, sends the slice cold on A and from the pool on B, removes it, and counts
-    the applications its own log lines report."""
+    its control, sends the slice cold on A and from the pool on B, removes it, counts the
+    applications its own log lines report, and is told to JUDGED."""
     if not cells:
         return
     started = time.perf_counter()
@@ -304,7 +319,10 @@ def hook_cells(plan: Plan, cells: Sequence[Cell], cases: Sequence[Case]) -> None
                                                (fault_hook.LOG_ENV, str(log))), kv_audit=None)
     target = _started(cells, plan, "the fault hook's classes", relaunch, started)
     if target is None:
+        for cell in cells:
+            judged(cell)
         return
+    done: list[Cell] = []
     try:
         warmups = plan.service_pass.run.cases.by_role("warmup")
         if warmups:  # no control yet: the warm-ups are clean
@@ -327,18 +345,22 @@ def hook_cells(plan: Plan, cells: Sequence[Cell], cases: Sequence[Case]) -> None
             cell.faulted = len({r.get("request") for r in applied})
             cell.void = fault_hook.void_problem(records, cell.name)
             cell.wall_s = time.perf_counter() - began
+            done.append(cell)
+            judged(cell)
             plan.log(f"catalogue {cell.name}: {cell.verdict()} ({cell.wall_s:.0f}s)")
     finally:
-        _closed(target, cells)
+        _closed(target, done, judged)
 
 
-def delay_cell(plan: Plan, cell: Cell, cases: Sequence[Case]) -> None:
+def delay_cell(plan: Plan, cell: Cell, cases: Sequence[Case], judged: Judged = _ignore
+               ) -> None:
     """The delay hook before every KV transfer of every process, on a pair of its own."""
     started = time.perf_counter()
     relaunch = Relaunch(plan.log_dir("delay"), kv_audit=None,
                         inject_delay_cycles=plan.delay_cycles)
     target = _started([cell], plan, "a delayed producer", relaunch, started)
     if target is None:
+        judged(cell)
         return
     try:
         cold, cross = steps(cell.name)
@@ -353,73 +375,115 @@ def delay_cell(plan: Plan, cell: Cell, cases: Sequence[Case]) -> None:
     finally:
         _closed(target, [cell])
     cell.wall_s = time.perf_counter() - started
+    judged(cell)
     plan.log(f"catalogue {cell.name}: {cell.verdict()} ({cell.wall_s:.0f}s)")
 
 
-def run(plan: Plan, faults: Sequence[FaultClass]) -> Catalogue:
+def run(plan: Plan, faults: Sequence[FaultClass], judged: Judged = _ignore) -> Catalogue:
     """Every class of FAULTS a cell: the hook's on one relaunched pair, the delay on its
-    own; a class this run cannot inject is n/a, with why."""
+    own; a class this run cannot inject is n/a, with why. Each cell is told to JUDGED as
+    soon as it is judged (an n/a one at once)."""
     started = time.perf_counter()
     service_pass = plan.service_pass
     pair, cases = service_pass.pair, service_pass.run.cases.cases
     cells = [Cell(f, not_applicable=not_applicable(f, pair, plan.slot.relaunchable))
              for f in faults]
     live = [c for c in cells if c.not_applicable is None]
+    for cell in cells:
+        if cell.not_applicable is not None:
+            judged(cell)
     if live:
         plan.release()
     hook_cells(plan, [c for c in live if c.fault.injector is Injector.FAULT_HOOK],
-               slice_of(cases, SLICE))
+               slice_of(cases, SLICE), judged)
     for cell in live:
         if cell.fault.injector is Injector.DELAY_HOOK:
-            delay_cell(plan, cell, slice_of(cases, DELAY_SLICE))
+            delay_cell(plan, cell, slice_of(cases, DELAY_SLICE), judged)
     return Catalogue(tuple(cells), time.perf_counter() - started)
 
 
-def record(results: ResultSink, labels: dict[str, str], found: Catalogue) -> None:
-    """One record per cell (the matrix's row: kind fault-catalogue, its status) and a note
-    with the catalogue's line."""
-    for cell in found.cells:
-        fault = cell.fault
-        results.check(
-            TIER, {**labels, "size": SIZE, "step": cell.name}, cell.exact, cell.requests,
-            kind=Kind.FAULT_CATALOGUE, status=cell.status, message=cell.verdict()[:600],
-            detail={"class": cell.name, "does": fault.does, "injector": fault.injector.value,
-                    "expected": sorted(d.value for d in fault.caught_by),
-                    "race_probe": cell.name in RACE_PROBES,
-                    "detections": cell.detections(), "caught_by": cell.caught_by,
-                    "applications": cell.applications, "faulted_requests": cell.faulted,
-                    "wrong": cell.wrong, "errors": cell.errors,
-                    "mismatches": cell.mismatches, "compared": cell.compared,
-                    "hit_problems": cell.hit_problems[:20], "hits_unknown": cell.hits_unknown,
-                    "void": cell.void, "not_applicable": cell.not_applicable,
-                    "why_unknown": cell.why_unknown, "first_wrong": cell.first_wrong,
-                    "wall_s": round(cell.wall_s, 1)})
-    results.note(TIER, line(labels, found), kind=Kind.FAULT_CATALOGUE,
-                 status="info")
+def _detail(cell: Cell) -> dict[str, object]:
+    fault = cell.fault
+    return {"class": cell.name, "does": fault.does, "injector": fault.injector.value,
+            "expected": sorted(d.value for d in fault.caught_by),
+            "race_probe": cell.name in RACE_PROBES,
+            "detections": cell.detections(), "caught_by": cell.caught_by,
+            "applications": cell.applications, "faulted_requests": cell.faulted,
+            "wrong": cell.wrong, "errors": cell.errors,
+            "mismatches": cell.mismatches, "compared": cell.compared,
+            "hit_problems": cell.hit_problems[:20], "hits_unknown": cell.hits_unknown,
+            "void": cell.void, "not_applicable": cell.not_applicable,
+            "why_unknown": cell.why_unknown, "first_wrong": cell.first_wrong,
+            "wall_s": round(cell.wall_s, 1)}
 
 
-def line(labels: dict[str, str], found: Catalogue) -> str:
-    """CATALOGUE <pair>: what the suite saw, what it could not, in how long."""
-    from pytest_sharedkv.service.summary import pair_name
+class Recorder:
+    """The catalogue's records, one per class (the matrix's row: kind fault-catalogue, its
+    status), each made the moment its cell is judged and handed to the run at once
+    (``ResultSink.flush``): a run killed during a later cell still reports it. A cell
+    judged again (its pair's teardown left processes: unknown) has its record amended in
+    place, never a second one."""
 
-    name = pair_name(labels.get("provider", ""), labels.get("allocator", ""))
-    ran = [c for c in found.cells if c.status != "info"]
-    seen = [c for c in ran if c.status == "pass"]
-    blind = [c.name for c in found.cells if c.status == "fail" and c.fault.caught_by
-             and c.name not in RACE_PROBES]
-    text = (f"CATALOGUE {name}: {len(seen)} of {len(ran)} fault classes seen as expected "
-            f"({found.wall_s:.0f} s)")
-    if blind:
-        text += f"; this suite cannot see {', '.join(blind)} on this stack"
-    others = [c.verdict() for c in found.failures if c.name not in blind]
-    return text + ("; " + "; ".join(others) if others else "")
+    def __init__(self, results: ResultSink, labels: dict[str, str]) -> None:
+        self.results, self.labels = results, labels
+        self.made: dict[str, Check] = {}
+
+    def __call__(self, cell: Cell) -> None:
+        made = self.made.get(cell.name)
+        if made is None:
+            self.made[cell.name] = self.results.check(
+                TIER, {**self.labels, "size": SIZE, "step": cell.name}, cell.exact,
+                cell.requests, kind=Kind.FAULT_CATALOGUE, status=cell.status,
+                message=cell.verdict()[:600], detail=_detail(cell))
+        else:
+            made.status = Status(cell.status)
+            made.message, made.detail = cell.verdict()[:600], _detail(cell)
+        self.results.flush()
 
 
 # -- the summary -------------------------------------------------------------------------
 
 
 def _records(checks: Sequence[Check]) -> list[Check]:
-    return [c for c in checks if c.kind == Kind.FAULT_CATALOGUE]
+    """The cells' records, in the class table's order (a cell is recorded when judged)."""
+    order = {name: i for i, name in enumerate(BY_NAME)}
+    found = [c for c in checks if c.kind == Kind.FAULT_CATALOGUE]
+    return sorted(found, key=lambda c: order.get(str(c.key.get("step", "")), len(order)))
+
+
+def line(checks: Sequence[Check], name: str, asked: Sequence[str] | None,
+         finished: Set[str]) -> str | None:
+    """CATALOGUE <pair>: what the suite saw and what it could not, from the pair's records
+    (CHECKS); ASKED: the classes the run chose (None: not asked); FINISHED: the tests that
+    have an outcome. A catalogue whose test has none, or that left a chosen class without a
+    record, says how far it got and which classes never ran. None where it was neither
+    asked for nor recorded."""
+    cells = _records(checks)
+    if not cells:
+        return (None if asked is None else f"CATALOGUE {name}: none of the {len(asked)} "
+                "classes asked for has a record")
+    names = [str(c.key.get("step", "")) for c in cells]
+    missing = [n for n in asked or () if n not in names]
+    cut = any(c.nodeid not in finished for c in cells)  # its test has no outcome
+    head = f"CATALOGUE {name}: "
+    if cut or missing:
+        total = len(asked) if asked is not None else len(cells)
+        head += (f"{'interrupted' if cut else 'stopped'} after {len(cells)} of {total} "
+                 "classes" + (f" (not run: {', '.join(missing)})" if missing else "")
+                 + "; of those, ")
+    ran = [c for c in cells if c.status != Status.INFO]
+    seen = [c for c in ran if c.status == Status.PASS]
+    blind = [c for c in cells if c.status == Status.FAIL and c.detail.get("expected")
+             and not c.detail.get("race_probe")]
+    wall = sum(float(c.detail.get("wall_s") or 0) for c in cells)
+    text = (head + f"{len(seen)} of {len(ran)} fault classes seen as expected ({wall:.0f} s "
+            "in its cells)")
+    if blind:
+        text += ("; this suite cannot see "
+                 f"{', '.join(str(c.key.get('step')) for c in blind)} on this stack")
+    others = [c.message for c in cells if c not in blind
+              and c.status in (Status.FAIL, Status.VOID, Status.UNKNOWN)]
+    return text + ("; " + "; ".join(others) if others else "")
 
 
 def matrix(checks: Sequence[Check]) -> list[str]:
@@ -444,10 +508,11 @@ def matrix(checks: Sequence[Check]) -> list[str]:
                              "wall s"], rows)]
 
 
-def offer(checks: Sequence[Check], provider: str, name: str) -> list[str]:
+def offer(checks: Sequence[Check], provider: str, name: str,
+          asked: Sequence[str] | None = None) -> list[str]:
     """The line that offers the catalogue to a launched pair that passed (none where the
-    catalogue ran, or the suite launched nothing)."""
-    if provider == "external" or _records(checks):
+    catalogue was asked for or ran, or the suite launched nothing)."""
+    if provider == "external" or asked is not None or _records(checks):
         return []
     return [f"CATALOGUE {name}: not run; --sharedkv-fault-catalogue {ALL} relaunches this "
             "pair once per fault class on a slice of the corpus and shows which ones the "

@@ -138,7 +138,21 @@ def pytest_sharedkv_tier_report(config: pytest.Config) -> TierReport:
     return TierReport("service_regression", own_table=True,
                       lines=partial(summary.summary_lines,
                                     baseline=config.stash.get(BASELINE, None),
-                                    kernel_path=_kernel_path(config)))
+                                    kernel_path=_kernel_path(config),
+                                    catalogue=_catalogue(config)))
+
+
+def _catalogue(config: pytest.Config) -> tuple[str, ...] | None:
+    """The fault classes this run chose (None: the catalogue was not asked for)."""
+    from pytest_sharedkv.service.catalogue import CatalogueError, chosen
+
+    names = state_of(config).settings.fault_catalogue
+    if names is None:
+        return None
+    try:
+        return tuple(c.name for c in chosen(names))
+    except CatalogueError:  # a usage error before any test: nothing ran to summarise
+        return None
 
 
 def _kernel_path(config: pytest.Config) -> str | None:

@@ -11,10 +11,10 @@ report given with ``--sharedkv-baseline``; otherwise it is a suggestion, said as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence, Set
 
 from pytest_sharedkv.report.markdown import markdown_table
-from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.records import Check, Kind
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
@@ -166,7 +166,13 @@ def triage_table(checks: list[Check]) -> list[str]:
 
 
 def verdicts(checks: list[Check], baseline: Baseline | None = None,
-             kernel_path: str | None = None) -> list[str]:
+             kernel_path: str | None = None, catalogue: Sequence[str] | None = None,
+             finished: Set[str] = frozenset()) -> list[str]:
+    """Per pair: its gate, its VERDICT, its remedy and its CATALOGUE line (CATALOGUE: the
+    classes the run chose, None where it was not asked for; FINISHED: the tests that have
+    an outcome)."""
+    from pytest_sharedkv.service.catalogue import offer
+
     lines = []
     for pair in dict.fromkeys(_pair(c) for c in checks if c.key.get("size") != "model"):
         mine = [c for c in checks if _pair(c) == pair]
@@ -188,17 +194,18 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         extra = ", ".join(x for x in (f"sessions {sessions} turns" if sessions else "",
                                       f"protocol {protocol}" if protocol else "") if x)
         status = gate.status if gate is not None else None
+        offered = False  # the catalogue's place: a pair that passed, or one it recorded
         void = gate if gate is not None and status in ("void", "confounded") else None
         if void is not None and not wrong:
             lines.append(f"VERDICT {name}: VOID: {void.message.removeprefix('VOID: ')}")
-            lines += tail
+            lines += _catalogue_lines(mine, name, catalogue, finished, False) + tail
             continue
         if gate is not None and status == "unproven":
             lines.append(f"NOTE {name}: {gate.message}")
         elif gate is not None and void is None:
             lines.append(f"GATE {name}: {gate.message}")
         if not steps:
-            lines += tail
+            lines += _catalogue_lines(mine, name, catalogue, finished, False) + tail
             continue
         if all_ok:
             lines.append(f"VERDICT {name}: {total}/{total} requests exact in every step (cold, "
@@ -207,9 +214,8 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                          + ("; sensitivity unproven, so no proof of integrity"
                             if status == "unproven" else ""))
             if void is None and (gate is None or status == "pass"):  # a pass: offer it
-                from pytest_sharedkv.service.catalogue import offer
-
-                lines += offer(mine, pair[0], name)
+                lines += offer(mine, pair[0], name, catalogue)
+                offered = True
         elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
             remedy = f"; {remedy_line(checks, pair[1], baseline, kernel_path)}" \
                 if pair[0] == "vllm" else ""
@@ -230,8 +236,20 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                          f"hits, but {len(chains)} request chains failed their hit accounting"
                          + (f" ({', '.join(bad)})" if bad else "")
                          + (f"; {extra}" if extra else ""))
-        lines += tail
+        lines += _catalogue_lines(mine, name, catalogue, finished, offered) + tail
     return lines
+
+
+def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | None,
+                     finished: Set[str], offered: bool) -> list[str]:
+    """The pair's CATALOGUE line: where it has catalogue records, or where the catalogue
+    was offered (a pair that passed) and asked for."""
+    from pytest_sharedkv.service.catalogue import line
+
+    if not offered and not any(c.kind == Kind.FAULT_CATALOGUE for c in mine):
+        return []
+    said = line(mine, name, catalogue, finished)
+    return [said] if said is not None else []
 
 
 def gap_verdicts(name: str, cells: list[Check]) -> list[str]:
@@ -298,13 +316,17 @@ def model_table(checks: list[Check]) -> list[str]:
 
 
 def summary_lines(log: RunLog, baseline: Baseline | None = None,
-                  kernel_path: str | None = None) -> list[str]:
+                  kernel_path: str | None = None, catalogue: Sequence[str] | None = None
+                  ) -> list[str]:
+    """The tier's summary; CATALOGUE: the fault classes the run chose (None: not asked)."""
     checks = [c for c in log.bundle.checks if c.tier == TIER]
+    finished = {r.nodeid for r in log.tests.values() if r.outcome is not None}
     lines: list[str] = []  # the triage's verdict is a note: the summary shows notes first
     from pytest_sharedkv.service.catalogue import matrix
 
     for block in (model_table(checks), table(checks), triage_table(checks),
-                  verdicts(checks, baseline, kernel_path), matrix(checks)):
+                  verdicts(checks, baseline, kernel_path, catalogue, finished),
+                  matrix(checks)):
         if block:
             lines += ([""] if lines else []) + block
     return lines
