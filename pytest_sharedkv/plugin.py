@@ -454,8 +454,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
                             ) -> Generator[None, object, object]:
     """A test interrupted mid-call (Ctrl-C, or SIGTERM turned into one) gets no report, so
     the records it wrote so far would ride on none: they go straight into the run's log,
-    and the report written at the end keeps them (a catalogue or triage cut short keeps
-    its finished cells). Under xdist a worker's unreported records are not recovered."""
+    and the report written at the end keeps them (the catalogue and the triage flush each
+    cell as it is judged; this keeps what any test recorded and did not flush). Under
+    xdist a worker's unreported records are not recovered."""
     try:
         return (yield)
     except BaseException:

@@ -513,10 +513,14 @@ def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
               if sharedkv_service_pass.pair.has_server else None)
     kernel_path = None if status is None or isinstance(status, str) else status.kernel_path
     labels = sharedkv_service_pass.pair.labels
+
+    def judged(base: triage.Base, cell: triage.Cell) -> None:  # on disk as it is judged
+        triage.record_cell(sharedkv_results, labels, base, cell)
+        sharedkv_results.flush()
+
     result = triage.triage(sharedkv_service_pass, sharedkv_pair_slot, found.group,
                            lambda name: tmp_path_factory.mktemp(f"triage-{name}"),
-                           kernel_path, lambda base, cell: triage.record_cell(
-                               sharedkv_results, labels, base, cell))
+                           kernel_path, judged)
     triage.record_verdict(sharedkv_results, labels, result)
     line = result.verdict.line(result.base)
     if result.verdict.klass == "undecided":
