@@ -127,7 +127,8 @@ def test_the_cell_keeps_the_recurrent_state_loads_the_audit_could_not_judge(
     pair = cast(ReplicaPair, SimpleNamespace(kv_audit_dir=tmp_path))
     audit = _audit(pair, "cross", {"3k-004"})
     assert audit == {"compared": 4, "compared_state": 0, "unmatched": 1,
-                     "unmatched_state": 1, "mismatches": 0}
+                     "unmatched_state": 1, "mismatches": 0,
+                     "unkept_state_requests": ["3k-004"]}  # A stored chunk 3, no state
 
     def line(audit: dict[str, Any]) -> str:
         cell = Check("service_regression", {"step": f"l2 fault gap {GAP}"}, 1, 1,
@@ -137,6 +138,8 @@ def test_the_cell_keeps_the_recurrent_state_loads_the_audit_could_not_judge(
         return text
 
     assert line(audit).endswith("; KV audit: 4 digests compared, 0 differ from A's; "
-                                "recurrent-state loads with no store by A (not judged): 1")
+                                "recurrent-state loads with no store by A (not judged): 1; "
+                                "B resumed 1 requests from recurrent state of chunks A "
+                                "stored without one: 3k-004")
     assert line({"compared": 4, "mismatches": 0}).endswith(
         "(not judged): not recorded")

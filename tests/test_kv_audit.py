@@ -202,8 +202,23 @@ def test_recurrent_state_a_never_stored_is_named_by_request(tmp_path: Path) -> N
     assert report.unkept_state == {"3k-001": 1}
     assert report.summary("mixed").endswith(
         "; 1 loads (1 of them recurrent state) had no store of the same chunk by A and were "
-        "not judged (recurrent state A never stored was loaded for 1 requests: 3k-001)")
+        "not judged (B resumed 1 requests from recurrent state of chunks A stored without "
+        "one: 3k-001)")
     assert kv_audit.compare(run_pair(tmp_path / "kept")).unkept_state == {}
+
+
+def test_a_state_load_of_a_chunk_a_never_stored_is_not_called_unkept() -> None:
+    """Unkept means A stored the chunk with no state; a chunk A never stored at all (B's
+    own earlier store, another run's) is only unmatched."""
+    load = {"kind": "load", "role": "B", "key": "k9", "group": 1, "layer": "layers.2",
+            "digest": "d", "request": "cmpl-sharedkv.3k-001.cross.B-0-cd34", "chunk": 9,
+            "recurrent": True}
+    store = {"kind": "store", "role": "A", "key": "k9", "group": 0, "layer": "layers.0",
+             "digest": "e", "request": "cmpl-sharedkv.3k-001.cold.A-0-ab12", "chunk": 9}
+    alone = kv_audit.compare([load])
+    assert (alone.unmatched_state, alone.unkept_state) == (1, {})
+    beside = kv_audit.compare([store, load])
+    assert (beside.unmatched_state, beside.unkept_state) == (1, {"3k-001": 1})
 
 
 def test_chunks_the_server_skips_are_not_judged(tmp_path: Path) -> None:

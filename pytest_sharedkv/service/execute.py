@@ -214,7 +214,8 @@ def _audit(pair: ReplicaPair, step: str, ids: set[str]) -> dict[str, Any]:
         return {}
     return {**report.counts(),
             "mismatches": sum(m.step == step and m.request in ids
-                              for m in report.mismatches)}
+                              for m in report.mismatches),
+            "unkept_state_requests": sorted(r for r in report.unkept_state if r in ids)}
 
 
 WRITE_GROUP = "l2 write failure"

@@ -280,6 +280,11 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
     state = audit.get("unmatched_state")
     unjudged = ("recurrent-state loads with no store by A (not judged): "
                 + ("not recorded" if state is None else str(state)))
+    unkept = audit.get("unkept_state_requests")
+    if isinstance(unkept, list) and unkept:  # recorded since 2026-12-02
+        unjudged += (f"; B resumed {len(unkept)} requests from recurrent state of chunks A "
+                     f"stored without one: {', '.join(map(str, unkept[:8]))}"
+                     f"{', ...' if len(unkept) > 8 else ''}")
     return (f"; KV audit: {audit.get('compared')} digests compared, "
             f"{audit.get('mismatches')} differ from A's; {unjudged}")
 

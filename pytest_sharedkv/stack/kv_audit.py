@@ -47,8 +47,9 @@ class AuditReport:
     compared_state: int = 0  # ... of them Gated DeltaNet (recurrent) state
     unmatched: int = 0  # B loads with no A store of the same key (not judged)
     unmatched_state: int = 0
-    # request -> its recurrent-state loads with no A store: B resumed its recurrent layers
-    # from a state A never kept there (vLLM keeps one only where a scheduler step ends)
+    # request -> its recurrent-state loads of chunks A stored with no state (their state
+    # blocks were the null block: vLLM keeps a state only where a scheduler step ends), so
+    # B resumed its recurrent layers from a state no engine kept
     unkept_state: dict[str, int] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
     chunks_per_request: dict[str, int] = field(default_factory=dict)  # audited chunks
@@ -104,8 +105,8 @@ class AuditReport:
                     if self.unmatched else "")
         if self.unkept_state:
             names = sorted(self.unkept_state)
-            unjudged += (f" (recurrent state A never stored was loaded for "
-                         f"{len(names)} requests: {', '.join(names[:8])}"
+            unjudged += (f" (B resumed {len(names)} requests from recurrent state of "
+                         f"chunks A stored without one: {', '.join(names[:8])}"
                          f"{', ...' if len(names) > 8 else ''})")
         return (f"KV AUDIT {label}: {self.compared} chunk-group-layer digests compared "
                 f"({self.compared - self.compared_state} attention KV, "
@@ -134,6 +135,7 @@ def _name(engine_request: str) -> tuple[str, str]:
 def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
     report = AuditReport()
     stored: dict[tuple[str, int, str], str] = {}  # A's (key, group, layer) -> digest
+    stored_keys: set[str] = set()  # chunks A stored any layer of
     owners: dict[str, str] = {}  # any stored digest -> "replica R's chunk C of request Q"
     loads = []
     for r in records:
@@ -153,6 +155,7 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
                                            f"request {request} (group {r['group']})")
             if r["role"] == "A":
                 stored[(r["key"], r["group"], r["layer"])] = r["digest"]
+                stored_keys.add(r["key"])
         elif kind == "load" and r["role"] == "B":
             loads.append(r)
     chunks: dict[str, set[int]] = defaultdict(set)
@@ -162,7 +165,7 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
         if expected is None:
             report.unmatched += 1
             report.unmatched_state += state
-            if state:
+            if state and r["key"] in stored_keys:  # A stored the chunk, its state null
                 request, _ = _name(r["request"])
                 report.unkept_state[request] = report.unkept_state.get(request, 0) + 1
             continue
