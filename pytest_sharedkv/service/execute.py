@@ -162,6 +162,7 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
         chunk = (target.topology.chunk if target.topology is not None else None) \
             or runner.cases.chunk or 1
         run = mine.run
+        wrong_ids: list[str] = []
         for case in cases:
             answer = run.answer(case.id, cross.name)
             if answer is None or answer.error:
@@ -174,6 +175,7 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
             if wrong is not None:
                 cell.problems.append(Problem(f"request {case.id}, step cross: {wrong}",
                                              "divergence"))
+                wrong_ids.append(case.id)
             hit = gap_hit_problem(case, answer, gap, chunk)
             if hit is not None:
                 cell.problems.append(hit)
@@ -191,7 +193,7 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
         cell.detail = {"gap": gap, "chunk": chunk, "prefix_tokens": gap * chunk,
                        "hosts": detail, "audit": audit,
                        "replica": cross.replica, "cached": sum(cached.values()),
-                       "cached_by_request": cached,
+                       "cached_by_request": cached, "wrong": wrong_ids,
                        "launches": list(target.launches)}
     finally:
         leftovers = target.close()

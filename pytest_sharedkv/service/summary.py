@@ -268,7 +268,30 @@ def gap_verdicts(name: str, cells: list[Check]) -> list[str]:
             line = (f"{head}: FAIL ({cell.kind}): {cell.passed}/{cell.trials} held; "
                     f"{cell.message}")
         lines.append(line + _gap_audit(detail.get("audit") or {}))
+        remedy = _gap_unkept_state(detail)
+        if remedy:
+            lines.append(remedy)
     return lines
+
+
+UNKEPT_STATE_RUNS = "docs/findings/2026-12-02-fault-gap-catalogue-triage.md"
+
+
+def _gap_unkept_state(detail: Mapping[str, object]) -> str | None:
+    """Where every wrong answer of the cell resumed recurrent state of a chunk A stored
+    without one, the suggestion the H200 runs behind UNKEPT_STATE_RUNS support (not proven
+    by this run: no cell of it changes the scheduler)."""
+    wrong, audit = detail.get("wrong"), detail.get("audit")
+    unkept = audit.get("unkept_state_requests") if isinstance(audit, Mapping) else None
+    if not (isinstance(wrong, list) and wrong and isinstance(unkept, list)
+            and set(wrong) <= set(unkept)):
+        return None
+    return (f"  the {len(wrong)} wrong answers all resumed B's recurrent layers from the state "
+            "of a chunk A stored without one (vLLM keeps a hybrid model's state only where a "
+            "scheduler step ends); suggestion (not proven by this run): scheduler steps that "
+            "end on every LMCache chunk boundary (--max-num-batched-tokens a multiple of the "
+            "chunk, --max-num-seqs 1) made the same cell exact on an H200 "
+            f"({UNKEPT_STATE_RUNS})")
 
 
 def _gap_audit(audit: Mapping[str, object]) -> str:
