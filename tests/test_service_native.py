@@ -49,13 +49,21 @@ def test_a_native_pass_is_judged_by_its_own_table(pytester: pytest.Pytester) -> 
     report = _report(pytester)
     outcomes = {t["nodeid"].split("::")[-1].split("[")[0]: t for t in report["tests"]}
     skipped = {name: t["message"] for name, t in outcomes.items() if t["outcome"] == "skipped"}
-    # the gate is unproven for the stack's recorded reason; what only LMCache runs is n/a
-    assert skipped["test_sensitivity_gate"].startswith("sensitivity unproven: vLLM's native")
+    # what only LMCache runs is n/a; the gate is proven on B's own CPU tier
+    assert outcomes["test_sensitivity_gate"]["outcome"] == "passed"
+    gate = next(c for c in report["checks"] if c["kind"] == "gate")
+    assert (gate["status"], gate["passed"], gate["trials"]) == ("pass", 4, 4), gate
+    assert gate["message"].startswith("sensitivity proven: with chunk 47 zeroed in every "
+                                      "load from B's CPU tier, 4/4 answers")
+    assert gate["detail"]["zeroed_chunks_logged"] == 8  # every control loaded chunk 47
+    assert {c["case"]: ("receiver-local" in c, "cross" in c)
+            for c in gate["detail"]["controls"]} == {
+        c["case"]: (True, False) for c in gate["detail"]["controls"]}
     for test, check in (("test_kv_audit", "kv_audit"), ("test_triage", "triage"),
                         ("test_fault_catalogue", "fault_catalogue"),
                         ("test_l2_fault_gap", "l2"), ("test_l2_write_failure", "l2")):
         assert skipped[test] == NOT_APPLICABLE[check]["native"], test
-    assert len(skipped) == 6, skipped
+    assert len(skipped) == 5, skipped
     assert {t["outcome"] for t in report["tests"]} == {"passed", "skipped"}
     assert result.ret == pytest.ExitCode.OK
     steps = _steps(report)

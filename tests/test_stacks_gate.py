@@ -1,9 +1,11 @@
 """The sensitivity gate on the other stacks: on LMCache's in-process connector a hook in
 replica B's own LMCache zeroes the named chunks before its GPU connector's
 ``batched_to_gpu`` copies them (chunk = start over the chunk size), armed through
-``sitecustomize`` and read back by the gate as the server's hook is; vLLM's native offload
-shares no KV between the replicas, so its record says there is no gate and why, the gate
-is unproven for that reason and a clean pass says so."""
+``sitecustomize`` and read back by the gate as the server's hook is; on vLLM's native
+offload a hook in replica B's vLLM zeroes the chunk's GPU blocks of B's CPU-tier loads
+(``native_gate_hook``; its own tests in ``test_native_gate_hook.py``), and the stub
+double models it on B; a stack whose record says it has no gate is unproven for that
+reason and a clean pass says so."""
 
 from __future__ import annotations
 
@@ -130,20 +132,43 @@ def test_the_inprocess_stack_arms_replica_b_for_the_gate(tmp_path: Path, gate: b
     assert record.stack is not None and record.stack.get("gate") != "none"
 
 
-@pytest.mark.parametrize("provider", ["vllm", "stub"])
-def test_native_offload_records_that_it_has_no_gate(tmp_path: Path, provider: str) -> None:
+@pytest.mark.parametrize("gate", [True, False])
+def test_the_native_stack_arms_replica_b_for_the_gate(tmp_path: Path, gate: bool) -> None:
+    from dataclasses import replace
+
+    from pytest_sharedkv.engine_hooks import native_gate_hook as native
+
+    spec = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
+    stacked = stack_launch.stacked_spec(spec, "native", cases({"3k": (200, 3009)}), 8)
+    assert stacked.gate is False  # B's hook, not a server's
+    record = _vllm_pair(stacked, []).record
+    env = {p.name: dict(p.env) for p in record.processes}
+    assert native.CONTROL_ENV not in env["vllm replica A"]
+    control, log = gate_paths(spec.log_dir)
+    assert record.stack is not None and record.stack.get("gate") != "none"
+    if gate:
+        b = env["vllm replica B"]
+        assert (b[native.CONTROL_ENV], b[native.LOG_ENV], b[native.CHUNK_ENV]) == (
+            str(control), str(log), "32")
+        assert b["PYTHONPATH"].split(os.pathsep)[0] == str(INJECT_DIR)
+        assert (record.paths.gate_control, record.paths.gate_log) == (control, log)
+        assert record.stack["gate"] == stack_launch.NATIVE_GATE
+    else:
+        assert native.CONTROL_ENV not in env["vllm replica B"]
+        assert record.paths.gate_control is None and record.stack["gate"] == "off"
+
+
+def test_the_native_stub_models_the_gate_on_b(tmp_path: Path) -> None:
     from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
 
-    if provider == "vllm":
-        spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
-                                         "native", cases({"3k": (200, 3009)}), 8)
-        record = _vllm_pair(spec, []).record
-    else:
-        pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native"))
-        record = pair.record
-        assert pair.close() == []
-    assert record.paths.gate_control is None and record.stack is not None
-    assert (record.stack["gate"], record.stack["no_gate"]) == ("none", stack_launch.NATIVE_NO_GATE)
+    pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native"))
+    record = pair.record
+    assert pair.close() == []
+    control, log = gate_paths(tmp_path)
+    assert (record.paths.gate_control, record.paths.gate_log) == (control, log)
+    assert record.stack is not None and "no_gate" not in record.stack
+    b = next(p for p in record.processes if p.name == "stub replica B")
+    assert ("--corrupt-control", str(control)) == b.argv[b.argv.index("--corrupt-control"):][:2]
 
 
 class Runner:

@@ -23,6 +23,14 @@ tokens and a chunk is whole engine blocks); the external counter can then be no 
 the cached tokens, and what it does not account for must show in the local counter.
 B's cross step has nothing to share (B's CPU tier never saw A's prompts): a cold request
 on B, 0 cached tokens, answers still exact; a hit there is KV from nowhere.
+
+The sensitivity gate (``service.sensitivity``) needs a step of B that loads KV, and zeroes
+a chunk of that load: on the shared pool B's cross step, straight after A's cold one. On
+``native`` nothing crosses, so B loads the controls from its own CPU tier: B's cross step
+fills it (a cold request), prompts of their own namespaces then push the controls off
+B's GPU cache (as many tokens as the record's GPU blocks hold, and a pass more), and B's
+receiver-local step is the gated one; its answers are judged against A's cold ones as the
+cross step's are elsewhere (``GateSteps``).
 """
 
 from __future__ import annotations
@@ -60,14 +68,29 @@ class StepHits:
 
 
 @dataclass(frozen=True)
+class GateSteps:
+    """The sensitivity gate's steps on a stack: REFERENCE (the control answers the gated
+    ones are judged against), FILL (steps run before, unarmed, that put the controls where
+    the gated step loads them from), EVICT (whether the controls must then be pushed off
+    the gated replica's GPU cache by other prompts, so its load comes from the CPU tier),
+    GATED (the step run while the control file names the zeroed chunk)."""
+
+    reference: str = "cold"
+    fill: tuple[str, ...] = ()
+    evict: bool = False
+    gated: str = "cross"
+
+
+@dataclass(frozen=True)
 class StackHits:
-    """One stack's expectations: each step's (by name), and whether its replicas share KV
+    """One stack's expectations: each step's (by name), whether its replicas share KV
     (a session turn on a replica that served none of its session's earlier turns can hit
-    only what the other replica shared)."""
+    only what the other replica shared), and the sensitivity gate's steps."""
 
     stack: str
     steps: Mapping[str, StepHits]
     shared: bool
+    gate: GateSteps = GateSteps()
 
     def step(self, step: Step) -> StepHits:
         """STEP's expectation; a step the table does not name (a cell's own) is judged as
@@ -102,7 +125,9 @@ OWN_CPU_TIER = {
 }
 STACK_HITS = {MP: StackHits(MP, SHARED_POOL, shared=True),
               INPROCESS: StackHits(INPROCESS, SHARED_POOL, shared=True),
-              NATIVE: StackHits(NATIVE, OWN_CPU_TIER, shared=False)}
+              NATIVE: StackHits(NATIVE, OWN_CPU_TIER, shared=False,
+                                gate=GateSteps(fill=("cross",), evict=True,
+                                               gated="receiver-local"))}
 
 
 def expected_hits(stack: str | None) -> StackHits:

@@ -12,6 +12,12 @@ the gate is CONFOUNDED (the fault under test can undo or mask the gate's corrupt
 Either way an exact answer of the tier proves nothing; a wrong one is still a divergence
 (A answered the same prompt right cold). With external endpoints nothing can be injected:
 sensitivity is unproven, and the report says so.
+
+On vLLM's native offload the replicas share nothing: B's own CPU tier serves the gated
+step instead (``expected_hits.GateSteps``: B answers the controls once, other prompts push
+them off B's GPU cache, B answers them again while ``engine_hooks/native_gate_hook.py``
+zeroes the named chunk's GPU blocks as B's CPU-tier load lands). Judged as on the other
+stacks.
 """
 
 from __future__ import annotations
@@ -54,12 +60,47 @@ class GateResult:
         return self.status in (VOID, CONFOUNDED)
 
 
+def evictor_passes(gpu_tokens: int, pass_tokens: int) -> int:
+    """Passes over the controls (each under namespaces of its own) that allocate at least
+    GPU_TOKENS of new KV, and one more: vLLM reuses its free blocks oldest first, so every
+    block the controls left on the GPU is then gone (still in the CPU tier)."""
+    if gpu_tokens <= 0 or pass_tokens <= 0:
+        return 0
+    return -(-gpu_tokens // pass_tokens) + 1
+
+
+def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str, Any]
+          ) -> int:
+    """Push the controls off REPLICA's GPU cache with their own prompts under other
+    namespaces (the record's ``gpu_blocks`` of ``block_size`` tokens, the corpus's chunk
+    where the record gives no block size); the requests sent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pytest_sharedkv.corpus.cases import prompt_size
+
+    block = int(stack.get("block_size") or runner.cases.chunk or 0)
+    gpu_tokens = int(stack.get("gpu_blocks") or 0) * block
+    passes = evictor_passes(gpu_tokens, sum(prompt_size(c.prompt_tokens, c.text)
+                                            for c in controls))
+    sends = [(c, p) for p in range(passes) for c in controls]
+    with ThreadPoolExecutor(max_workers=runner.concurrency) as pool:
+        list(pool.map(lambda cp: runner.send(replica, cp[0].id, f"gate-evict-{cp[1]}",
+                                             cp[0].text,
+                                             f"{runner.salt(cp[0].id)}/evict-{cp[1]}"),
+                      sends))
+    runner.log(f"gate: {len(sends)} requests on {replica} pushed the controls off its GPU "
+               f"cache ({gpu_tokens} tokens)")
+    return len(sends)
+
+
 def run_gate(runner: Runner, control: Path | None, log: Path | None,
              stack: Mapping[str, Any] | None = None) -> GateResult:
     """STACK: the launch record's stack (None: the MP server's); one whose record says
-    "gate": "none" is unproven for the reason it records ("no_gate")."""
+    "gate": "none" is unproven for the reason it records ("no_gate"). The steps are the
+    stack's (``expected_hits.GateSteps``)."""
     from pytest_sharedkv.engine_hooks.corrupt_hook import read_log
     from pytest_sharedkv.service.checks import diverged
+    from pytest_sharedkv.service.expected_hits import expected_hits, stack_of
 
     cases = runner.cases
     controls = cases.by_role("control")
@@ -74,11 +115,19 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
         return GateResult(UNPROVEN, "sensitivity unproven: this corpus has no control "
                           "requests")
     zeroed = cases.zeroed_chunk
-    runner.step("gate", step("cold"), controls)
+    kind = stack_of(stack)
+    steps = expected_hits(kind).gate
+    gated = step(steps.gated)
+    runner.step("gate", step(steps.reference), controls)
+    for name in steps.fill:
+        runner.step("gate", step(name), controls)
+    if steps.evict:
+        time.sleep(runner.settle_for(controls))  # the fill's stores land first
+        evict(runner, gated.replica, controls, stack or {})
     time.sleep(runner.settle_for(controls))
     control.write_text(json.dumps({"zero_chunks": [zeroed]}))
     try:
-        runner.step("gate", step("cross"), controls)
+        runner.step("gate", gated, controls)
     finally:
         control.unlink(missing_ok=True)
     logged = [row for row in (read_log(log) if log is not None else []) if row[1] == zeroed]
@@ -89,13 +138,13 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
                         wrapped=read_wrapped(log) if log is not None else None)
     broken = []
     for case in controls:
-        cold = runner.run.answer(case.id, "cold")
-        cross = runner.run.answer(case.id, "cross")
+        cold = runner.run.answer(case.id, steps.reference)
+        cross = runner.run.answer(case.id, gated.name)
         if cold is None or cross is None or cold.error or cross.error:
             broken.append(case.id)
             result.details.append({"case": case.id, "expected": list(case.expected or ()),
                                    "cold": cold.to_data() if cold else None,
-                                   "cross": cross.to_data() if cross else None})
+                                   gated.name: cross.to_data() if cross else None})
             continue
         # against the answer by construction (copy corpus) or A's cold answer (text corpus)
         right_cold = diverged(runner.run, case, cold) is None
@@ -111,8 +160,28 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
         result.details.append({"case": case.id, "source_chunk": case.source_chunk,
                                "cold_exact": right_cold, "changed": changed,
                                "expected": list(case.expected or ()),
-                               "cold": cold.to_data(), "cross": cross.to_data()})
-    return judge(result, broken, copy_model=runner.cases.kind == "copy")
+                               "cold": cold.to_data(), gated.name: cross.to_data()})
+    return judge(result, broken, copy_model=runner.cases.kind == "copy", stack=kind)
+
+
+def _native_wrapped_words(wrapped: list[str] | None) -> str:
+    """Why the native hook zeroed nothing, from what it wrapped: it needs both its
+    targets (the CPU -> GPU copy, and the connector worker that gives the KV-cache
+    groups)."""
+    from pytest_sharedkv.engine_hooks.native_gate_hook import NEEDED
+
+    if wrapped is None:
+        return "what it wrapped in vLLM is not known (the hook did not record it)"
+    missing = [name for name in NEEDED if name not in wrapped]
+    if len(missing) == len(NEEDED):
+        return (f"it found none of its targets ({', '.join(NEEDED)}): this vLLM keeps "
+                "its CPU-offload load elsewhere")
+    if missing:
+        return (f"it wrapped {', '.join(wrapped)} but found no {', '.join(missing)}, "
+                "which it needs too: this vLLM moved part of its CPU offload")
+    return (f"it wrapped {', '.join(wrapped)}, and replica B never loaded a block of the "
+            "zeroed chunk from its CPU tier (the controls stayed on its GPU cache, or the "
+            "hook disabled itself: replica B's log says which)")
 
 
 def _wrapped_words(wrapped: list[str] | None) -> str:
@@ -129,27 +198,41 @@ def _wrapped_words(wrapped: list[str] | None) -> str:
             "retrieve of the zeroed chunk")
 
 
-def judge(result: GateResult, broken: list[str], copy_model: bool = True) -> GateResult:
+def judge(result: GateResult, broken: list[str], copy_model: bool = True,
+          stack: str | None = None) -> GateResult:
     """RESULT's status and message from its counts: VOID when a control broke cold, the hook
     never fired or an answer copying from the zeroed chunk stayed exact with every other
     exact; CONFOUNDED when such an answer stayed exact while answers from intact chunks
     changed; else PROVEN. COPY_MODEL: the served model is the copy model (or its
     attention-only variant), which sees a lost chunk by construction, so an answer that
-    stayed exact says the corruption did not reach it, not that the model cannot see it."""
+    stayed exact says the corruption did not reach it, not that the model cannot see it.
+    STACK: the stack's name (its hook: the LMCache server's, or replica B's vLLM's on
+    native offload)."""
+    from pytest_sharedkv.config.stack_choice import NATIVE
+
+    native = stack == NATIVE
     where = f"chunk {result.zeroed_chunk} zeroed in every retrieve"
+    if native:
+        where = f"chunk {result.zeroed_chunk} zeroed in every load from B's CPU tier"
+    process = "replica B's vLLM" if native else "the LMCache server"
+    words = _native_wrapped_words if native else _wrapped_words
     if broken:
         result.status, result.message = VOID, (
             f"VOID: the sensitivity gate's control requests {broken} failed before any "
             "corruption (cold answers wrong or errors): the model or engine is broken here")
     elif not result.zeroed_chunks_logged and result.hook_loaded is False:
         result.status, result.message = VOID, (
+            f"VOID: the sensitivity gate's hook never loaded in {process} (it "
+            "recorded no start beside its log): the launched process could not import it, "
+            "so no result of this tier shows the model can see corrupted KV"
+            if native else
             "VOID: the sensitivity gate's hook never loaded in the LMCache server (it "
             "recorded no start beside its log): the launched server could not import it, so "
             "no result of this tier shows the model can see corrupted KV")
     elif not result.zeroed_chunks_logged:
         result.status, result.message = VOID, (
-            "VOID: the sensitivity gate's hook never zeroed a chunk in the LMCache server "
-            f"(no log line): {_wrapped_words(result.wrapped)}, so no result of this tier "
+            f"VOID: the sensitivity gate's hook never zeroed a chunk in {process} "
+            f"(no log line): {words(result.wrapped)}, so no result of this tier "
             "shows the model can see corrupted KV")
     elif result.changed < result.copying and result.others_exact < result.others:
         result.status, result.message = CONFOUNDED, (

@@ -30,15 +30,10 @@ STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no K
 # connector), or the NATIVE arm (vLLM's OffloadingConnector)
 ARMS = {INPROCESS: "OFF", NATIVE: "NATIVE"}
 STUB_ARMS = {INPROCESS: "ON", NATIVE: "NATIVE"}  # one shared pool, or one pool each
-# why the sensitivity gate has nothing to corrupt on vLLM's native offload: the record's
-# "gate" says "none" and the gate reads this as its unproven status's reason
-NATIVE_NO_GATE = (
-    "vLLM's native offload shares no KV between the replicas (each keeps a CPU tier of its "
-    "own), so B's cross-replica requests retrieve nothing of A's and the gate, which zeroes "
-    "a chunk in B's retrieves, has nothing to corrupt; a native gate would zero a block of "
-    "a replica's own CPU-to-GPU load at its local step, and the suite has no hook in vLLM's "
-    "offloading transfer yet; exact answers on this stack prove integrity only as far as "
-    "the served model can see corrupted KV")
+# how the sensitivity gate reaches vLLM's native offload: B's own CPU tier serves B's
+# second pass over the controls, and a hook in B's vLLM zeroes the named chunk's GPU blocks
+# as that load lands (engine_hooks/native_gate_hook.py)
+NATIVE_GATE = "replica B's vLLM CPU-tier loads (native_gate_hook)"
 
 
 INPROCESS_NO_REMOTE = (
@@ -225,11 +220,20 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
     plan = NativeOffloadPlan(tier, blocks, block, modes[0] if modes else None,
                              bytes_per_token=per_token)
     extra = native_extra(plan.argv())
+    envs: dict[str, tuple[tuple[str, str], ...]] = {}
+    gate = None
+    if spec.gate:  # B's hook, as the in-process stack arms B's LMCache
+        from pytest_sharedkv.engine_hooks import native_gate_hook as hook
+        from pytest_sharedkv.stack.providers import gate_paths
+
+        gate = gate_paths(spec.log_dir)
+        envs["B"] = tuple(sorted({hook.CONTROL_ENV: str(gate[0]), hook.LOG_ENV: str(gate[1]),
+                                  hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
     return StackLaunch(
-        NATIVE, ARMS[NATIVE], tuple(extra), (),
-        {**plan.record(), "stack": NATIVE, "gate": "none", "no_gate": NATIVE_NO_GATE},
+        NATIVE, ARMS[NATIVE], tuple(extra), tuple(envs.items()),
+        {**plan.record(), "stack": NATIVE, "gate": NATIVE_GATE if gate is not None else "off"},
         description=f"vllm x2, native offload ({tier:g} GB CPU each, {blocks} GPU blocks)",
-        allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)")
+        allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)", gate=gate)
 
 
 NATIVE_ARM_FLAGS = {"--kv-offloading-backend": 1, "--kv-offloading-size": 1,
@@ -343,9 +347,10 @@ STUB_GPU_BLOCKS = 256
 def stub_stack(stack: str) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
     a remote) or one pool each (native offload, with a GPU cache of STUB_GPU_BLOCKS that
-    evicts), said in its record; no engine runs. Its gate is the stub's own where the
-    stack has one, none on native offload."""
-    native = {"gate": "none", "no_gate": NATIVE_NO_GATE,
+    evicts), said in its record; no engine runs. Its gate is the stub's own: B zeroes the
+    named chunks of what it takes from the pool (on native offload, its own CPU tier, as
+    ``native_gate_hook`` does in B's vLLM)."""
+    native = {"gate": "the stub's own (--corrupt-control on B's CPU-tier loads)",
               "gpu_blocks": STUB_GPU_BLOCKS} if stack == NATIVE else {}
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
