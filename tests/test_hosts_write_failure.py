@@ -2,20 +2,24 @@
 once into a Redis the suite starts at its memory limit (noeviction), and a third that
 stored nothing retrieves through it; a miss, or a hit of only what the L2 holds, from L2,
 byte for byte. The real run (three CPU servers, a real redis-server: about 30 s of one
-worker) where redis-server exists, a precise skip otherwise (CI requires it); the judge
-on planted fetches; the replica_pair tier's record with the check replaced by outcomes."""
+worker) where redis-server exists, a precise skip otherwise (CI requires it); the same on
+fs_native over a 320 KiB tmpfs the check mounts (LMCache #4991; about 27 s), a skip naming
+EPERM where no tmpfs can be mounted; the judge on planted fetches; the replica_pair tier's
+record with the check replaced by outcomes."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_sharedkv.stack import l2_transfer
+from pytest_sharedkv.stack.l2 import L2Unavailable, adapter_problem
 from pytest_sharedkv.stack.l2_log import KeySplit, store_failures
 from pytest_sharedkv.stack.l2_transfer import (
     KEYS,
@@ -28,6 +32,7 @@ from pytest_sharedkv.stack.redis_server import missing
 from pytest_sharedkv.stack.transfer_provider import CHUNK
 from tests.conftest import keep_loaded
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
+from tests.test_mount_ns import NO_SYS_ADMIN
 
 keep_loaded("torch", "lmcache", "redis", "redis.backoff", "redis.retry")
 
@@ -70,6 +75,64 @@ def test_no_refused_write_is_void() -> None:
     assert "unknown" in str(_judged(seen=WriteFailureSeen(None, (8, 8), 5))[1])
 
 
+FS = WriteFailureSeen(None, (8, 8), 5, filesystem=True, free_bytes=0, entry_bytes=65536,
+                      short=0, strays=())
+
+
+def test_on_a_filesystem_a_logged_failure_or_enospc_is_a_write_that_failed() -> None:
+    assert _judged(seen=FS) == ([], None)
+    # full (less free than one entry) though nobody logged a failure: still tested
+    assert _judged(seen=WriteFailureSeen(None, (0, 0), 5, True, 4096, 65536))[1] is None
+    # a failure logged though the filesystem had room: tested
+    assert _judged(seen=WriteFailureSeen(None, (0, 3), 5, True, 1 << 20, 65536))[1] is None
+
+
+def test_on_a_filesystem_no_failed_write_is_void_and_unreadable_is_unknown() -> None:
+    void = _judged(seen=WriteFailureSeen(None, (0, 0), KEYS, True, 1 << 20, 65536))[1]
+    assert void is not None and "refused no write" in void and "1048576 bytes" in void
+    for seen in (WriteFailureSeen(None, (None, 0), 5, True, 1 << 20, 65536),
+                 WriteFailureSeen(None, (0, 0), 5, True, None, 65536),
+                 WriteFailureSeen(None, (0, 0), 0, True, 1 << 20, None)):
+        assert "unknown" in str(_judged(seen=seen)[1]), seen
+
+
+def test_a_visible_key_whose_retrieve_fails_names_the_chunks() -> None:
+    problems, _ = _judged({"retrieved": False}, seen=FS)
+    assert problems == [("hits", "the reader's retrieve reported failure: chunks 0-4 were "
+                         "visible to its lookup")]
+    problems, _ = _judged({"hit_tokens": 6 * CHUNK, "retrieved": True},
+                          split=KeySplit("x", 6, KEYS, 0, 6), seen=FS)
+    assert [k for k, _ in problems] == ["hits"]
+    assert "the L2 held 5 of the salt's 8 entries whole" in problems[0][1]
+
+
+def test_the_filesystem_evidence_is_reported_only_for_a_filesystem() -> None:
+    assert set(SEEN.as_dict()) == {"refused", "failed_keys", "held"}
+    assert FS.as_dict() == {"refused": None, "failed_keys": [8, 8], "held": 5,
+                            "free_bytes": 0, "entry_bytes": 65536, "short": 0, "full": True,
+                            "strays": []}
+
+
+# What an LMCache 0.5.6 server with an fs_native L2 on a full tmpfs logged (a run of
+# test_two_writers_into_a_full_tmpfs_never_give_a_wrong_byte; the chunk hashes shortened):
+# the store controller's line, one batch of the salt's 8 keys; the C++ connector logs none.
+FS_NATIVE_LINE = (
+    "\x1b[33;20m[2026-12-02 17:28:17,863] LMCache WARNING:\x1b[0m Store task 1 to adapter 0 "
+    "failed for keys: [" + ", ".join(
+        f"ObjectKey(chunk_hash=b'\\x{i:02x}1tw', model_name='sharedkv-transfer', "
+        f"kv_rank=16777472, object_group_id=0, cache_salt='wf-probe2')" for i in range(8))
+    + "] \x1b[3m(store_controller.py:791:lmcache.v1.distributed.storage_controllers."
+    "store_controller)\x1b[0m\n")
+
+
+def test_an_fs_native_store_failure_line_counts_its_keys(tmp_path: Path) -> None:
+    assert store_failures(FS_NATIVE_LINE, "wf-probe2") == KEYS
+    log = tmp_path / "server.log"
+    log.write_text(FS_NATIVE_LINE * 2)
+    assert l2_transfer.logged_failures(log, "wf-probe2") == 2 * KEYS
+    assert l2_transfer.logged_failures(tmp_path / "absent.log", "wf-probe2") is None
+
+
 def test_the_store_failure_lines_are_counted_by_salt() -> None:
     line = ("\x1b[33;20m[2026-12-02 13:46:58,046] LMCache WARNING:\x1b[0m Store task 1 to "
             "adapter 0 failed for keys: [ObjectKey(chunk_hash=b'\\xf3', model_name='m', "
@@ -104,6 +167,57 @@ def test_two_writers_into_a_full_redis_never_give_a_wrong_byte(real: dict[str, A
     assert real["hit_tokens"] <= seen["held"] * CHUNK
     if real["hit_tokens"]:
         assert (real["split"]["l1"], real["split"]["l2"]) == (0, real["hit_tokens"] // CHUNK)
+
+
+@pytest.fixture(scope="module")
+def real_fs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The cell on fs_native over a full tmpfs (no Redis: SHAREDKV_REQUIRE_REDIS is not
+    about it); a skip naming why where LMCache, its fs_native adapter or a mount is lacking."""
+    if importlib.util.find_spec("lmcache") is None:
+        pytest.skip("lmcache is not installed")
+    missing_adapter = adapter_problem("fs_native")
+    if missing_adapter is not None:
+        pytest.skip(missing_adapter.message)
+    try:
+        outcome = l2_transfer.check_write_failure(Path(tmp_path_factory.mktemp("fs-full")),
+                                                  "fs-native-write-failure",
+                                                  l2_type="fs_native")
+    except L2Unavailable as exc:
+        if exc.problem.kind != "mount-refused":
+            raise
+        pytest.skip(f"the write-failure cell on a full filesystem mounts a tmpfs: {exc}")
+    return outcome.as_dict()
+
+
+def test_two_writers_into_a_full_tmpfs_never_give_a_wrong_byte(real_fs: dict[str, Any]) -> None:
+    """Not reproduced on LMCache 0.5.6 (CPU), #4991: in 10 runs each writer logged its
+    whole store (8 keys) failed, the 320 KiB tmpfs held 5 whole entries, and the reader hit
+    a prefix of them (5 chunks in 8 runs, 3 and 1 in two), every byte A's. The entries of a
+    store LMCache logged as failed are visible to lookups (the report's first half), but
+    whole. Prints the outcome (``-s``) for the field-report row."""
+    print(json.dumps({k: real_fs[k] for k in ("status", "hit_tokens", "split", "seen")}))
+    assert (real_fs["kind"], real_fs["status"]) == ("l2-transfer", "pass"), real_fs
+    seen = real_fs["seen"]
+    assert seen["full"] and any(seen["failed_keys"]), seen  # ENOSPC, and failures logged
+    assert 0 < seen["held"] < KEYS, seen  # some stores landed, some failed
+    assert real_fs["hit_tokens"] <= seen["held"] * CHUNK
+    if real_fs["hit_tokens"]:
+        assert (real_fs["split"]["l1"], real_fs["split"]["l2"]) == (
+            0, real_fs["hit_tokens"] // CHUNK)
+
+
+def test_without_a_mount_the_filesystem_cell_is_unavailable_naming_why(
+        tmp_path: Path) -> None:
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv(1) to drop CAP_SYS_ADMIN with")
+    wrap = NO_SYS_ADMIN if os.geteuid() == 0 else []
+    if adapter_problem("fs_native") is not None:
+        pytest.skip("LMCache's fs_native adapter is missing: it is said before any mount")
+    with pytest.raises(L2Unavailable) as unavailable:
+        l2_transfer.check_write_failure(tmp_path, "s", l2_type="fs_native", wrap=wrap)
+    assert unavailable.value.problem.kind == "mount-refused"
+    assert "EPERM" in unavailable.value.problem.message
+    assert not list(tmp_path.glob("lmcache-server-*.log"))  # no server was started
 
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "replica_pair", "-p", "no:cacheprovider",

@@ -24,7 +24,8 @@ from pytest_sharedkv.processes.managed import ProcessFailed
 from pytest_sharedkv.stack import redis_server
 
 ProblemKind = Literal["bad-spec", "redis-missing", "client-missing", "port-in-use",
-                      "start-failed", "unreachable", "not-writable", "adapter-missing"]
+                      "start-failed", "unreachable", "not-writable", "adapter-missing",
+                      "mount-refused"]
 REDIS_TYPES = ("resp", "valkey")
 PORT_TRIES = 3  # free ports the suite's Redis tries, each taken before it listened
 DIRECTORY_TYPES = ("fs", "fs_native")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.l2 import L2, first_gap
+from pytest_sharedkv.stack.l2 import FILE_SUFFIX, L2, DirectoryL2, first_gap
 from pytest_sharedkv.stack.l2_log import KeySplit
 from pytest_sharedkv.stack.transfer_provider import (
     CHUNK,
@@ -51,6 +51,7 @@ from pytest_sharedkv.stack.transfer_provider import (
 
 if TYPE_CHECKING:
     from pytest_sharedkv.processes.managed import ManagedProcess
+    from pytest_sharedkv.processes.mount_ns import CappedTmpfs
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.transfer_provider import Client
 
@@ -462,35 +463,86 @@ def check_through(l2: L2, workdir: Path, salt: str, gap: int,
             each.stop()
 
 
-# The write-failure cell: two writers store one salt at once into a Redis at its memory
-# limit (noeviction), as two replicas do when one prompt reaches both cold.
+# The write-failure cell: two writers store one salt at once into an L2 that refuses writes
+# because it is full, as two replicas do when one prompt reaches both cold: a Redis at its
+# memory limit (noeviction), or a directory (fs_native, fs) on a size-capped tmpfs.
 WRITE_FAILURE = "write-failure"
 # What the full Redis may hold above an empty server's own use: the two stores' values
 # (2 x 512 KiB) and the servers' connection buffers need more, so some writes land and the
 # rest are refused (on Redis 7.0.15: 5 of 16 SETs landed, 11 refused).
 WRITE_FAILURE_HEADROOM = 1 << 20
+# The tmpfs under a directory L2: one salt is KEYS entries of 64 KiB (a file each, the
+# same 512 KiB the Redis holds), each writer stores all of them; 320 KiB holds 5 entries
+# of one writer's 8 (the other writer's files of the same keys replace them whole or fail).
+WRITE_FAILURE_CAPACITY = 320 << 10
+FULL_TYPES = ("resp", "fs_native", "fs")
 
 
 @dataclass(frozen=True)
 class WriteFailureSeen:
     """What the L2 and the writers said once the stores were over: the writes the Redis
-    refused (None: unreadable), the keys each writer logged it could not write, and the
-    salt's entries the L2 held."""
+    refused (None: unreadable; a filesystem's are not counted: None), the keys each writer
+    logged it could not write (None: its log unreadable), and the salt's entries the L2
+    held. A filesystem (FILESYSTEM) also says the bytes it had free and the size of a
+    whole entry (the largest file of the salt; None: none there), and how many of the
+    held entries were shorter than that, and the names in the directory that are no entry
+    (a staging file left behind)."""
 
     refused: int | None
-    failed_keys: tuple[int, ...]
+    failed_keys: tuple[int | None, ...]
     held: int | None
+    filesystem: bool = False
+    free_bytes: int | None = None
+    entry_bytes: int | None = None
+    short: int | None = None
+    strays: tuple[str, ...] | None = None
+
+    @property
+    def full(self) -> bool:
+        """The filesystem had less free than one entry needs (the next write: ENOSPC)."""
+        return (self.filesystem and self.free_bytes is not None
+                and self.entry_bytes is not None and self.free_bytes < self.entry_bytes)
+
+    def void(self) -> str | None:
+        """Why nothing was tested (no write failed, or that is unknown); None: it was."""
+        if not self.filesystem:
+            if self.refused is None:
+                return ("VOID: the Redis's refused writes (INFO errorstats) could not be "
+                        "read: whether any L2 write failed is unknown")
+            if self.refused == 0:
+                return ("VOID: the Redis at its memory limit refused no write: no L2 "
+                        "write failed, so nothing was tested")
+            return None
+        if any(self.failed_keys) or self.full:
+            return None
+        if None in self.failed_keys or self.free_bytes is None or self.entry_bytes is None:
+            return ("VOID: whether the filesystem refused a write is unknown: the writers' "
+                    f"failed keys {list(self.failed_keys)}, {self.free_bytes} bytes free, "
+                    f"an entry {self.entry_bytes} bytes (None: unreadable)")
+        return (f"VOID: the capped filesystem refused no write: no writer logged a failed "
+                f"store and {self.free_bytes} bytes were free (an entry is "
+                f"{self.entry_bytes}), so nothing was tested")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"refused": self.refused, "failed_keys": list(self.failed_keys),
-                "held": self.held}
+        found: dict[str, Any] = {"refused": self.refused, "failed_keys": list(self.failed_keys),
+                                 "held": self.held}
+        if self.filesystem:
+            found.update(free_bytes=self.free_bytes, entry_bytes=self.entry_bytes,
+                         short=self.short, full=self.full,
+                         strays=None if self.strays is None else list(self.strays))
+        return found
+
+
+def _chunks(first: int, count: int) -> str:
+    return (f"chunk {first}" if count == 1 else f"chunks {first}-{first + count - 1}")
 
 
 def judge_write_failure(fetch: dict[str, Any], split: KeySplit | None,
                         seen: WriteFailureSeen) -> tuple[list[Problem], str | None]:
     """(problems, void) of a reader's fetch after writes failed: it may miss, or hit only
-    what the L2 holds, from the L2, every byte A's; a hit with other bytes names the
-    chunk. VOID where no write was refused (nothing was tested) or that is unknown."""
+    what the L2 holds, from the L2, every byte A's; a hit with other bytes, or one whose
+    retrieve failed, names the chunk. VOID where no write failed (nothing was tested) or
+    that is unknown."""
     problems: list[Problem] = []
     if fetch.get("control_hit_tokens"):
         problems.append(Problem("leak", f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
@@ -508,56 +560,186 @@ def judge_write_failure(fetch: dict[str, Any], split: KeySplit | None,
                                 f"{fetch.get('pages_compared')} page(s) wrong, {changed} "
                                 f"other page(s) changed); first: {first}"))
     if hit:
-        if not fetch.get("retrieved"):
-            problems.append(Problem("hits", "the reader's retrieve reported failure"))
         keys = hit // CHUNK
+        if not fetch.get("retrieved"):
+            problems.append(Problem("hits", f"the reader's retrieve reported failure: "
+                                    f"{_chunks(0, keys)} were visible to its lookup"))
         if seen.held is not None and keys > seen.held:
             problems.append(Problem("hits", f"the reader hit {hit} tokens ({keys} chunks) but "
-                                    f"the L2 held {seen.held} of the salt's {KEYS} entries"))
+                                    f"the L2 held {seen.held} of the salt's {KEYS} entries"
+                                    + (" whole" if seen.filesystem else "")))
         if split is None or not split.known or split.l1 != 0 or split.l2 != keys:
             problems.append(Problem("source", "the reader's keys did not all come from L2: "
                                     f"{split.describe() if split else 'no split read'}; "
                                     f"expected {keys} from L2"))
-    if seen.refused is None:
-        return problems, ("VOID: the Redis's refused writes (INFO errorstats) could not be "
-                          "read: whether any L2 write failed is unknown")
-    if seen.refused == 0:
-        return problems, ("VOID: the Redis at its memory limit refused no write: no L2 "
-                          "write failed, so nothing was tested")
-    return problems, None
+    return problems, seen.void()
+
+
+class FullL2:
+    """An L2 the check fills (started, filled by the writers, stopped): what the servers
+    are given, a prefix their argv runs under, and what it says once the stores are over."""
+
+    l2: L2
+    prefix: Sequence[str] = ()
+
+    def start(self) -> str:
+        """Started; what was planted (its limit)."""
+        raise NotImplementedError
+
+    def seen(self, failed: tuple[int | None, ...], held: list[str] | None) -> WriteFailureSeen:
+        raise NotImplementedError
+
+    def stop(self) -> list[int]:
+        """Stopped, once the servers are; what is left of it (pids)."""
+        return self.l2.stop()
+
+
+class FullRedis(FullL2):
+    """A Redis the suite starts, tightened to HEADROOM above its own use, noeviction."""
+
+    def __init__(self, workdir: Path, headroom: int) -> None:
+        from pytest_sharedkv.stack import l2 as l2_module
+        from pytest_sharedkv.stack.l2 import RedisL2
+
+        self.headroom = headroom
+        redis = l2_module.suite_redis(workdir, "resp", maxmemory=64 << 20)  # tightened below
+        assert isinstance(redis, RedisL2)
+        self.l2 = self.redis = redis
+
+    def start(self) -> str:
+        from pytest_sharedkv.stack import redis_server
+
+        self.redis.start()
+        limit = redis_server.limit_memory(self.redis.host, self.redis.port, self.headroom)
+        return (f"Redis maxmemory {limit} bytes ({self.headroom} above its own use), "
+                "policy noeviction")
+
+    def seen(self, failed: tuple[int | None, ...], held: list[str] | None) -> WriteFailureSeen:
+        from pytest_sharedkv.stack import redis_server
+
+        return WriteFailureSeen(redis_server.refused_writes(self.redis.host, self.redis.port),
+                                failed, None if held is None else len(held))
+
+
+class CappedDirectoryL2(DirectoryL2):
+    """A directory L2 on a CappedTmpfs: the servers (inside its namespace) are given the
+    mountpoint; the suite reads it through the holder's root."""
+
+    def __init__(self, mount: CappedTmpfs, adapter_type: str) -> None:
+        super().__init__(mount.view, adapter_type, create=False)
+        self.mount = mount
+
+    def adapter(self) -> dict[str, Any]:
+        return {"type": self.adapter_type, "base_path": str(self.mount.mountpoint)}
+
+    def describe(self) -> str:
+        return (f"{self.adapter_type} -> {self.mount.mountpoint} (a {self.mount.size}-byte "
+                "tmpfs)")
+
+
+class FullDirectory(FullL2):
+    """A directory L2 (ADAPTER_TYPE fs_native or fs) on a tmpfs of CAPACITY bytes in a
+    private mount namespace (``processes/mount_ns.py``); L2Unavailable (mount-refused)
+    where this host cannot mount one."""
+
+    def __init__(self, workdir: Path, adapter_type: str, capacity: int,
+                 wrap: Sequence[str] = ()) -> None:
+        from pytest_sharedkv.processes.mount_ns import CappedTmpfs
+
+        self.mount = CappedTmpfs(workdir, capacity, wrap)
+        self.adapter_type = adapter_type
+        self.logs: list[Path] = []  # the writers' logs, for their failure lines
+
+    def start(self) -> str:
+        from pytest_sharedkv.processes.mount_ns import MountRefused
+        from pytest_sharedkv.stack.l2 import L2Problem, L2Unavailable, adapter_problem
+
+        missing = adapter_problem(self.adapter_type)
+        if missing is not None:
+            raise L2Unavailable(missing)
+        try:
+            self.mount.start()
+        except MountRefused as exc:
+            raise L2Unavailable(L2Problem("mount-refused", str(exc))) from None
+        self.l2 = self.directory = CappedDirectoryL2(self.mount, self.adapter_type)
+        self.prefix = self.mount.enter()
+        return (f"{self.adapter_type} base_path on a tmpfs of {self.mount.size} bytes "
+                f"(mount namespace {self.mount.namespace}), {self.mount.free_bytes()} free")
+
+    def seen(self, failed: tuple[int | None, ...], held: list[str] | None) -> WriteFailureSeen:
+        sizes: list[int] | None = None
+        if held is not None:
+            try:
+                sizes = [(self.directory.path / name).stat().st_size for name in held]
+            except OSError:
+                sizes = None
+        entry = max(sizes) if sizes else None
+        try:
+            strays: tuple[str, ...] | None = tuple(sorted(
+                p.name for p in self.directory.path.iterdir()
+                if not p.name.endswith(FILE_SUFFIX)))
+        except OSError:
+            strays = None
+        return WriteFailureSeen(
+            None, failed, None if sizes is None else sum(s == entry for s in sizes),
+            filesystem=True, free_bytes=self.mount.free_bytes(), entry_bytes=entry,
+            short=None if sizes is None else sum(s != entry for s in sizes), strays=strays)
+
+    def stop(self) -> list[int]:
+        return self.mount.stop()
+
+
+def logged_failures(log: Path, salt: str) -> int | None:
+    """store_failures of the log at LOG; None where it cannot be read (unknown, not 0)."""
+    from pytest_sharedkv.stack.l2_log import store_failures
+
+    try:
+        return store_failures(log.read_text(errors="replace"), salt)
+    except OSError:
+        return None
+
+
+def full_l2(l2_type: str, workdir: Path, headroom: int, capacity: int,
+            wrap: Sequence[str] = ()) -> FullL2:
+    if l2_type == "resp":
+        return FullRedis(workdir, headroom)
+    if l2_type in ("fs_native", "fs"):
+        return FullDirectory(workdir, l2_type, capacity, wrap)
+    raise ValueError(f"the write-failure cell fills one of {FULL_TYPES}, not {l2_type!r}")
 
 
 def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = None,
                         headroom: int = WRITE_FAILURE_HEADROOM, timeout: float = 180.0,
-                        deadline_s: float = 30.0) -> HostsOutcome:
+                        deadline_s: float = 30.0, l2_type: str = "resp",
+                        capacity: int = WRITE_FAILURE_CAPACITY,
+                        wrap: Sequence[str] = ()) -> HostsOutcome:
     """Two writers (servers 1 and 2, one store process each, started together) store the
-    same salt into a Redis the suite starts with noeviction and maxmemory HEADROOM above
-    its own use; once each writer's store is over (the L2 holds every key, or the writer
-    logged the keys it could not write), a reader (server 3, which stored nothing) looks
-    up and retrieves it through that L2: a miss, or a hit of only what the L2 holds, byte
-    for byte A's. L2Unavailable where no Redis can be started."""
+    same salt into a full L2 (L2_TYPE): ``resp``, a Redis the suite starts with noeviction
+    and maxmemory HEADROOM above its own use; ``fs_native`` or ``fs``, a directory on a
+    tmpfs of CAPACITY bytes the check mounts (WRAP: a prefix for its holder). Once each
+    writer's store is over (the L2 holds every key, or the writer logged the keys it could
+    not write), a reader (server 3, which stored nothing) looks up and retrieves it through
+    that L2: a miss, or a hit of only what the L2 holds, byte for byte A's. L2Unavailable
+    where no Redis can be started or no tmpfs mounted."""
     from pytest_sharedkv.processes.managed import ProcessFailed
-    from pytest_sharedkv.stack import l2 as l2_module
-    from pytest_sharedkv.stack import redis_server
-    from pytest_sharedkv.stack.l2 import RedisL2
     from pytest_sharedkv.stack.l2_log import store_failures
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if env is None else env
-    redis = l2_module.suite_redis(workdir, "resp", maxmemory=64 << 20)  # tightened below
-    assert isinstance(redis, RedisL2)
-    outcome = HostsOutcome(WRITE_FAILURE, redis.describe(), WRITE_FAILURE)
+    full = full_l2(l2_type, workdir, headroom, capacity, wrap)
+    outcome = HostsOutcome(WRITE_FAILURE, l2_type if l2_type != "resp" else full.l2.describe(),
+                           WRITE_FAILURE)
     servers: list[LMCacheServer] = []
     replicas: list[ManagedProcess] = []
     try:
-        redis.start()
-        limit = redis_server.limit_memory(redis.host, redis.port, headroom)
-        outcome.planted = (f"Redis maxmemory {limit} bytes ({headroom} above its own use), "
-                           "policy noeviction")
+        outcome.planted = full.start()
+        l2 = full.l2
+        if l2_type != "resp":
+            outcome.l2 = l2.describe()
         for role in ("1", "2", "3 (reader)"):
             servers.append(LMCacheServer(ServerConfig(
-                l1_size_gb=0.25, chunk_size=CHUNK, l2_adapters=(redis.adapter_json(),)),
-                workdir, env=env, role=role))
+                l1_size_gb=0.25, chunk_size=CHUNK, l2_adapters=(l2.adapter_json(),)),
+                workdir, env=env, role=role, prefix=full.prefix))
         for each in servers:
             each.launch()
         writers, reader = servers[:2], servers[2]
@@ -592,21 +774,23 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
                                                 f"visible in its own server: {result}"))
         started = time.monotonic()
         while True:  # each writer's L2 write over: every key there, or its failure logged
-            held = redis.entries(salt)
-            failed = tuple(store_failures(w.process.log_text(), salt) for w in writers)
+            held = l2.entries(salt)
+            failed: tuple[int | None, ...] = (
+                tuple(store_failures(w.process.log_text(), salt) for w in writers)
+                if l2_type == "resp" else
+                tuple(logged_failures(w.process.log_path, salt) for w in writers))
             if (held is not None and len(held) >= KEYS) or all(failed):
                 break
             if time.monotonic() - started > deadline_s:
                 outcome.problems.append(Problem("l2", f"{deadline_s:g}s after both stores "
-                                                f"returned, {redis.describe()} held "
+                                                f"returned, {l2.describe()} held "
                                                 f"{'unknown' if held is None else len(held)} "
                                                 f"of the {KEYS} entries and the writers had "
                                                 f"logged {list(failed)} failed key(s)"))
                 break
             time.sleep(0.01)
         outcome.l2_visible_s = round(time.monotonic() - started, 4)  # the stores over
-        seen = WriteFailureSeen(redis_server.refused_writes(redis.host, redis.port), failed,
-                                None if held is None else len(held))
+        seen = full.seen(failed, held)
         (workdir / L2_READY).touch()
         code = fetch.wait_exit(timeout, "finish its fetch")
         result = fetch_dir / "fetch.json"
@@ -630,5 +814,9 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
                 _cleanup_shm(replica.pid)
         for each in servers:
             each.stop()
-        redis.stop()
+        left = full.stop()
+        if left and l2_type != "resp":
+            outcome.problems.insert(0, Problem("process", f"processes {left} were still in "
+                                               "the tmpfs's mount namespace after the check: "
+                                               "its mount lives while they do"))
     return outcome

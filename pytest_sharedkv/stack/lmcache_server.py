@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,7 +108,10 @@ REGISTER_FAILED = "Error handling operation register_kv_cache"  # LMCache 0.5.6 
 
 class LMCacheServer:
     def __init__(self, config: ServerConfig, log_dir: Path,
-                 env: dict[str, str] | None = None, role: str = "") -> None:
+                 env: dict[str, str] | None = None, role: str = "",
+                 prefix: Sequence[str] = ()) -> None:
+        """PREFIX runs before the server's own argv (``mount_ns.CappedTmpfs.enter``: the
+        server inside a private mount namespace)."""
         self.config = config
         self.port = free_port()
         self.http_port = free_port()
@@ -128,7 +132,7 @@ class LMCacheServer:
         if config.l2_adapters:  # the attach and retained-keys lines are INFO
             full_env["LMCACHE_LOG_LEVEL"] = "INFO"
         name = f"lmcache server {role}" if role else "lmcache server"  # role: "1", "2"
-        self.process = ManagedProcess(f"{name} ({config.allocator})", argv,
+        self.process = ManagedProcess(f"{name} ({config.allocator})", [*prefix, *argv],
                                       log_dir / f"lmcache-server-{self.port}.log", env=full_env)
         self.startup_s: float | None = None
         self._scanned = 0  # bytes of the log fatal_error has already read
