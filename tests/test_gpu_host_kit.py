@@ -107,3 +107,37 @@ def test_a_perf_session_runs_the_shared_flags_then_the_callers(tmp_path: Path) -
                            "27b-compute --sharedkv-service-sizes 8k,32k,128k --sharedkv-blocks 1 "
                            "--sharedkv-require-gpu --basetemp ")
     assert args.endswith(f"--sharedkv-json {tmp_path}/res/s3.json --sharedkv-perf-arms NATIVE")
+
+
+def test_a_service_wave_gives_each_lane_a_runtime_directory_of_its_own(tmp_path: Path) -> None:
+    """The suite's GPU lease admits one run per GPU and runtime directory: on an H200 seven
+    runs started together ran one after another until each had its own. The wave gives
+    each lane its own, passes a lane's environment and arguments on, and stops the lanes
+    after a compile that failed."""
+    env = {**_fake_host(tmp_path), "WAVE_TMP": str(tmp_path), "STAGGER_S": "0"}
+    kit = tmp_path / "contrib" / "gpu-host"
+    kit.mkdir(parents=True)
+    (kit / "service-wave.sh").write_text((KIT / "service-wave.sh").read_text())
+    (kit / "lmcache-site.sh").write_text(
+        '#!/bin/bash\n[ "$1" = compile ] && { [ "$2" = 0.5.6 ]; exit; }\n'
+        'echo "RT=$SHAREDKV_RUNTIME_DIR M=${SHAREDKV_SERVICE_MEASURED:-} ARGS=$*"\n')
+    plan = tmp_path / "plan.sh"
+    plan.write_text("compile 0.5.6\n"
+                    "lane one 60 0.5.6 -m service_regression\n"
+                    "SHAREDKV_SERVICE_MEASURED=8 lane two 60 0.5.6 -k gap\n"
+                    "compile 0.5.3\n"
+                    "lane three 60 0.5.3 -m ordering\n")
+    out = subprocess.run(["bash", str(kit / "service-wave.sh"), str(plan)], env=env,
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
+    res = tmp_path / "res"
+    progress = [line.split(" ", 1)[1] for line in
+                (res / "progress.txt").read_text().splitlines()]
+    assert progress[0] == "start" and progress[-1] == "alldone", progress
+    assert "three not run" in progress and not (res / "three.log").exists()
+    one, two = ((res / f"{n}.log").read_text().strip() for n in ("one", "two"))
+    assert one.startswith(f"RT={tmp_path}/rt-one M= ARGS=run 0.5.6 -m service_regression "
+                          f"--basetemp {tmp_path}/bt-one-"), one
+    assert one.endswith(f"--sharedkv-json {res}/one.json"), one
+    assert two.startswith(f"RT={tmp_path}/rt-two M=8 ARGS=run 0.5.6 -k gap"), two
+    assert oct((tmp_path / "rt-one").stat().st_mode & 0o777) == "0o700"
