@@ -154,3 +154,44 @@ def test_a_hook_that_found_no_target_says_so_and_no_list_is_unknown(tmp_path: Pa
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert corrupt_hook.read_wrapped(log) == []
+
+
+@pytest.mark.parametrize("chunk", ["", "0", "x"])
+def test_a_gate_that_needs_a_chunk_size_stays_unarmed_without_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        chunk: str) -> None:
+    """The in-process and native gates (corrupt_hook.arm with a chunk variable): no chunk
+    size, no wrapping and no start logged, so the gate reads none and says VOID."""
+    from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
+
+    log = tmp_path / "gate.log"
+    monkeypatch.setenv(hook.CONTROL_ENV, str(tmp_path / "control.json"))
+    monkeypatch.setenv(hook.LOG_ENV, str(log))
+    monkeypatch.setenv(hook.CHUNK_ENV, chunk)
+    assert hook.install() is None
+    assert not corrupt_hook.armed_path(log).exists()
+    assert not corrupt_hook.wrapped_path(log).exists()
+    assert f"{hook.CHUNK_ENV} is not a chunk size; the gate is not armed" in \
+        capsys.readouterr().err
+
+
+def test_a_gate_armed_with_a_chunk_size_logs_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    import sys
+
+    from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
+
+    log = tmp_path / "gate.log"
+    monkeypatch.setenv(hook.CONTROL_ENV, str(tmp_path / "control.json"))
+    monkeypatch.setenv(hook.LOG_ENV, str(log))
+    monkeypatch.setenv(hook.CHUNK_ENV, "32")
+    finder = hook.install()
+    try:
+        assert finder is not None
+        assert corrupt_hook.armed_path(log).exists()
+        assert corrupt_hook.wrapped_path(log).read_text() == ""
+        assert "sensitivity gate armed in this replica" in capsys.readouterr().err
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)

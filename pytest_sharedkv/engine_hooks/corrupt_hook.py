@@ -137,16 +137,37 @@ def wrapper(control: Path, log: str | None) -> post_import.Wrapper:
     return wrap
 
 
-def install() -> post_import.PostImportFinder | None:
-    path = os.environ.get(CONTROL_ENV)
+def arm(tag: str, targets: Any, make: Callable[..., post_import.Wrapper], control_env: str,
+        log_env: str, verb: str, chunk_env: str | None = None, where: str = ""
+        ) -> post_import.PostImportFinder | None:
+    """Every gate hook's start (this one's, the in-process connector's, native offload's):
+    armed only where CONTROL_ENV names a control file; the wrapped list made empty (not
+    unknown) before anything is wrapped; MAKE(control, log[, chunk_size]) the wrapper; the
+    start logged for the gate to read. With CHUNK_ENV, a chunk size it must name: else the
+    hook stays unarmed, and the gate, reading no start, says VOID."""
+    path = os.environ.get(control_env)
     if not path:
         return None
-    log = os.environ.get(LOG_ENV)
+    log = os.environ.get(log_env)
+    extra: tuple[int, ...] = ()
+    if chunk_env is not None:
+        try:
+            chunk_size = int(os.environ.get(chunk_env, ""))
+        except ValueError:
+            chunk_size = 0
+        if chunk_size <= 0:
+            print(f"sharedkv-{tag}: {chunk_env} is not a chunk size; the gate is not armed",
+                  file=sys.stderr, flush=True)
+            return None
+        extra = (chunk_size,)
     if log:
         wrapped_path(log).touch()  # an empty list, not an unknown one, if nothing is wrapped
-    finder = post_import.install(TARGETS, wrapper(Path(path), log), TAG,
-                                 verb="zeroing named chunks in")
+    finder = post_import.install(targets, make(Path(path), log, *extra), tag, verb=verb)
     log_armed(log)
-    print(f"sharedkv-{TAG}: sensitivity gate armed (control file {path})", file=sys.stderr,
-          flush=True)
+    print(f"sharedkv-{tag}: sensitivity gate armed{where} (control file {path})",
+          file=sys.stderr, flush=True)
     return finder
+
+
+def install() -> post_import.PostImportFinder | None:
+    return arm(TAG, TARGETS, wrapper, CONTROL_ENV, LOG_ENV, verb="zeroing named chunks in")

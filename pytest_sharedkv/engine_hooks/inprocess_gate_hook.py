@@ -19,8 +19,6 @@ set. Standard library only at import.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,23 +68,6 @@ def wrapper(control: Path, log: str | None, chunk_size: int) -> post_import.Wrap
 
 
 def install() -> post_import.PostImportFinder | None:
-    path = os.environ.get(CONTROL_ENV)
-    if not path:
-        return None
-    log = os.environ.get(LOG_ENV)
-    try:
-        chunk_size = int(os.environ.get(CHUNK_ENV, ""))
-    except ValueError:
-        chunk_size = 0
-    if chunk_size <= 0:  # unarmed: the gate then reads no start and says VOID
-        print(f"sharedkv-{TAG}: {CHUNK_ENV} is not a chunk size; the gate is not armed",
-              file=sys.stderr, flush=True)
-        return None
-    if log:
-        corrupt_hook.wrapped_path(log).touch()
-    finder = post_import.install(TARGETS, wrapper(Path(path), log, chunk_size), TAG,
-                                 verb="zeroing named chunks in")
-    corrupt_hook.log_armed(log)
-    print(f"sharedkv-{TAG}: sensitivity gate armed in this replica (control file {path})",
-          file=sys.stderr, flush=True)
-    return finder
+    return corrupt_hook.arm(TAG, TARGETS, wrapper, CONTROL_ENV, LOG_ENV,
+                            verb="zeroing named chunks in", chunk_env=CHUNK_ENV,
+                            where=" in this replica")
