@@ -422,7 +422,6 @@ def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     answer exact, every hit exactly that prefix (a hit past the gap fails), server 2's
     split that many keys from the L2, and with the KV audit on, every digest A's."""
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.execute import gap_cell
 
     _skip_not_applicable("l2", sharedkv_service_pass, request)
@@ -433,20 +432,14 @@ def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     gap = sharedkv_settings.l2_fault_gap
     cell = gap_cell(sharedkv_service_pass, sharedkv_pair_slot,
                     request.getfixturevalue("sharedkv_l2"), gap)
-    problems = [*cell.problems]
-    kind = worst_kind(kinds_of(problems), "hits")
-    if not problems and (cell.error or cell.unknown):
-        kind = "error" if cell.error else "hits-unknown"
-    status = "fail" if problems else "unknown" if cell.error or cell.unknown else "pass"
+    kind, status = cell.judged("hits")
     sharedkv_results.check(
         TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
                "step": f"l2 fault gap {gap}"}, cell.exact, cell.requests, kind=kind,
-        status=status, message="; ".join([*problems, *cell.unknown][:3]) or (cell.error or ""),
-        detail=cell.detail)
-    if cell.error:
-        pytest.fail(f"l2 fault gap: {cell.error}", pytrace=False)
-    if problems or cell.unknown:
-        pytest.fail("\n".join([*problems, *cell.unknown][:20]), pytrace=False)
+        status=status, message=cell.message(), detail=cell.detail)
+    failure = cell.failure("l2 fault gap")
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
 
 
 def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
@@ -458,7 +451,6 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
     exact, no hit past what the L2 holds, and with the KV audit on, every chunk B loaded
     is what A or B stored. No write refused: VOID."""
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.report.records import kinds_of, worst_kind
     from pytest_sharedkv.service.execute import write_failure_cell
     from pytest_sharedkv.stack import redis_server
 
@@ -471,22 +463,14 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
         pytest.skip(f"the L2 write-failure cell fills a Redis the suite starts: {redis_missing}")
     sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
     cell = write_failure_cell(sharedkv_service_pass, sharedkv_pair_slot, tmp_path)
-    problems = [*cell.problems]
-    kind = worst_kind(kinds_of(problems), "divergence")
-    if not problems and (cell.error or cell.unknown):
-        kind = "error" if cell.error else "hits-unknown"
-    status = ("fail" if problems else "void" if cell.void else
-              "unknown" if cell.error or cell.unknown else "pass")
+    kind, status = cell.judged("divergence")
     sharedkv_results.check(
         TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
                "step": "l2 write failure"}, cell.exact, cell.requests, kind=kind,
-        status=status, message="; ".join([*problems, *cell.unknown][:3])
-        or (cell.error or cell.void or ""), detail=cell.detail)
-    if cell.error:
-        pytest.fail(f"l2 write failure: {cell.error}", pytrace=False)
-    if problems or cell.unknown or cell.void:
-        pytest.fail("\n".join([*problems, *cell.unknown][:20]) or str(cell.void),
-                    pytrace=False)
+        status=status, message=cell.message(), detail=cell.detail)
+    failure = cell.failure("l2 write failure")
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
 
 
 def test_triage(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,

@@ -110,3 +110,25 @@ def test_the_hit_judge_after_refused_writes() -> None:
     assert judged(64, split=KeySplit("x", 2, 94, 0, 2)) is None
     assert refused_void(0) is not None and refused_void(3) is None
     assert refused_void(None) is None  # unknown, said as such by the cell, not VOID
+
+
+def test_an_l2_cell_is_judged_from_its_problems_its_error_and_its_void() -> None:
+    """The two L2 cells' one judgement (execute.L2Cell): a problem fails with its kind;
+    an error or an unjudged step is unknown; a VOID cell that broke nothing is void; each
+    but a pass fails the test."""
+    from pytest_sharedkv.report.records import Problem
+    from pytest_sharedkv.service.execute import GapCell, WriteCell
+
+    wrong = WriteCell(problems=[Problem("request 3k-000: wrong", "divergence")])
+    assert wrong.judged("hits") == ("divergence", "fail")
+    assert wrong.failure("l2 write failure") == "request 3k-000: wrong"
+    broke = GapCell(gap=4, error="no pair")
+    assert broke.judged("hits") == ("error", "unknown")
+    assert broke.failure("l2 fault gap") == "l2 fault gap: no pair"
+    unread = GapCell(gap=4, unknown=["counters unread"])
+    assert (unread.judged("hits"), unread.message()) == (("hits-unknown", "unknown"),
+                                                          "counters unread")
+    void = WriteCell(void="no write was refused")
+    assert void.judged("divergence") == ("divergence", "void")
+    assert (void.message(), void.failure("l2 write failure")) == ("no write was refused",) * 2
+    assert GapCell(gap=4, requests=2, exact=2).failure("l2 fault gap") is None

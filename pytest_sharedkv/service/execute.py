@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet
-from pytest_sharedkv.report.records import Problem
+from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
 from pytest_sharedkv.service.answers import Answer, ServiceRun
 from pytest_sharedkv.service.protocol import run_protocol
 from pytest_sharedkv.service.runner import Runner, Salts
@@ -82,13 +82,12 @@ GAP_CASES = 8  # the cell's requests: enough to go concurrently, few enough to b
 
 
 @dataclass
-class GapCell:
-    """The L2 fault cell: server 2's L2 (LMCache's ``fault_inject`` over the session's
-    L2) fails to load chunk GAP of every lookup, so B must take exactly the chunks before
-    it from the L2 and recompute the rest. SIZE: the group sent; PROBLEMS what broke
-    that, UNKNOWN what could not be judged; DETAIL the record's evidence."""
+class L2Cell:
+    """What the L2 cells (the fault gap, the refused writes) keep: SIZE the group sent,
+    REQUESTS and EXACT its answers, PROBLEMS what broke, UNKNOWN what could not be judged,
+    DETAIL the record's evidence, ERROR why the cell could not run, VOID why it tested
+    nothing; and their one judgement of it."""
 
-    gap: int
     size: str | None = None
     requests: int = 0
     exact: int = 0
@@ -96,6 +95,38 @@ class GapCell:
     unknown: list[str] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    void: str | None = None
+
+    def judged(self, kind_if_failed: str) -> tuple[str, str]:
+        """The record's (kind, status): the worst problem's kind (KIND_IF_FAILED where
+        none names one), else error or hits-unknown where it could not be judged."""
+        kind = worst_kind(kinds_of(self.problems), kind_if_failed)
+        if not self.problems and (self.error or self.unknown):
+            kind = "error" if self.error else "hits-unknown"
+        status = ("fail" if self.problems else "void" if self.void else
+                  "unknown" if self.error or self.unknown else "pass")
+        return kind, status
+
+    def message(self) -> str:
+        return "; ".join([*self.problems, *self.unknown][:3]) or (self.error or self.void
+                                                                   or "")
+
+    def failure(self, step: str) -> str | None:
+        """What fails the test (None: it passes)."""
+        if self.error:
+            return f"{step}: {self.error}"
+        if self.problems or self.unknown or self.void:
+            return "\n".join([*self.problems, *self.unknown][:20]) or str(self.void)
+        return None
+
+
+@dataclass
+class GapCell(L2Cell):
+    """The L2 fault cell: server 2's L2 (LMCache's ``fault_inject`` over the session's
+    L2) fails to load chunk GAP of every lookup, so B must take exactly the chunks before
+    it from the L2 and recompute the rest."""
+
+    gap: int = 0
 
 
 def gap_cases(cases: CaseSet, gap: int, chunks: Callable[[Case], int]) -> list[Case]:
@@ -125,7 +156,7 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
     from pytest_sharedkv.stack.pair import ReplicaError
     from pytest_sharedkv.stack.steps import step as step_named
 
-    cell = GapCell(gap)
+    cell = GapCell(gap=gap)
     runner = service_pass.runner
     reader = json.dumps(fault_inject(l2, (gap,)), sort_keys=True)
 
@@ -224,20 +255,10 @@ WRITE_GROUP = "l2 write failure"
 
 
 @dataclass
-class WriteCell:
+class WriteCell(L2Cell):
     """The L2 write-failure cell: both replicas take the same prompts cold at once (each
     server writes them to the L2) into a Redis at its memory limit, so some writes are
-    refused; a fresh pair over that L2 then answers them on B, every hit from the L2.
-    PROBLEMS what broke, UNKNOWN what could not be judged, VOID why nothing was tested."""
-
-    size: str | None = None
-    requests: int = 0
-    exact: int = 0
-    problems: list[Problem] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
-    detail: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    void: str | None = None
+    refused; a fresh pair over that L2 then answers them on B, every hit from the L2."""
 
 
 def write_cases(cases: CaseSet, chunks: Callable[[Case], int]) -> list[Case]:
