@@ -343,21 +343,25 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
             # the bytes one chunk takes in this Redis: one probe request, its own salt
             probe = Runner(first, runner.cases,
                            lambda key: runner.salts(f"l2-full-probe/{key}"), runner.settle_s)
-            before = redis_server.used_memory(redis.host, redis.port)
             probe.step(f"{WRITE_GROUP} probe", Step("cold", "A", "none"), cases[:1])
-            probe_wait = topology.wait_l2({probe.salt(cases[0].id): need[cases[0].id]},
+            probe_salt = probe.salt(cases[0].id)
+            probe_wait = topology.wait_l2({probe_salt: need[cases[0].id]},
                                           prompt_size(cases[0].prompt_tokens, cases[0].text))
-            after = redis_server.used_memory(redis.host, redis.port)
-            if before is None or after is None or probe_wait.missing or after <= before:
+            keys = redis.entries(probe_salt)
+            used = None if not keys else redis_server.keys_memory(redis.host, redis.port, keys)
+            if not used or probe_wait.missing:
                 cell.error = ("the probe could not size a chunk in the Redis: "
-                              f"used_memory {before} -> {after}; "
+                              f"its keys {len(keys) if keys is not None else 'unlisted'}, "
+                              f"MEMORY USAGE {used}; "
                               + ("; ".join(probe_wait.missing) or "the L2 held it"))
                 return cell
-            per_chunk = (after - before) // max(need[cases[0].id], 1)
-            headroom = per_chunk * sum(need[c.id] for c in cases) // 2
+            per_chunk = used // max(need[cases[0].id], 1)
+            # room for three quarters: the first request's chunks and the first half of
+            # the second's, in whichever order the writers store them
+            headroom = per_chunk * sum(need[c.id] for c in cases) * 3 // 4
             limit = redis_server.limit_memory(redis.host, redis.port, headroom)
             runner.log(f"l2 write failure: {redis.describe()} limited to {limit} bytes "
-                       f"({headroom} above its use: half the cell's chunks at {per_chunk} "
+                       f"({headroom} above its use: 3/4 of the cell's chunks at {per_chunk} "
                        "bytes each)")
             # the same prompts reach both replicas cold, at once
             steps = (Step("cold", "A", "none"), Step("cold-b", "B", "none"))

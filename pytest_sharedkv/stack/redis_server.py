@@ -142,15 +142,23 @@ def refused_writes(host: str, port: int) -> int | None:
     return int(oom["count"]) if isinstance(oom, dict) and "count" in oom else 0
 
 
-def used_memory(host: str, port: int) -> int | None:
-    """What the Redis at HOST:PORT uses now (INFO memory), or None."""
+def keys_memory(host: str, port: int, keys: list[str]) -> int | None:
+    """The bytes KEYS take in the Redis at HOST:PORT (``MEMORY USAGE``, every value sampled);
+    None when that cannot be read. Unlike a difference of ``used_memory`` it holds no client
+    buffer of the moment, so a limit sized by it cannot drift with the load on the machine."""
     import redis
 
     try:
         with client(host, port) as conn:
-            return int(conn.info("memory")["used_memory"])
-    except (redis.RedisError, OSError, KeyError, ValueError):
+            pipe = conn.pipeline(transaction=False)
+            for key in keys:
+                pipe.memory_usage(key, samples=0)
+            sizes = pipe.execute()
+    except (redis.RedisError, OSError):
         return None
+    if any(not isinstance(size, int) for size in sizes):
+        return None  # a key gone meanwhile
+    return sum(int(size) for size in sizes)
 
 
 def limit_memory(host: str, port: int, headroom: int) -> int:

@@ -222,7 +222,7 @@ class _State:
                 local = end
             else:
                 external = end - local
-        stale = frozenset(i for i, data in read.items() if data != block_bytes(keys[i][1]))
+        stale = frozenset(i for i, data in read.items() if data != l2_entry(keys[i][1]))
         self.last = _ServerLookup((l1 + l2, len(keys), l1, l2), stale)
         stored = []
         for index, (_, key) in enumerate(keys):
@@ -253,7 +253,7 @@ class _State:
         assert self.l2 is not None
         entry = _entry(salt, key, self.l2)
         try:
-            self.l2.write(entry, block_bytes(key))
+            self.l2.write(entry, l2_entry(key))
             if index == self.args.l2_flip_chunk:
                 said = self.l2.corrupt(entry)
                 print(f"[{self.name}] planted: {said}", flush=True)
@@ -330,6 +330,16 @@ class _State:
 def block_bytes(key: str) -> bytes:
     """A stub block's "bytes" (what it stores and the audit digests): a function of its key."""
     return hashlib.sha256(key.encode()).digest() * 4
+
+
+L2_ENTRY_REPEAT = 128  # 16 KiB an L2 entry
+
+
+def l2_entry(key: str) -> bytes:
+    """What the stub writes to the L2 for a block: its bytes, repeated to 16 KiB, so that a
+    Redis at its memory limit is filled by entries, as by LMCache's objects, and not by the
+    buffers of the connections of the moment (some 40 KiB each)."""
+    return block_bytes(key) * L2_ENTRY_REPEAT
 
 
 def _l2_of(text: str | None) -> tuple[Any, tuple[int, ...]]:
