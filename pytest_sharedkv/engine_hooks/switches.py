@@ -13,6 +13,7 @@ SWITCHES = (
     "SHAREDKV_CORRUPT_CONTROL",  # corrupt_hook.CONTROL_ENV
     "SHAREDKV_INPROCESS_GATE_CONTROL",  # inprocess_gate_hook.CONTROL_ENV
     "SHAREDKV_NATIVE_GATE_CONTROL",  # native_gate_hook.CONTROL_ENV
+    "SHAREDKV_SIMPLE_GATE_CONTROL",  # simple_gate_hook.CONTROL_ENV
     "SHAREDKV_KV_AUDIT_DIR",  # kv_audit_hook.DIR_ENV
     "SHAREDKV_SYNC_LOG",  # sync_hook.LOG_ENV
     "SHAREDKV_FAULT_CONTROL",  # fault_hook.CONTROL_ENV

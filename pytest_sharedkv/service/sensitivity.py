@@ -16,8 +16,9 @@ sensitivity is unproven, and the report says so.
 On vLLM's native offload the replicas share nothing: B's own CPU tier serves the gated
 step instead (``expected_hits.GateSteps``: B answers the controls once, other prompts push
 them off B's GPU cache, B answers them again while ``engine_hooks/native_gate_hook.py``
-zeroes the named chunk's GPU blocks as B's CPU-tier load lands). Judged as on the other
-stacks.
+zeroes the named chunk's GPU blocks as B's CPU-tier load lands; ``simple_gate_hook.py`` on
+the SimpleCPUOffloadConnector, the connector the launch record names). Judged as on the
+other stacks.
 """
 
 from __future__ import annotations
@@ -161,20 +162,30 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
                                "cold_exact": right_cold, "changed": changed,
                                "expected": list(case.expected or ()),
                                "cold": cold.to_data(), gated.name: cross.to_data()})
-    return judge(result, broken, copy_model=runner.cases.kind == "copy", stack=kind)
+    return judge(result, broken, copy_model=runner.cases.kind == "copy", stack=kind,
+                 connector=str((stack or {}).get("connector") or "") or None)
 
 
-def _native_wrapped_words(wrapped: list[str] | None) -> str:
-    """Why the native hook zeroed nothing, from what it wrapped: it needs both its
-    targets (the CPU -> GPU copy, and the connector worker that gives the KV-cache
-    groups)."""
-    from pytest_sharedkv.engine_hooks.native_gate_hook import NEEDED
+def native_needed(connector: str | None) -> tuple[str, ...]:
+    """What the native gate's hook for CONNECTOR (the launch record's) must wrap:
+    ``simple_gate_hook``'s for the SimpleCPUOffloadConnector, else ``native_gate_hook``'s."""
+    from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
 
+    if connector == simple_gate_hook.CONNECTOR:
+        return simple_gate_hook.NEEDED
+    return native_gate_hook.NEEDED
+
+
+def _native_wrapped_words(wrapped: list[str] | None, connector: str | None = None) -> str:
+    """Why the native hook zeroed nothing, from what it wrapped: it needs every one of its
+    targets (the CPU -> GPU copy, and what gives the KV-cache groups and, on the simple
+    connector, each loaded request's blocks)."""
+    needed = native_needed(connector)
     if wrapped is None:
         return "what it wrapped in vLLM is not known (the hook did not record it)"
-    missing = [name for name in NEEDED if name not in wrapped]
-    if len(missing) == len(NEEDED):
-        return (f"it found none of its targets ({', '.join(NEEDED)}): this vLLM keeps "
+    missing = [name for name in needed if name not in wrapped]
+    if len(missing) == len(needed):
+        return (f"it found none of its targets ({', '.join(needed)}): this vLLM keeps "
                 "its CPU-offload load elsewhere")
     if missing:
         return (f"it wrapped {', '.join(wrapped)} but found no {', '.join(missing)}, "
@@ -199,7 +210,7 @@ def _wrapped_words(wrapped: list[str] | None) -> str:
 
 
 def judge(result: GateResult, broken: list[str], copy_model: bool = True,
-          stack: str | None = None) -> GateResult:
+          stack: str | None = None, connector: str | None = None) -> GateResult:
     """RESULT's status and message from its counts: VOID when a control broke cold, the hook
     never fired or an answer copying from the zeroed chunk stayed exact with every other
     exact; CONFOUNDED when such an answer stayed exact while answers from intact chunks
@@ -207,7 +218,8 @@ def judge(result: GateResult, broken: list[str], copy_model: bool = True,
     attention-only variant), which sees a lost chunk by construction, so an answer that
     stayed exact says the corruption did not reach it, not that the model cannot see it.
     STACK: the stack's name (its hook: the LMCache server's, or replica B's vLLM's on
-    native offload)."""
+    native offload); CONNECTOR: the native stack's connector, whose hook's targets a
+    gate that zeroed nothing names."""
     from pytest_sharedkv.config.stack_choice import NATIVE
 
     native = stack == NATIVE
@@ -215,7 +227,10 @@ def judge(result: GateResult, broken: list[str], copy_model: bool = True,
     if native:
         where = f"chunk {result.zeroed_chunk} zeroed in every load from B's CPU tier"
     process = "replica B's vLLM" if native else "the LMCache server"
-    words = _native_wrapped_words if native else _wrapped_words
+
+    def words(wrapped: list[str] | None) -> str:
+        return _native_wrapped_words(wrapped, connector) if native else _wrapped_words(wrapped)
+
     if broken:
         result.status, result.message = VOID, (
             f"VOID: the sensitivity gate's control requests {broken} failed before any "

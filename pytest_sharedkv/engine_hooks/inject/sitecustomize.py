@@ -2,7 +2,8 @@
 pytest-sharedkv's fault-sensitivity mode when SHAREDKV_INJECT_DELAY_CYCLES is set, and the
 service tier's sensitivity gate when SHAREDKV_CORRUPT_CONTROL is set (in an in-process
 LMCache replica, SHAREDKV_INPROCESS_GATE_CONTROL; in a replica on vLLM's native offload,
-SHAREDKV_NATIVE_GATE_CONTROL), the in-engine KV
+SHAREDKV_NATIVE_GATE_CONTROL, or SHAREDKV_SIMPLE_GATE_CONTROL on its
+SimpleCPUOffloadConnector), the in-engine KV
 audit when SHAREDKV_KV_AUDIT_DIR is set, the triage's synchronize around KV transfers
 when SHAREDKV_SYNC_LOG is set, the fault catalogue's hook when SHAREDKV_FAULT_CONTROL is
 set, and the triage's stream remedy for LMCache's fallback copy when SHAREDKV_STREAM_REMEDY
@@ -46,6 +47,11 @@ if os.environ.get("SHAREDKV_NATIVE_GATE_CONTROL"):
     from pytest_sharedkv.engine_hooks.native_gate_hook import install as arm_native_gate
 
     arm_native_gate()
+
+if os.environ.get("SHAREDKV_SIMPLE_GATE_CONTROL"):
+    from pytest_sharedkv.engine_hooks.simple_gate_hook import install as arm_simple_gate
+
+    arm_simple_gate()
 
 if os.environ.get("SHAREDKV_KV_AUDIT_DIR"):
     from pytest_sharedkv.engine_hooks.kv_audit_hook import install as audit_kv
