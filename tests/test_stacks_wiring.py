@@ -49,6 +49,15 @@ def model(tmp_path: Path, config: dict[str, Any]) -> Path:
      "--sharedkv-stack native: --sharedkv-fault-catalogue's faults go into LMCache's MP*"),
     (["--sharedkv-stack=native", "--sharedkv-allocators=lazy"], False,
      "--sharedkv-stack native: --sharedkv-allocators chooses the MP server's L1 allocator*"),
+    (["--sharedkv-native-connector=simple"], False,
+     "--sharedkv-native-connector: only the native stack runs vLLM's own CPU offload, whose "
+     "connector it chooses, and --sharedkv-stack is mp; give --sharedkv-stack native or drop "
+     "--sharedkv-native-connector"),
+    (["--sharedkv-stack=inprocess", "--sharedkv-native-connector=offloading"], False,
+     "--sharedkv-native-connector: *and --sharedkv-stack is inprocess; give --sharedkv-stack "
+     "native*"),
+    (["--sharedkv-stack=native", "--sharedkv-native-connector=fast"], False,
+     "--sharedkv-native-connector: 'fast' is not one of offloading, simple"),
 ])
 def test_a_stack_that_cannot_run_is_a_usage_error(
         pytester: pytest.Pytester, args: list[str], hybrid: bool, message: str) -> None:
@@ -79,6 +88,35 @@ def test_the_stack_option_and_its_ini_twin(pytester: pytest.Pytester, ini: str,
     config = pytester.parseconfigure(*args)
     assert state_of(config).settings.stack == stack
     assert _environment_data(config, probe=False)["settings"]["stack"] == stack  # the report's
+
+
+@pytest.mark.parametrize(("ini", "args", "connector"), [
+    ("sharedkv_stack = native", [], "offloading"),
+    ("sharedkv_stack = native\nsharedkv_native_connector = simple", [], "simple"),
+    ("sharedkv_native_connector = simple", ["--sharedkv-stack=native",
+                                            "--sharedkv-native-connector=offloading"],
+     "offloading"),
+])
+def test_the_native_connector_option_and_its_ini_twin(
+        pytester: pytest.Pytester, ini: str, args: list[str], connector: str) -> None:
+    """The command line wins over the ini file; the report's environment names it."""
+    from pytest_sharedkv.plugin import _environment_data
+    from pytest_sharedkv.state import state_of
+
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    config = pytester.parseconfigure(*args)
+    assert state_of(config).settings.native_connector == connector
+    assert _environment_data(config, probe=False)["settings"]["native_connector"] == connector
+
+
+def test_the_native_connectors_ini_twin_with_another_stack_is_named(
+        pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nsharedkv_native_connector = simple\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option sharedkv_native_connector: only the "
+                                 "native stack*drop ini option sharedkv_native_connector"])
 
 
 def test_a_launched_stack_is_one_matrix_cell_named_by_it(pytester: pytest.Pytester) -> None:
@@ -164,6 +202,59 @@ def test_the_native_stack_evicts_the_corpus_to_the_cpu_tier(tmp_path: Path) -> N
     assert record.stack is not None and record.stack["connector"] == "OffloadingConnector"
     found = stack_of(report_of(record, "native"))
     assert found is not None and found.kinds == {NATIVE}
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_the_simple_connector_runs_in_both_replicas_and_its_record_says_so(
+        tmp_path: Path, gate: bool) -> None:
+    """--sharedkv-native-connector simple: VLLM_USE_SIMPLE_KV_OFFLOAD=1 in both replicas
+    (vLLM 0.26's switch to SimpleCPUOffloadConnector), the same flags; the record, the
+    description and compare's reading of the argv name the connector; B's gate is the
+    simple connector's hook, not the OffloadingConnector's."""
+    from dataclasses import replace
+
+    from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
+    from pytest_sharedkv.stack.native_offload import SIMPLE_ENV
+
+    base = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
+    group = cases({"3k": (200, 3009)})
+    spec = stack_launch.stacked_spec(base, "native", group, 8, native_connector="simple")
+    record = _vllm_pair(spec, []).record
+    default = _vllm_pair(stack_launch.stacked_spec(
+        replace(base, log_dir=tmp_path / "default"), "native", group, 8), []).record
+    env = {p.name: dict(p.env) for p in record.processes}
+    assert env["vllm replica A"][SIMPLE_ENV] == env["vllm replica B"][SIMPLE_ENV] == "1"
+    assert all(SIMPLE_ENV not in dict(p.env) for p in default.processes)
+    for flag in ("--kv-offloading-backend", "--kv-offloading-size", "--num-gpu-blocks-override"):
+        assert option(list(record.processes[1].argv), flag) == option(
+            list(default.processes[1].argv), flag)
+    assert record.stack is not None and record.stack["connector"] == "SimpleCPUOffloadConnector"
+    assert "SimpleCPUOffloadConnector" in record.description
+    assert native_gate_hook.CONTROL_ENV not in env["vllm replica B"]
+    if gate:
+        assert env["vllm replica B"][simple_gate_hook.CONTROL_ENV] == str(
+            record.paths.gate_control)
+        assert simple_gate_hook.CONTROL_ENV not in env["vllm replica A"]
+        assert record.stack["gate"] == stack_launch.SIMPLE_GATE
+    else:
+        assert simple_gate_hook.CONTROL_ENV not in env["vllm replica B"]
+    found = stack_of(report_of(record, "native"))  # from the launch facts alone
+    assert found is not None and found.describe() == (
+        "vLLM native offload (SimpleCPUOffloadConnector, CPU)")
+    change = stack_change(report_of(default, "native"), report_of(record, "native"))
+    assert change is not None  # one connector for the other: a stack change
+
+
+def test_the_stub_says_which_native_connector_it_stands_for(tmp_path: Path) -> None:
+    from pytest_sharedkv.stack.providers import stub_pair
+
+    pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native", "simple"))
+    try:
+        assert pair.record.stack is not None
+        assert pair.record.stack["stands_for"] == "SimpleCPUOffloadConnector"
+        assert pair.record.stack["connector"] == stack_launch.STUB_CONNECTOR
+    finally:
+        assert pair.close() == []
 
 
 def test_a_native_corpus_that_fits_the_gpu_cannot_run(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 import pytest
 
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
-from pytest_sharedkv.config.stack_choice import STACKS, stack_problem
+from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, stack_problem
 
 OPTION_PREFIX = "--sharedkv-"
 DEST_PREFIX = "sharedkv_"
@@ -697,6 +697,13 @@ class Settings:
         "from the CPU tier); the stub double models each as it models the MP server "
         "(default {default})",
         parse_choice(*STACKS), metavar="NAME")
+    native_connector: str = setting(
+        "offloading",
+        "native stack: the vLLM connector each replica's CPU offload runs: offloading "
+        "(OffloadingConnector) or simple (SimpleCPUOffloadConnector, through "
+        "VLLM_USE_SIMPLE_KV_OFFLOAD=1: vLLM #45704's path); given with another stack, a "
+        "usage error (default {default})",
+        parse_choice(*NATIVE_CONNECTORS), metavar="offloading|simple")
     # The in-process stack's tiers (issue 37 item 1), per replica, as LMCache sizes them.
     inprocess_cpu_gib: float | None = setting(
         None,

@@ -2,7 +2,9 @@
 cannot run, said before any test: ``mp`` (LMCache's MP server and ``LMCacheMPConnector``,
 the default), ``inprocess`` (LMCache's ``LMCacheConnectorV1`` in each replica, sharing
 through a Redis the suite starts: ``stack/inprocess_connector.py``) or ``native`` (vLLM's
-own CPU offload, the ``OffloadingConnector``: ``stack/native_offload.py``)."""
+own CPU offload: ``stack/native_offload.py``), whose connector ``--sharedkv-native-connector``
+chooses: ``offloading`` (``OffloadingConnector``, the default) or ``simple``
+(``SimpleCPUOffloadConnector``, vLLM #45704's)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ if TYPE_CHECKING:
 
 MP, INPROCESS, NATIVE = "mp", "inprocess", "native"
 STACKS = (MP, INPROCESS, NATIVE)
+OFFLOADING, SIMPLE = "offloading", "simple"
+NATIVE_CONNECTORS = (OFFLOADING, SIMPLE)
+# the connector class vLLM 0.26 runs for each (config/vllm.py: VLLM_USE_SIMPLE_KV_OFFLOAD)
+CONNECTOR_CLASSES = {OFFLOADING: "OffloadingConnector", SIMPLE: "SimpleCPUOffloadConnector"}
 # the Settings fields that size the in-process stack's tiers (stack_launch.inprocess_tiers)
 INPROCESS_TIERS = ("inprocess_cpu_gib", "inprocess_disk_gib", "inprocess_remote")
 # model_type values of the Mamba-family hybrids (their layer types are not listed)
@@ -51,6 +57,12 @@ def stack_problem(settings: Settings, provider: Provider) -> str | None:
         return (f"{', '.join(tiers)}: only the in-process stack has LMCache tiers in each "
                 f"replica, and {settings.source_of('stack')} is {settings.stack}; give "
                 f"{settings.source_of('stack')} inprocess or drop {' and '.join(tiers)}")
+    if settings.sources.get("native_connector", "default") != "default" \
+            and settings.stack != NATIVE:
+        given = settings.source_of("native_connector")
+        return (f"{given}: only the native stack runs vLLM's own CPU offload, whose "
+                f"connector it chooses, and {settings.source_of('stack')} is "
+                f"{settings.stack}; give {settings.source_of('stack')} native or drop {given}")
     if settings.stack == MP:
         return None
     where = settings.source_of("stack")

@@ -426,7 +426,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             if settings.stack != "mp":  # the double models the stack, and says so
                 from pytest_sharedkv.stack.stack_launch import stub_spec
 
-                spec = stub_spec(spec, settings.stack)
+                spec = stub_spec(spec, settings.stack, settings.native_connector)
             return stub_pair(edit(spec) if edit is not None else spec)
         assert model is not None
         if lease is None:
@@ -453,7 +453,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             try:
                 stacked = stacked_spec(edit(spec) if edit is not None else spec,
                                        settings.stack, cases, settings.concurrency,
-                                       inprocess_tiers(settings))
+                                       inprocess_tiers(settings), settings.native_connector)
             except StackUnavailable as exc:
                 pytest.fail(str(exc), pytrace=False)
             return launch_stack_pair(stacked)

@@ -2,9 +2,10 @@
 would run, turned into one for LMCache's in-process connector (``inprocess_connector.py``:
 no MP server, ``LMCacheConnectorV1`` in each replica, a Redis the suite starts as the
 shared remote backend) or vLLM's own CPU offload (``native_offload.py``: the NATIVE arm's
-flags, the GPU cache sized in blocks so the corpus is served from the CPU tier). The
-launch record names the stack (``LaunchRecord.stack``); the stub double models a stack as
-it models the MP server (a shared pool, or one pool each) and its record says so."""
+flags, the GPU cache sized in blocks so the corpus is served from the CPU tier, through
+the connector ``--sharedkv-native-connector`` chooses). The launch record names the stack
+and its connector (``LaunchRecord.stack``); the stub double models a stack as it models
+the MP server (a shared pool, or one pool each) and its record says so."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.config.stack_choice import INPROCESS, NATIVE
+from pytest_sharedkv.config.stack_choice import (
+    CONNECTOR_CLASSES,
+    INPROCESS,
+    NATIVE,
+    OFFLOADING,
+    SIMPLE,
+)
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
@@ -32,8 +39,10 @@ ARMS = {INPROCESS: "OFF", NATIVE: "NATIVE"}
 STUB_ARMS = {INPROCESS: "ON", NATIVE: "NATIVE"}  # one shared pool, or one pool each
 # how the sensitivity gate reaches vLLM's native offload: B's own CPU tier serves B's
 # second pass over the controls, and a hook in B's vLLM zeroes the named chunk's GPU blocks
-# as that load lands (engine_hooks/native_gate_hook.py)
+# as that load lands (engine_hooks/native_gate_hook.py; simple_gate_hook.py for the
+# SimpleCPUOffloadConnector)
 NATIVE_GATE = "replica B's vLLM CPU-tier loads (native_gate_hook)"
+SIMPLE_GATE = "replica B's vLLM CPU-tier loads (simple_gate_hook)"
 
 
 INPROCESS_NO_REMOTE = (
@@ -190,10 +199,12 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
 
 
 def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
-                 concurrency: int) -> StackLaunch:
+                 concurrency: int, connector: str = OFFLOADING) -> StackLaunch:
     """vLLM's native offload for the corpus: the GPU cache (blocks) too small to keep the
     smallest size group, a CPU tier that holds it, the first ``mamba_cache_mode`` vLLM
-    runs for the model. StackUnavailable where the group would fit on the GPU anyway."""
+    runs for the model, through CONNECTOR (``offloading`` or ``simple``: both replicas
+    run it, and B's gate hook is the one written for it). StackUnavailable where the group
+    would fit on the GPU anyway."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
     from pytest_sharedkv.stack.native_offload import (
         NativeOffloadError,
@@ -217,22 +228,28 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
         per_token = None  # a hybrid's padded pages: the CPU tier is the pool's size
     tier = cpu_gb(tokens, per_token) if per_token else spec.l1_size_gb
     modes = mamba_cache_modes(config)
+    simple = connector == SIMPLE
     plan = NativeOffloadPlan(tier, blocks, block, modes[0] if modes else None,
-                             bytes_per_token=per_token)
+                             simple_connector=simple, bytes_per_token=per_token)
     extra = native_extra(plan.argv())
-    envs: dict[str, tuple[tuple[str, str], ...]] = {}
+    envs = {name: dict(plan.env()) for name in ("A", "B")}  # the connector: both replicas
     gate = None
     if spec.gate:  # B's hook, as the in-process stack arms B's LMCache
-        from pytest_sharedkv.engine_hooks import native_gate_hook as hook
+        from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
         from pytest_sharedkv.stack.providers import gate_paths
 
+        hook = simple_gate_hook if simple else native_gate_hook
         gate = gate_paths(spec.log_dir)
-        envs["B"] = tuple(sorted({hook.CONTROL_ENV: str(gate[0]), hook.LOG_ENV: str(gate[1]),
-                                  hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
+        envs["B"].update({hook.CONTROL_ENV: str(gate[0]), hook.LOG_ENV: str(gate[1]),
+                          hook.CHUNK_ENV: str(spec.chunk_size)})
+    named = CONNECTOR_CLASSES[connector]
     return StackLaunch(
-        NATIVE, ARMS[NATIVE], tuple(extra), tuple(envs.items()),
-        {**plan.record(), "stack": NATIVE, "gate": NATIVE_GATE if gate is not None else "off"},
-        description=f"vllm x2, native offload ({tier:g} GB CPU each, {blocks} GPU blocks)",
+        NATIVE, ARMS[NATIVE], tuple(extra),
+        tuple((name, tuple(sorted(env.items()))) for name, env in envs.items() if env),
+        {**plan.record(), "stack": NATIVE,
+         "gate": (SIMPLE_GATE if simple else NATIVE_GATE) if gate is not None else "off"},
+        description=f"vllm x2, native offload ({named}, {tier:g} GB CPU each, {blocks} GPU "
+                    "blocks)",
         allocator=f"native offloading ({tier:g} GB each, {blocks} GPU blocks)", gate=gate)
 
 
@@ -281,9 +298,11 @@ def native_problem(settings: Settings) -> str | None:
 
 
 def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
-                 tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
+                 tiers: InprocessTiers = InprocessTiers(),
+                 native_connector: str = OFFLOADING) -> LaunchSpec:
     """SPEC (the MP stack's, for a launched vLLM pair) for STACK; the in-process stack's
-    Redis is made here (started by ``launch_stack_pair``), unless TIERS share no remote."""
+    Redis is made here (started by ``launch_stack_pair``), unless TIERS share no remote;
+    the native stack runs NATIVE_CONNECTOR (``--sharedkv-native-connector``)."""
     from pytest_sharedkv.models.config_file import read_config
 
     assert spec.model is not None
@@ -308,7 +327,7 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
                                  redis_url(redis.host, redis.port) if redis else None, redis,
                                  tiers)
         return replace(spec, arm=launch.arm, gate=False, stack=launch)  # B's hook, not a server's
-    launch = native_stack(spec, config, cases, concurrency)
+    launch = native_stack(spec, config, cases, concurrency, native_connector)
     gb = float(launch.record["cpu_gb"])
     return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
 
@@ -344,14 +363,16 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
 STUB_GPU_BLOCKS = 256
 
 
-def stub_stack(stack: str) -> StackLaunch:
+def stub_stack(stack: str, native_connector: str = OFFLOADING) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
     a remote) or one pool each (native offload, with a GPU cache of STUB_GPU_BLOCKS that
     evicts), said in its record; no engine runs. Its gate is the stub's own: B zeroes the
     named chunks of what it takes from the pool (on native offload, its own CPU tier, as
-    ``native_gate_hook`` does in B's vLLM)."""
+    ``native_gate_hook`` or ``simple_gate_hook`` does in B's vLLM). The native connector
+    asked for is said (``stands_for``), never as the connector: both are the same pool."""
     native = {"gate": "the stub's own (--corrupt-control on B's CPU-tier loads)",
-              "gpu_blocks": STUB_GPU_BLOCKS} if stack == NATIVE else {}
+              "gpu_blocks": STUB_GPU_BLOCKS,
+              "stands_for": CONNECTOR_CLASSES[native_connector]} if stack == NATIVE else {}
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
@@ -361,5 +382,6 @@ def stub_stack(stack: str) -> StackLaunch:
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}")
 
 
-def stub_spec(spec: LaunchSpec, stack: str) -> LaunchSpec:
-    return replace(spec, arm=STUB_ARMS[stack], stack=stub_stack(stack))
+def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING
+              ) -> LaunchSpec:
+    return replace(spec, arm=STUB_ARMS[stack], stack=stub_stack(stack, native_connector))
