@@ -1,8 +1,9 @@
 """compare names a stack change (LMCache's MP server -> its in-process connector, LMCache ->
-vLLM's own offload) from what each report recorded of its launches, as it names an
-allocator switch; a report that recorded no launch is unknown, never today's MP server, and
-unknown is no change. BEFORE is the real H200 service report (MP server, its launch facts);
-AFTER is the same report with in-process replicas."""
+vLLM's own offload, one of vLLM's offload connectors -> the other) from what each report
+recorded of its launches, as it names an allocator switch; a report that recorded no
+launch is unknown, never today's MP server, and unknown is no change. BEFORE is the real
+H200 service report (MP server, its launch facts); AFTER is the same report with
+in-process replicas."""
 
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def test_lmcache_to_native_offload_is_a_stack_change(mp: Report) -> None:
     assert found is not None
     assert found[1].kinds == {NATIVE, "no connector"}  # the screening's NATIVE and OFF arms
     assert "LMCache" not in found[1].describe()  # no LMCache connector ran
+
+
+def test_one_native_connector_for_the_other_is_a_stack_change(mp: Report) -> None:
+    """--sharedkv-native-connector offloading against simple: the same integration (vLLM's
+    native offload), another connector, named on both sides; the same connector is none."""
+    offloading = with_launches(mp, None, {}, {"connector": "OffloadingConnector",
+                                              "backend": "CPU"})
+    simple = with_launches(mp, None, {}, {"connector": "SimpleCPUOffloadConnector",
+                                          "backend": "CPU"})
+    found = stack_change(offloading, simple)
+    assert found is not None and found[0].kinds == found[1].kinds == {NATIVE}
+    assert change_line(found).startswith(
+        f"{STACK_CHANGE}: BEFORE ran vLLM native offload (OffloadingConnector, CPU), AFTER "
+        "vLLM native offload (SimpleCPUOffloadConnector, CPU): ")
+    assert stack_change(simple, offloading) is not None
+    assert stack_change(simple, with_launches(mp, None, {}, {
+        "connector": "SimpleCPUOffloadConnector", "backend": "CPU"})) is None
 
 
 def test_the_same_stack_is_no_change(mp: Report) -> None:

@@ -1,7 +1,9 @@
 """A stack change: BEFORE's replicas shared KV through one integration and AFTER's through
 another (LMCache's MP server -> its in-process connector, LMCache -> vLLM's own CPU
-offload). The tests and records are the same on both sides, so they are compared test for
-test; the line says that a difference between them is the stack's, not an upgrade's.
+offload), or through another connector of one (vLLM's ``OffloadingConnector`` ->
+``SimpleCPUOffloadConnector``, ``--sharedkv-native-connector``). The tests and records are
+the same on both sides, so they are compared test for test; the line says that a
+difference between them is the stack's, not an upgrade's.
 
 Read from what the report recorded: a "stack" fact (the launch configuration's record:
 connector and backend), else the argv and environment of the processes it launched (the
