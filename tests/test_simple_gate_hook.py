@@ -364,3 +364,29 @@ def test_vllm_0260_keeps_what_the_hook_wraps_where_it_looks() -> None:
     worker = (root / "v1/simple_kv_offload/worker.py").read_text()
     assert "self._backend.launch_copy(" in worker and "events_list=self._load_events" in worker
     assert "load_event_to_reqs" in (root / "v1/simple_kv_offload/metadata.py").read_text()
+
+
+@pytest.mark.parametrize(("connector", "needed"), [
+    ("SimpleCPUOffloadConnector", hook.NEEDED), ("OffloadingConnector", None), (None, None)])
+def test_the_gate_names_the_hook_of_the_connector_the_record_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connector: str | None,
+        needed: tuple[str, ...] | None) -> None:
+    """run_gate hands the launch record's connector to the judge, whose VOID names that
+    connector's hook's targets (the OffloadingConnector's hook's where none is named)."""
+    from pytest_sharedkv.engine_hooks import native_gate_hook
+    from pytest_sharedkv.service import sensitivity
+    from tests.test_native_gate_hook import FlowRunner
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(sensitivity, "judge", lambda *a, **k: seen.append(k["connector"]))
+    control, log = gate_paths(tmp_path)
+    stack = {"stack": "native", "gpu_blocks": 1530, "block_size": 16,
+             **({"connector": connector} if connector else {})}
+    sensitivity.run_gate(FlowRunner(control), control, log, stack)  # type: ignore[arg-type]
+    assert seen == [connector]
+    monkeypatch.undo()
+    result = judge(GateResult("", "", 47, copying=4, others=4, others_exact=4,
+                              zeroed_chunks_logged=0, hook_loaded=True, wrapped=[]),
+                   [], stack="native", connector=seen[0])
+    assert f"found none of its targets ({', '.join(needed or native_gate_hook.NEEDED)})" \
+        in result.message

@@ -21,7 +21,7 @@ report's citations, worker.py:235-246 and copy_backend.py:125-126):
   Mamba state). ``update_state_after_alloc(self, request, blocks, num_external_tokens)``
   (:191-200), which the scheduler calls with the request's whole block table
   (``v1/core/sched/scheduler.py:962-967``, ``kv_cache_manager.get_blocks(request_id)``;
-  ``KVCacheBlocks.get_block_ids()``, ``v1/core/kv_cache_manager.py:73-85``: per group, its
+  ``KVCacheBlocks.get_block_ids()``, ``v1/core/kv_cache_manager.py:73-89``: per group, its
   i-th block holds the request's tokens [i * B_g, (i + 1) * B_g)). The manager's load pairs
   are that table's own entries (``v1/simple_kv_offload/manager.py``
   ``update_state_after_alloc``: ``group_gpu_ids[gpu_ext_start + i]``), and its
