@@ -368,6 +368,20 @@ def test_the_stub_provider_runs_the_stack_it_is_given(pytester: pytest.Pytester)
     result.assert_outcomes(passed=1)
 
 
+def test_the_native_connector_option_reaches_the_pair(pytester: pytest.Pytester) -> None:
+    """Through the plugin's fixtures: the stub's record says which connector it stands for."""
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.replica_pair
+        def test_x(sharedkv_replica_pair):
+            assert sharedkv_replica_pair.record.stack["stands_for"] == (
+                "SimpleCPUOffloadConnector")
+    """)
+    result = pytester.runpytest_inprocess("--sharedkv-provider=stub", "--sharedkv-stack=native",
+                                          "--sharedkv-native-connector=simple")
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize(("sizes", "error"), [([], True), (["--sharedkv-service-sizes=3k"], False)])
 def test_a_corpus_the_native_stack_cannot_size_is_a_usage_error(
         pytester: pytest.Pytester, sizes: list[str], error: bool) -> None:
