@@ -1,11 +1,12 @@
 """LMCache #4385 at LMCache's storage layer, on CPU (``stack/disk_tier.py``): LMCache's
-engine in this process, a ``local_cpu`` tier of 16 chunks and a ``local_disk`` tier behind
-it, as the in-process connector configures replica A; 8 sessions of 2 turns of 3 chunks
-(256 KiB each) stored, the earliest evicted from the CPU tier, every session returning and
-compared byte for byte. The clean run; the control (two chunks' files swapped on disk: the
-check fails naming the other session); a CPU tier that holds everything is VOID; the
-verdict's order. About 3 s a run on one core; a precise skip where LMCache's engine does
-not import."""
+engine in this process, a ``local_cpu`` tier of 24 chunks (half the sessions' KV) and a
+``local_disk`` tier behind it, as the in-process connector configures replica A; 8
+sessions of 2 turns of 3 chunks (256 KiB each), the second turn loading the first back
+before it stores, the earliest sessions evicted from the CPU tier, every session
+returning; every load compared byte for byte. The clean run; the control (two chunks'
+files swapped on disk: the check fails naming the other session); a CPU tier that holds
+everything is VOID; stores meeting disk writes in flight; the verdict's order. About 3 s
+a run on one core; a precise skip where LMCache's engine does not import."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ needs_lmcache = pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=str(ENGINE
 
 def _summary(outcome: DiskPagingOutcome) -> dict[str, Any]:
     found = outcome.as_dict()
-    return {k: found[k] for k in ("status", "totals", "planted", "errors", "void")}
+    return {k: found[k] for k in ("status", "totals", "returns", "planted", "errors", "void")}
 
 
 @needs_lmcache
@@ -46,16 +47,20 @@ def test_sessions_paged_to_disk_come_back_byte_for_byte(tmp_path: Path) -> None:
     outcome = disk_tier.check_disk_paging(tmp_path)
     print(json.dumps(_summary(outcome)))
     assert outcome.verdict() == ("disk-paging", "pass"), outcome.as_dict()
-    totals = outcome.totals()
-    assert totals["from_disk"] > 0, totals  # else nothing was tested (VOID)
-    assert totals["stored"] == totals["chunks"] == 8 * 6
+    returns = outcome.totals("return")
+    assert returns["from_disk"] > 0, returns  # else nothing was tested (VOID)
+    assert returns["stored"] == returns["chunks"] == 8 * 6
+    assert [s.visit for s in outcome.sessions] == ["turn 1"] * 8 + ["return"] * 8
+    loads = outcome.totals("turn 1")
+    assert 0 < loads["from_disk"] <= loads["disk_served"] < loads["chunks"]  # CPU and disk
     assert all(s.retrieved == s.stored for s in outcome.sessions), outcome.sessions
-    assert outcome.sessions[0].from_disk == outcome.sessions[0].chunks  # the earliest
+    earliest = outcome.returns()[0]
+    assert earliest.from_disk == earliest.chunks
     assert outcome.errors == []
     assert multiprocessing.get_start_method(allow_none=True) == method  # LMCache forces spawn
     config = (tmp_path / "lmcache-A.yaml").read_text()  # the connector's file for replica A
     assert f"local_disk: \"{tmp_path / 'disk' / 'A'}\"" in config
-    assert f"max_local_cpu_size: {disk_tier.tier_gb(16)!r}" in config
+    assert f"max_local_cpu_size: {disk_tier.tier_gb(24)!r}" in config
 
 
 @needs_lmcache
@@ -67,10 +72,12 @@ def test_a_swapped_file_on_disk_fails_naming_the_donor(tmp_path: Path) -> None:
     print(json.dumps(_summary(outcome)))
     assert outcome.planted is not None and "session 7 chunk 0" in outcome.planted
     assert outcome.verdict() == ("bytes", "fail"), outcome.as_dict()
-    first, last = outcome.sessions[0], outcome.sessions[-1]
+    returns = outcome.returns()
+    first, last = returns[0], returns[-1]
     assert first.wrong == 1 and list(first.donors.values()) == ["session 7 chunk 0"]
     assert last.donors in ({}, {0: f"session 0 chunk {next(iter(first.donors))}"})
-    assert sum(s.wrong for s in outcome.sessions[1:-1]) == 0
+    assert sum(s.wrong for s in returns[1:-1]) == 0
+    assert outcome.totals("turn 1")["wrong"] == 0  # planted after the turns
     assert outcome.errors == []
 
 
@@ -94,7 +101,8 @@ def test_stores_that_meet_disk_writes_in_flight_never_give_a_wrong_byte(
 
 
 def _seen(wrong: int = 0, from_disk: int = 6) -> SessionSeen:
-    return SessionSeen(session=0, chunks=6, stored=6, from_disk=from_disk, missing=0,
+    return SessionSeen(session=0, visit="return", chunks=6, stored=6, from_disk=from_disk,
+                       disk_served=from_disk, missing=0,
                        retrieved=6, wrong=wrong,
                        donors={2: "session 3 chunk 2"} if wrong else {})
 
@@ -107,9 +115,10 @@ def test_the_verdict_puts_wrong_bytes_before_problems_and_void() -> None:
     assert DiskPagingOutcome([_seen(from_disk=0)], void="VOID: y").verdict() == (
         "void", "void")
     found = DiskPagingOutcome([_seen(wrong=1), _seen()]).as_dict()
-    assert found["totals"] == {"chunks": 12, "stored": 12, "from_disk": 12, "missing": 0,
-                               "retrieved": 12, "wrong": 1}
+    assert found["totals"] == {"chunks": 12, "stored": 12, "from_disk": 12,
+                               "disk_served": 12, "missing": 0, "retrieved": 12, "wrong": 1}
     assert found["sessions"][0]["donors"] == {2: "session 3 chunk 2"}
+    assert found["returns"] == found["totals"]
 
 
 def test_an_unknown_plant_is_refused(tmp_path: Path) -> None:

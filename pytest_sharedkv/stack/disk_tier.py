@@ -12,11 +12,13 @@ copies a session's KV slice into each memory object and back out. Not vLLM, not 
 connector's scheduler side, not LMCache 0.5.2: the storage path of the release installed.
 
 Each session stores its KV over several turns, each turn extending its own earlier prompt
-(the store masks the chunks already stored, as the connector does), every turn's disk
-writes finished (polled, bounded) before the next, in a CPU tier smaller than all sessions'
-KV: the earliest sessions survive only on disk. Then every session returns, is looked up
-and retrieved, and every chunk retrieved is compared with what it stored; a wrong chunk
-whose bytes are another session's chunk names it. No chunk served from disk is VOID.
+as a multi-turn session does: the turn first loads its prefix back (lookup, retrieve) and
+then stores its new chunks (the store masks the chunks already stored, as the connector
+does), every turn's disk writes finished (polled, bounded) before the next, in a CPU tier
+smaller than all sessions' KV: the earliest sessions survive only on disk. Then every
+session returns, is looked up and retrieved. Every chunk retrieved, on a turn's load or on
+the return, is compared with what the session stored; a wrong chunk whose bytes are
+another session's chunk names it. No chunk served from disk is VOID.
 """
 
 from __future__ import annotations
@@ -51,15 +53,21 @@ PLANT = ("none", "swap")  # swap: two chunks' files exchanged on disk (the contr
 
 @dataclass(frozen=True)
 class SessionSeen:
-    """One session on its return: chunks it stored (held by either tier after its turns'
-    disk writes), chunks the CPU tier no longer held (so served from disk), chunks
-    retrieved, chunks wrong; for a wrong chunk whose bytes are another session's chunk,
-    which one (chunk index -> "session S chunk C"; "unknown" where none)."""
+    """One visit of a session (VISIT: "turn N", the load of its prefix before it stores
+    turn N, or "return"): the chunks it had stored up to then (CHUNKS), those LMCache held
+    on either tier when it came (STORED), those the CPU tier no longer held (so served
+    from disk), those LMCache's pinned lookup placed on the disk tier (DISK_SERVED: the
+    storage manager walks the tiers in order, each by prefix, so a chunk the CPU tier
+    holds behind one it does not is served from disk too), chunks retrieved, chunks wrong;
+    for a wrong chunk whose bytes are another session's chunk, which one (chunk index ->
+    "session S chunk C"; "unknown" where none)."""
 
     session: int
+    visit: str
     chunks: int
     stored: int
     from_disk: int
+    disk_served: int
     missing: int  # held by neither tier when it returned: a miss, never wrong
     retrieved: int
     wrong: int
@@ -68,7 +76,8 @@ class SessionSeen:
 
 @dataclass
 class DiskPagingOutcome:
-    """What the check saw: per session, the LMCache lines at WARNING or above (errors
+    """What the check saw: per session visit (``sessions``; the returns are the visits
+    named "return"), the LMCache lines at WARNING or above (errors
     among them), the planted fault, the problems; VOID where nothing came from disk."""
 
     sessions: list[SessionSeen] = field(default_factory=list)
@@ -79,9 +88,15 @@ class DiskPagingOutcome:
     problems: list[str] = field(default_factory=list)
     void: str | None = None
 
-    def totals(self) -> dict[str, int]:
-        keys = ("chunks", "stored", "from_disk", "missing", "retrieved", "wrong")
-        return {k: sum(getattr(s, k) for s in self.sessions) for k in keys}
+    def totals(self, visit: str | None = None) -> dict[str, int]:
+        """Sums over the visits (VISIT: only those, e.g. "return")."""
+        keys = ("chunks", "stored", "from_disk", "disk_served", "missing", "retrieved",
+                "wrong")
+        seen = [s for s in self.sessions if visit is None or s.visit == visit]
+        return {k: sum(getattr(s, k) for s in seen) for k in keys}
+
+    def returns(self) -> list[SessionSeen]:
+        return [s for s in self.sessions if s.visit == "return"]
 
     def verdict(self) -> tuple[str, str]:
         """(kind, status): a wrong byte fails (kind bytes); then a problem (kind disk);
@@ -97,6 +112,7 @@ class DiskPagingOutcome:
     def as_dict(self) -> dict[str, Any]:
         kind, status = self.verdict()
         return {"kind": kind, "status": status, "totals": self.totals(),
+                "returns": self.totals("return"),
                 "cpu_capacity_chunks": self.cpu_capacity_chunks,
                 "sessions": [asdict(s) for s in self.sessions], "planted": self.planted,
                 "errors": self.errors, "logged": self.logged, "problems": self.problems,
@@ -243,7 +259,7 @@ def _swap(engine: _Engine, victim: Any, donor: Any) -> None:
 
 
 def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
-                      chunks_per_turn: int = 3, cpu_chunks: int = 16,
+                      chunks_per_turn: int = 3, cpu_chunks: int = 24,
                       disk_chunks: int = 256, seed: int = 4385, plant: str = "none",
                       settle_each_turn: bool = True,
                       deadline_s: float = 30.0) -> DiskPagingOutcome:
@@ -274,8 +290,7 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
     kv = [torch.randn(2, LAYERS, tokens_each, KV_HEADS * HEAD_SIZE,
                       generator=generator).to(torch.bfloat16) for _ in range(sessions)]
     chunks = turns * chunks_per_turn
-    span = [slice(c * CHUNK, (c + 1) * CHUNK) for c in range(chunks)]
-    owners = {_digest(kv[s][:, :, span[c], :]): f"session {s} chunk {c}"
+    owners = {_digest(kv[s][:, :, _span(c), :]): f"session {s} chunk {c}"
               for s in range(sessions) for c in range(chunks)}
     lines = _Lines()
     env = {k: v for k, v in REPLICA_ENV.items() if k != "PYTHONHASHSEED"}
@@ -291,15 +306,14 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
                                 f"{launch.replica(REPLICA).config_file}")
             else:
                 keys = [engine.keys(t) for t in tokens]
-                outcome.problems += _store(engine, tokens, kv, keys, chunks_per_turn,
-                                           settle_each_turn, deadline_s)
-                stored = [sum(1 for k in each if engine.cpu.contains(k) or engine.disk.contains(k))
-                          for each in keys]
+                visits = _Visits(engine, tokens, kv, keys, owners)
+                outcome.problems += _store(visits, chunks_per_turn, settle_each_turn,
+                                           deadline_s)
                 if plant == "swap":
                     outcome.planted = _plant_swap(engine, keys)
                 for s in range(sessions):
-                    outcome.sessions.append(_return(engine, s, tokens[s], kv[s], keys[s],
-                                                    stored[s], span, owners))
+                    visits.visit(s, "return", chunks)
+                outcome.sessions = visits.seen
         finally:
             engine.close()
             lines.detach()
@@ -313,21 +327,25 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
     return outcome
 
 
-def _store(engine: _Engine, tokens: list[torch.Tensor], kv: list[torch.Tensor],
-           keys: list[list[Any]], chunks_per_turn: int, settle_each_turn: bool,
+def _store(visits: _Visits, chunks_per_turn: int, settle_each_turn: bool,
            deadline_s: float) -> list[str]:
-    """Every session's turns, round by round (each session one turn a round), each turn
-    the session's prompt so far with the chunks stored before masked off (the connector's
-    ``store_mask``); the problems of the waits for the disk writes."""
+    """Every session's turns, round by round (each session one turn a round): a turn
+    after the first loads the session's prefix back (a visit), then stores the prompt so
+    far with the chunks stored before masked off (the connector's ``store_mask``); the
+    problems of the waits for the disk writes."""
     import torch
 
+    engine, keys = visits.engine, visits.keys
     problems = []
     for turn in range(len(keys[0]) // chunks_per_turn):
-        for s, session_tokens in enumerate(tokens):
-            end = (turn + 1) * chunks_per_turn * CHUNK
+        for s, tokens in enumerate(visits.tokens):
+            done = turn * chunks_per_turn
+            if turn:
+                visits.visit(s, f"turn {turn}", done)
+            end = (done + chunks_per_turn) * CHUNK
             mask = torch.ones(end, dtype=torch.bool)
-            mask[:turn * chunks_per_turn * CHUNK] = False
-            engine.engine.store(session_tokens[:end], mask=mask, kv=kv[s],
+            mask[:done * CHUNK] = False
+            engine.engine.store(tokens[:end], mask=mask, kv=visits.kv[s],
                                 req_id=f"session-{s}-turn-{turn}")
             if settle_each_turn:
                 problem = _wait_disk(engine, keys[s][:end // CHUNK], deadline_s)
@@ -349,34 +367,53 @@ def _plant_swap(engine: _Engine, keys: list[list[Any]]) -> str | None:
     return f"the files of session 0 chunk {victim} and session {last} chunk 0 swapped on disk"
 
 
-def _return(engine: _Engine, s: int, tokens: torch.Tensor, kv: torch.Tensor,
-            keys: list[Any], stored: int, span: list[slice],
-            owners: dict[str, str]) -> SessionSeen:
-    """Session S returns: where its chunks are, the pinned lookup, the retrieve into a
-    zeroed buffer, the lookup's pins released (the connector's order); each chunk
-    retrieved compared with its own bytes."""
-    import torch
+def _span(chunk: int) -> slice:
+    return slice(chunk * CHUNK, (chunk + 1) * CHUNK)
 
-    in_cpu = [bool(engine.cpu.contains(k)) for k in keys]
-    on_disk = [bool(engine.disk.contains(k)) for k in keys]
-    request = f"session-{s}-return"
-    hit = int(engine.engine.lookup(tokens, lookup_id=request, pin=True))
-    out = torch.zeros_like(kv)
-    if hit:
-        mask = engine.engine.retrieve(tokens[:hit], kv=out, req_id=request)
-    else:
-        mask = torch.zeros(len(tokens), dtype=torch.bool)
-    engine.engine.lookup_unpin(request)
-    retrieved = [c for c, part in enumerate(span)  # a slice past the mask is empty
-                 if part.stop <= len(mask) and bool(mask[part].all())]
-    donors: dict[int, str] = {}
-    for c in retrieved:
-        got = out[:, :, span[c], :]
-        if not torch.equal(got.view(torch.int16), kv[:, :, span[c], :].view(torch.int16)):
-            donors[c] = owners.get(_digest(got), "unknown")
-    return SessionSeen(session=s, chunks=len(keys), stored=stored,
-                       from_disk=sum(1 for c, d in zip(in_cpu, on_disk, strict=True)
-                                     if d and not c),
-                       missing=sum(1 for c, d in zip(in_cpu, on_disk, strict=True)
-                                   if not c and not d),
-                       retrieved=len(retrieved), wrong=len(donors), donors=donors)
+
+@dataclass
+class _Visits:
+    """The sessions' tokens, KV and chunk keys, the digests that name a chunk's owner,
+    and every visit seen."""
+
+    engine: _Engine
+    tokens: list[torch.Tensor]
+    kv: list[torch.Tensor]
+    keys: list[list[Any]]
+    owners: dict[str, str]
+    seen: list[SessionSeen] = field(default_factory=list)
+
+    def visit(self, s: int, label: str, chunks: int) -> None:
+        """Session S comes with its first CHUNKS chunks: where they are, the pinned lookup,
+        the retrieve into a zeroed buffer, the lookup's pins released (the connector's
+        order); each chunk retrieved compared with its own bytes."""
+        import torch
+
+        engine, keys = self.engine, self.keys[s][:chunks]
+        tokens, kv = self.tokens[s][:chunks * CHUNK], self.kv[s][:, :, :chunks * CHUNK, :]
+        in_cpu = [bool(engine.cpu.contains(k)) for k in keys]
+        on_disk = [bool(engine.disk.contains(k)) for k in keys]
+        request = f"session-{s}-{label.replace(' ', '-')}"
+        hit = int(engine.engine.lookup(tokens, lookup_id=request, pin=True))
+        placed = engine.engine.lookup_pins.get(request, {})  # tier -> the keys pinned there
+        out = torch.zeros_like(kv)
+        if hit:
+            mask = engine.engine.retrieve(tokens[:hit], kv=out, req_id=request)
+        else:
+            mask = torch.zeros(len(tokens), dtype=torch.bool)
+        engine.engine.lookup_unpin(request)
+        retrieved = [c for c in range(chunks)  # a slice past the mask is empty
+                     if _span(c).stop <= len(mask) and bool(mask[_span(c)].all())]
+        donors: dict[int, str] = {}
+        for c in retrieved:
+            got = out[:, :, _span(c), :]
+            if not torch.equal(got.view(torch.int16), kv[:, :, _span(c), :].view(torch.int16)):
+                donors[c] = self.owners.get(_digest(got), "unknown")
+        pairs = list(zip(in_cpu, on_disk, strict=True))
+        self.seen.append(SessionSeen(
+            session=s, visit=label, chunks=chunks,
+            stored=sum(1 for c, d in pairs if c or d),
+            from_disk=sum(1 for c, d in pairs if d and not c),
+            disk_served=len(placed.get("LocalDiskBackend", ())),
+            missing=sum(1 for c, d in pairs if not c and not d),
+            retrieved=len(retrieved), wrong=len(donors), donors=donors))
