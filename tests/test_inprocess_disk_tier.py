@@ -36,7 +36,8 @@ needs_lmcache = pytest.mark.skipif(ENGINE_PROBLEM is not None, reason=str(ENGINE
 
 def _summary(outcome: DiskPagingOutcome) -> dict[str, Any]:
     found = outcome.as_dict()
-    return {k: found[k] for k in ("status", "totals", "returns", "planted", "errors", "void")}
+    return {k: found[k] for k in ("lmcache", "status", "totals", "returns", "planted", "errors",
+                                  "void")}
 
 
 @needs_lmcache
@@ -98,6 +99,19 @@ def test_stores_that_meet_disk_writes_in_flight_never_give_a_wrong_byte(
     print(json.dumps(_summary(outcome)))
     assert outcome.verdict()[1] != "fail", outcome.as_dict()
     assert all(s.retrieved <= s.stored for s in outcome.sessions), outcome.sessions
+
+
+@needs_lmcache
+def test_chunks_put_again_while_on_disk_never_give_a_wrong_byte(tmp_path: Path) -> None:
+    """Every session begins with the same 2 chunks and each turn stores its whole prompt
+    (what concurrent requests of one prefix that all missed it do): chunks already in
+    either tier are put again, the path LMCache changed after 0.5.2 (0.5.2's disk tier
+    rewrote a file it held in place, ``local_disk_backend.py`` ``submit_put_task``)."""
+    outcome = disk_tier.check_disk_paging(tmp_path, shared_chunks=2, store_whole_prompt=True,
+                                          settle_each_turn=False)
+    print(json.dumps(_summary(outcome)))
+    assert outcome.verdict() == ("disk-paging", "pass"), outcome.as_dict()
+    assert outcome.totals()["from_disk"] > 0
 
 
 def _seen(wrong: int = 0, from_disk: int = 6) -> SessionSeen:

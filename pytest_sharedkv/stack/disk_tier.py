@@ -82,6 +82,7 @@ class DiskPagingOutcome:
 
     sessions: list[SessionSeen] = field(default_factory=list)
     cpu_capacity_chunks: int = 0
+    lmcache: str | None = None  # the version of the package that ran (its _version.py)
     logged: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     planted: str | None = None
@@ -111,7 +112,8 @@ class DiskPagingOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         kind, status = self.verdict()
-        return {"kind": kind, "status": status, "totals": self.totals(),
+        return {"kind": kind, "status": status, "lmcache": self.lmcache,
+                "totals": self.totals(),
                 "returns": self.totals("return"),
                 "cpu_capacity_chunks": self.cpu_capacity_chunks,
                 "sessions": [asdict(s) for s in self.sessions], "planted": self.planted,
@@ -261,7 +263,8 @@ def _swap(engine: _Engine, victim: Any, donor: Any) -> None:
 def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
                       chunks_per_turn: int = 3, cpu_chunks: int = 24,
                       disk_chunks: int = 256, seed: int = 4385, plant: str = "none",
-                      settle_each_turn: bool = True,
+                      settle_each_turn: bool = True, shared_chunks: int = 0,
+                      store_whole_prompt: bool = False,
                       deadline_s: float = 30.0) -> DiskPagingOutcome:
     """SESSIONS sessions of TURNS turns of CHUNKS_PER_TURN chunks each (distinct seeded
     bytes, distinct seeded tokens) through LMCache's engine with a ``local_cpu`` tier of
@@ -272,12 +275,17 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
     is exchanged with the last session's first chunk's (the control: the check must fail
     naming the last session). SETTLE_EACH_TURN False: the disk writes are waited for
     once, after the last store, so stores meet writes in flight (a store LMCache cut short
-    counts fewer chunks stored)."""
+    counts fewer chunks stored). SHARED_CHUNKS: every session's prompt and KV begin with
+    the same chunks (a system prompt; one key each). STORE_WHOLE_PROMPT: each turn stores
+    its whole prompt, the chunks already stored put again (concurrent requests of one
+    prefix that all missed it do this)."""
     import torch
+    from lmcache import _version
 
     if plant not in PLANT:
         raise ValueError(f"plant must be one of {PLANT}, not {plant!r}")
-    outcome = DiskPagingOutcome(cpu_capacity_chunks=cpu_chunks)
+    outcome = DiskPagingOutcome(cpu_capacity_chunks=cpu_chunks,
+                                lmcache=str(_version.__version__))
     settings = InprocessSettings(chunk_size=CHUNK, local_cpu_gb=tier_gb(cpu_chunks),
                                  local_disk=workdir / "disk",
                                  local_disk_gb=tier_gb(disk_chunks))
@@ -289,8 +297,13 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
               for _ in range(sessions)]
     kv = [torch.randn(2, LAYERS, tokens_each, KV_HEADS * HEAD_SIZE,
                       generator=generator).to(torch.bfloat16) for _ in range(sessions)]
+    shared = slice(0, shared_chunks * CHUNK)
+    for s in range(1, sessions):
+        tokens[s][shared] = tokens[0][shared]
+        kv[s][:, :, shared, :] = kv[0][:, :, shared, :]
     chunks = turns * chunks_per_turn
-    owners = {_digest(kv[s][:, :, _span(c), :]): f"session {s} chunk {c}"
+    owners = {_digest(kv[s][:, :, _span(c), :]): (f"session {s} chunk {c}" if c >= shared_chunks
+                                                  else f"shared chunk {c}")
               for s in range(sessions) for c in range(chunks)}
     lines = _Lines()
     env = {k: v for k, v in REPLICA_ENV.items() if k != "PYTHONHASHSEED"}
@@ -308,7 +321,7 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
                 keys = [engine.keys(t) for t in tokens]
                 visits = _Visits(engine, tokens, kv, keys, owners)
                 outcome.problems += _store(visits, chunks_per_turn, settle_each_turn,
-                                           deadline_s)
+                                           store_whole_prompt, deadline_s)
                 if plant == "swap":
                     outcome.planted = _plant_swap(engine, keys)
                 for s in range(sessions):
@@ -328,7 +341,7 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
 
 
 def _store(visits: _Visits, chunks_per_turn: int, settle_each_turn: bool,
-           deadline_s: float) -> list[str]:
+           whole: bool, deadline_s: float) -> list[str]:
     """Every session's turns, round by round (each session one turn a round): a turn
     after the first loads the session's prefix back (a visit), then stores the prompt so
     far with the chunks stored before masked off (the connector's ``store_mask``); the
@@ -344,7 +357,7 @@ def _store(visits: _Visits, chunks_per_turn: int, settle_each_turn: bool,
                 visits.visit(s, f"turn {turn}", done)
             end = (done + chunks_per_turn) * CHUNK
             mask = torch.ones(end, dtype=torch.bool)
-            mask[:done * CHUNK] = False
+            mask[:0 if whole else done * CHUNK] = False
             engine.engine.store(tokens[:end], mask=mask, kv=visits.kv[s],
                                 req_id=f"session-{s}-turn-{turn}")
             if settle_each_turn:
