@@ -9,7 +9,8 @@ decide, through its ``StorageManager``, ``LocalCPUBackend`` and ``LocalDiskBacke
 where each chunk lives. In place of vLLM's paged GPU connector (LMCache builds none for a
 CPU device, and its ``MockGPUConnector`` moves no bytes) a CPU connector of the suite's
 copies a session's KV slice into each memory object and back out. Not vLLM, not the
-connector's scheduler side, not LMCache 0.5.2: the storage path of the release installed.
+connector's scheduler side (its lookup server and vLLM's hash): the storage path of the
+LMCache that imports (the outcome names its version; 0.5.6 in the venv, not 0.5.2).
 
 Each session stores its KV over several turns, each turn extending its own earlier prompt
 as a multi-turn session does: the turn first loads its prefix back (lookup, retrieve) and
@@ -77,8 +78,8 @@ class SessionSeen:
 @dataclass
 class DiskPagingOutcome:
     """What the check saw: per session visit (``sessions``; the returns are the visits
-    named "return"), the LMCache lines at WARNING or above (errors
-    among them), the planted fault, the problems; VOID where nothing came from disk."""
+    named "return"), the LMCache lines at WARNING or above (``errors``: those at ERROR),
+    the planted fault, the problems; VOID where nothing came from disk."""
 
     sessions: list[SessionSeen] = field(default_factory=list)
     cpu_capacity_chunks: int = 0
@@ -222,6 +223,9 @@ class _Engine:
                 lambda tensor, src: tensor, lambda obj, src: obj)
             self.engine.post_init()
             lines.attach()
+        except BaseException:
+            LMCacheEngineBuilder.destroy(self.instance_id)
+            raise
         finally:  # the engine forces "spawn" process-wide (cache_engine.py, __init__)
             multiprocessing.set_start_method(method, force=True)
         backends = self.engine.storage_manager.storage_backends
@@ -371,6 +375,8 @@ def _store(visits: _Visits, chunks_per_turn: int, settle_each_turn: bool,
 
 
 def _plant_swap(engine: _Engine, keys: list[list[Any]]) -> str | None:
+    """The control's fault in words, or None where session 0 had no chunk on disk only
+    (or the last session's first chunk was not on disk)."""
     victim = next((c for c, k in enumerate(keys[0])
                    if not engine.cpu.contains(k) and engine.disk.contains(k)), None)
     last = len(keys) - 1
