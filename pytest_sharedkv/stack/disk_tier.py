@@ -283,11 +283,11 @@ def check_disk_paging(workdir: Path, sessions: int = 8, turns: int = 2,
     the same chunks (a system prompt; one key each). STORE_WHOLE_PROMPT: each turn stores
     its whole prompt, the chunks already stored put again (concurrent requests of one
     prefix that all missed it do this)."""
+    if plant not in PLANT:
+        raise ValueError(f"plant must be one of {PLANT}, not {plant!r}")
     import torch
     from lmcache import _version
 
-    if plant not in PLANT:
-        raise ValueError(f"plant must be one of {PLANT}, not {plant!r}")
     outcome = DiskPagingOutcome(cpu_capacity_chunks=cpu_chunks,
                                 lmcache=str(_version.__version__))
     settings = InprocessSettings(chunk_size=CHUNK, local_cpu_gb=tier_gb(cpu_chunks),
