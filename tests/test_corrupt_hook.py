@@ -186,6 +186,8 @@ def test_a_gate_armed_with_a_chunk_size_logs_its_start(
     monkeypatch.setenv(hook.CONTROL_ENV, str(tmp_path / "control.json"))
     monkeypatch.setenv(hook.LOG_ENV, str(log))
     monkeypatch.setenv(hook.CHUNK_ENV, "32")
+    for name in [m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")]:
+        monkeypatch.delitem(sys.modules, name)  # as in a replica before LMCache's import
     finder = hook.install()
     try:
         assert finder is not None
