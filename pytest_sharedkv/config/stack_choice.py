@@ -20,6 +20,9 @@ MP, INPROCESS, NATIVE = "mp", "inprocess", "native"
 STACKS = (MP, INPROCESS, NATIVE)
 # the Settings fields that size the in-process stack's tiers (stack_launch.inprocess_tiers)
 INPROCESS_TIERS = ("inprocess_cpu_gib", "inprocess_disk_gib", "inprocess_remote")
+# the in-process stack's engine switches (stack_launch.inprocess_tiers), each on by
+# default: turned off, they apply to its replicas alone
+INPROCESS_ENGINE = ("inprocess_prefix_caching",)
 # model_type values of the Mamba-family hybrids (their layer types are not listed)
 MAMBA_TYPES = frozenset({"jamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2",
                          "mamba", "mamba2"})
@@ -51,6 +54,14 @@ def stack_problem(settings: Settings, provider: Provider) -> str | None:
         return (f"{', '.join(tiers)}: only the in-process stack has LMCache tiers in each "
                 f"replica, and {settings.source_of('stack')} is {settings.stack}; give "
                 f"{settings.source_of('stack')} inprocess or drop {' and '.join(tiers)}")
+    engine = [settings.source_of(f) for f in INPROCESS_ENGINE
+              if getattr(settings, f) is False]
+    if engine and settings.stack != INPROCESS:
+        return (f"{', '.join(engine)}: only the in-process stack's replicas are launched with "
+                f"vLLM's prefix caching as this option sets it (its expected hits are "
+                f"written for that stack alone), and {settings.source_of('stack')} is "
+                f"{settings.stack}; give {settings.source_of('stack')} inprocess or drop "
+                f"{' and '.join(engine)}")
     if settings.stack == MP:
         return None
     where = settings.source_of("stack")

@@ -58,12 +58,14 @@ class ServiceRun:
     cases: CaseSet
     pair: str
     stack: str = "mp"  # the stack the pair runs (config.stack_choice): what hits it expects
+    prefix_caching: bool = True  # vLLM's GPU prefix cache on (expected_hits: off, LMCache's)
     answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
     totals: list[StepTotals] = field(default_factory=list)
     sessions: dict[str, list[Answer]] = field(default_factory=dict)
     controls: dict[tuple[str, str], Answer] = field(default_factory=dict)
     gate: Any = None  # sensitivity.GateResult
     protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
+    twins: Any = None  # execute.TwinsCell: identical requests in flight together
     wall_s: float = 0.0
     error: str | None = None  # a replica died: every result says so
 

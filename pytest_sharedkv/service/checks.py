@@ -138,7 +138,8 @@ def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = Tr
     if wrong:
         problems.append(wrong)
     if check_hits:
-        hit = hit_problem(case, step, answer, evicted, expected_hits(run.stack).step(step))
+        hit = hit_problem(case, step, answer, evicted,
+                          expected_hits(run.stack, run.prefix_caching).step(step))
         if hit:
             problems.append(hit)
     return problems
@@ -240,7 +241,7 @@ def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
                         "engine's own prefix cache should have served")
     if expect.split and sources == (EXTERNAL,) and local:
         problems.append(f"{where}: {local} tokens hit replica {totals.replica}'s own "
-                        f"prefix cache before {totals.replica} ever saw these prompts")
+                        "prefix cache " + expect.no_local.format(replica=totals.replica))
     if expect.split and expect.exact_counter == EXTERNAL and external != expected:
         problems.append(f"{where}: the engine counted {external} pool hit tokens, its "
                         f"responses reported {expected} cached")

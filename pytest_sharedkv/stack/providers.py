@@ -454,6 +454,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             gpu = (spec.stack.record.get("gpu_blocks") if spec.stack is not None else None)
             if gpu is not None:  # the service tier's native stack: a GPU it evicts from
                 argv += ["--gpu-blocks", str(gpu)]
+        if spec.stack is not None and spec.stack.record.get("prefix_caching") is False:
+            argv.append("--no-prefix-caching")  # every hit from the pool, as LMCache's
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))
