@@ -149,7 +149,6 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         totals_unknown,
     )
     from pytest_sharedkv.service.execute import SESSIONS
-    from pytest_sharedkv.service.expected_hits import expected_hits
     from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
@@ -170,7 +169,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable,
                                 _evicted_one_host(sharedkv_service_pass, totals.group),
-                                expected_hits(run.stack, run.prefix_caching).totals(totals.step))
+                                run.expect.totals(totals.step))
         why_unknown = totals_unknown(totals)
         hosts: dict[str, object] = {}
         if runner.hosts and steps[totals.step].hits == "external":  # server 2's own account

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
-from pytest_sharedkv.service.answers import StepTotals
-from pytest_sharedkv.service.checks import totals_problems
+from pytest_sharedkv.corpus.cases import Case
+from pytest_sharedkv.service.answers import Answer, StepTotals
+from pytest_sharedkv.service.checks import hit_problem, totals_problems
 from pytest_sharedkv.service.expected_hits import expected_hits
 from pytest_sharedkv.stack import stack_launch
 from pytest_sharedkv.stack.providers import _vllm_pair
+from pytest_sharedkv.stack.steps import step
 from tests.launch_faults import StubFaults, plant
 from tests.test_stacks_inprocess_tiers import ATTENTION
 from tests.test_stacks_wiring import cases, spec_for
@@ -30,6 +32,7 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "--sharedkv-service-sizes=3k", "--sharedkv-json=r.json", "-k", "identical"]
 CHAINS = 4
 SHAREABLE = 3008  # a 3k request's 3009 tokens, one left to compute
+CASE = Case("3k-000", "measured", "3k", "", "0" * 64, SHAREABLE + 1)
 
 
 @pytest.fixture(autouse=True)
@@ -50,10 +53,13 @@ def _cell(pytester: pytest.Pytester) -> dict[str, Any]:
     ([], "B", 6 * SHAREABLE, 2 * SHAREABLE),
     # native offload: A, from its own GPU cache (the stub's keeps the prompt)
     (["--sharedkv-stack=native"], "A", 8 * SHAREABLE, 0),
-    # the GPU prefix cache off: every twin from LMCache's tiers (the stub's pool)
-    (["--sharedkv-stack=inprocess", "--no-sharedkv-inprocess-prefix-caching"], "B", 0,
+    # the GPU prefix cache off: on A, every twin from its own LMCache (the stub's pool)
+    (["--sharedkv-stack=inprocess", "--no-sharedkv-inprocess-prefix-caching"], "A", 0,
      8 * SHAREABLE),
-], ids=["mp", "native", "inprocess-no-prefix-caching"])
+    # #4463's later configuration: local_cpu only (no remote), the prefix cache off
+    (["--sharedkv-stack=inprocess", "--no-sharedkv-inprocess-prefix-caching",
+      "--sharedkv-inprocess-remote=none"], "A", 0, 8 * SHAREABLE),
+], ids=["mp", "native", "inprocess-no-prefix-caching", "inprocess-local-cpu-only"])
 def test_identical_requests_in_flight_pass_clean(
         pytester: pytest.Pytester, args: list[str], replica: str, local: int,
         external: int) -> None:
@@ -120,6 +126,33 @@ def test_prefix_caching_off_launches_and_records_it(tmp_path: Path) -> None:
     assert "--no-enable-prefix-caching" not in on.stack.flags
 
 
+def test_4463s_configuration_passes_the_tier_and_says_its_gate_is_unproven(
+        pytester: pytest.Pytester) -> None:
+    """The whole tier on the stub's model of #4463's later configuration (each replica's
+    own LMCache, no remote, the prefix cache off): every step judged by its own table
+    (nothing crosses; every hit LMCache's), the gate unproven for the reason the record
+    gives."""
+    result = pytester.runpytest_subprocess(
+        *BASE[:-2], "-k", "chain or account or identical or session or gate",
+        "--sharedkv-stack=inprocess", "--sharedkv-inprocess-remote=none",
+        "--no-sharedkv-inprocess-prefix-caching")
+    result.assert_outcomes(passed=CHAINS + 1 + 1 + 8, skipped=1)
+    report = json.loads((pytester.path / "r.json").read_text())
+    steps = {c["key"]["step"]: (c["status"], c["detail"]["cached"], c["detail"]["local"],
+                                c["detail"]["external"])
+             for c in report["checks"] if c["key"].get("size") == "3k"
+             and c["key"]["step"] in ("cold", "local", "cross", "receiver-local")}
+    per_group = CHAINS * SHAREABLE
+    assert steps == {"cold": ("pass", 0, 0, 0), "local": ("pass", per_group, 0, per_group),
+                     "cross": ("pass", 0, 0, 0),
+                     "receiver-local": ("pass", per_group, 0, per_group)}
+    gate = next(c for c in report["checks"] if c["kind"] == "gate")
+    assert (gate["status"], gate["detail"]["status"]) == ("unproven", "unproven"), gate
+    facts = {f["name"]: json.loads(f["value"]) for f in report["facts"]
+             if f["name"] in ("stack", "launch")}
+    assert (facts["stack"]["remote_url"], facts["stack"]["prefix_caching"]) == (None, False)
+
+
 def test_with_the_prefix_cache_off_a_local_hit_fails() -> None:
     """The table's own failure: a hit in vLLM's own prefix cache where it is off (the flag
     not applied) fails each step that may hit, naming why; LMCache's hits pass."""
@@ -131,5 +164,11 @@ def test_with_the_prefix_cache_off_a_local_hit_fails() -> None:
         said = [str(p) for p in totals_problems(stray, SHAREABLE, False, off.totals(name))]
         assert f"3k {name} on {replica}: {SHAREABLE} tokens hit replica {replica}'s own " \
             "prefix cache with vLLM's prefix caching off (--no-enable-prefix-caching)" in said
+    alone = expected_hits("inprocess", prefix_caching=False, remote=False)
+    assert not alone.shared and alone.twins.step.replica == "A"
+    problem = hit_problem(CASE, step("cross"), Answer(CASE.id, "cross", "B",
+                                                      cached_tokens=SHAREABLE),
+                          expect=alone.step(step("cross")))
+    assert problem is not None and problem.kind == "hits"  # no remote: KV from nowhere
     with pytest.raises(KeyError):
         expected_hits("native", prefix_caching=False)  # no stack but inprocess runs so

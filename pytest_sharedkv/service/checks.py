@@ -138,8 +138,7 @@ def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = Tr
     if wrong:
         problems.append(wrong)
     if check_hits:
-        hit = hit_problem(case, step, answer, evicted,
-                          expected_hits(run.stack, run.prefix_caching).step(step))
+        hit = hit_problem(case, step, answer, evicted, run.expect.step(step))
         if hit:
             problems.append(hit)
     return problems
@@ -281,7 +280,7 @@ def turn_hit_problem(run: ServiceRun, where: str, index: int, replica: str,
     (a hit is KV from nowhere), and a later turn on a replica must recover it from what
     that replica cached of its own earlier turn."""
     chunk, cached = run.cases.chunk, answer.cached_tokens or 0
-    if not expected_hits(run.stack).shared and replica not in earlier:
+    if not run.expect.shared and replica not in earlier:
         if cached:
             return Problem(f"{where}: {cached} cached tokens, but replica {replica} served no "
                            f"earlier turn of this session and the {run.stack} stack shares "

@@ -30,13 +30,20 @@ connector for everything past a local hit of 0, so what was local comes from the
 replica's own LMCache (its ``local_cpu``, or the remote behind it), counted as external,
 token for token the cached tokens; a local hit there means the flag was not applied.
 
+On ``inprocess`` with no remote (``--sharedkv-inprocess-remote none``, the launch
+record's ``remote_url`` None: LMCache's ``local_cpu`` alone, #4463's configuration) the
+replicas share nothing: each step as on ``native``, its own prefix cache and its own
+LMCache in any mix (or LMCache alone, with the prefix cache off), nothing on the cross
+step; the record says "gate": "none", so the gate is unproven.
+
 The identical-requests check (``Twins``): one prompt cold on A, its KV stored, then the
 same prompt under the same salt K times at once to one replica. On the shared pool they go
 to B: the first scheduled loads the pool; one scheduled after it may find the blocks in
 B's own prefix cache, so the twins may hit either source, in any mix, but each its whole
-shareable prefix. On ``native`` nothing crosses, so they go to A, where its own GPU cache
-and CPU tier hold the prompt (as its local step). With the prefix cache off, every twin
-loads from LMCache.
+shareable prefix. Where nothing crosses (``native``, ``inprocess`` with no remote) they go
+to A, where its own GPU cache and CPU tier hold the prompt (as its local step). With the
+prefix cache off they go to A too, each loading from A's own LMCache (``local_cpu``): the
+path #4463 names, which B's loads from the remote would not take first.
 
 The sensitivity gate (``service.sensitivity``) needs a step of B that loads KV, and zeroes
 a chunk of that load: on the shared pool B's cross step, straight after A's cold one. On
@@ -174,19 +181,31 @@ STACK_HITS = {MP: StackHits(MP, SHARED_POOL, shared=True),
                                                gated="receiver-local"),
                                 twins=Twins(Step("identical", "A", "local"),
                                             OWN_CPU_TIER["local"]))}
-# the stacks that can run with vLLM's prefix caching off, and what each step may hit then
-NO_PREFIX_CACHE_HITS = {
-    INPROCESS: StackHits(INPROCESS, LMCACHE_ONLY, shared=True,
-                         twins=Twins(Step("identical", "B", "external"),
-                                     LMCACHE_ONLY["cross"])),
+OWN_LMCACHE = {**LMCACHE_ONLY, "cross": OWN_CPU_TIER["cross"]}  # no remote, no prefix cache
+TWINS_ON_A = Step("identical", "A", "local")
+# the in-process stack by (prefix caching, remote): a KeyError for another stack
+INPROCESS_HITS = {
+    (True, True): STACK_HITS[INPROCESS],
+    (False, True): StackHits(INPROCESS, LMCACHE_ONLY, shared=True,
+                             twins=Twins(TWINS_ON_A, LMCACHE_ONLY["local"])),
+    (True, False): StackHits(INPROCESS, OWN_CPU_TIER, shared=False,
+                             twins=Twins(TWINS_ON_A, OWN_CPU_TIER["local"])),
+    (False, False): StackHits(INPROCESS, OWN_LMCACHE, shared=False,
+                              twins=Twins(TWINS_ON_A, OWN_LMCACHE["local"])),
 }
 
 
-def expected_hits(stack: str | None, prefix_caching: bool = True) -> StackHits:
+def expected_hits(stack: str | None, prefix_caching: bool = True, remote: bool = True
+                  ) -> StackHits:
     """STACK's expectations (None: a pair whose launch names no stack, the MP server's);
-    PREFIX_CACHING False: with vLLM's GPU prefix cache off (a KeyError for a stack that
-    cannot run so)."""
-    return (STACK_HITS if prefix_caching else NO_PREFIX_CACHE_HITS)[stack or MP]
+    PREFIX_CACHING False: with vLLM's GPU prefix cache off; REMOTE False: the in-process
+    stack's replicas share no remote (a KeyError for another stack run either way)."""
+    if prefix_caching and remote:
+        return STACK_HITS[stack or MP]
+    if stack != INPROCESS:
+        raise KeyError(f"no expected hits for {stack or MP} without "
+                       + ("prefix caching" if not prefix_caching else "a remote"))
+    return INPROCESS_HITS[(prefix_caching, remote)]
 
 
 def stack_of(record_stack: Mapping[str, Any] | None) -> str:
@@ -198,6 +217,14 @@ def prefix_caching_of(record_stack: Mapping[str, Any] | None) -> bool:
     """Whether a launch record's ``stack`` ran vLLM's GPU prefix cache (none said: on, as
     every launch but ``--no-sharedkv-inprocess-prefix-caching`` runs it)."""
     return (record_stack or {}).get("prefix_caching") is not False
+
+
+def remote_of(record_stack: Mapping[str, Any] | None) -> bool:
+    """Whether a launch record's ``stack`` shares KV through a remote, where it names one:
+    false only where it says ``remote_url`` None (the in-process stack with
+    ``--sharedkv-inprocess-remote none``)."""
+    record = record_stack or {}
+    return "remote_url" not in record or record["remote_url"] is not None
 
 
 # what the service tier cannot judge on a stack, and why: check -> stack -> reason

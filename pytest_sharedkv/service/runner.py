@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
-from pytest_sharedkv.service.expected_hits import expected_hits, prefix_caching_of, stack_of
+from pytest_sharedkv.service.expected_hits import prefix_caching_of, remote_of, stack_of
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
@@ -78,9 +78,9 @@ class Runner:
         self.concurrency = concurrency
         self.log = log or (lambda line: None)
         self.stack = stack_of(pair.record.stack)
-        prefix_caching = prefix_caching_of(pair.record.stack)
-        self.expect = expected_hits(self.stack, prefix_caching)
-        self.run = ServiceRun(cases, pair.description, self.stack, prefix_caching)
+        self.run = ServiceRun(cases, pair.description, self.stack,
+                              prefix_caching_of(pair.record.stack), remote_of(pair.record.stack))
+        self.expect = self.run.expect
         self._salt: dict[str, str] = {}
         self.topology = pair.topology
         # the hosts topology: (case, step) -> server 2's split of that request's lookup;

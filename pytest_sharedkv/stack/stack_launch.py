@@ -356,18 +356,23 @@ def stub_stack(stack: str, tiers: InprocessTiers = InprocessTiers()) -> StackLau
     named chunks of what it takes from the pool (on native offload, its own CPU tier, as
     ``native_gate_hook`` does in B's vLLM). In-process TIERS without prefix caching: the
     record says "prefix_caching": false, and the stubs' own caches serve nothing (every
-    hit from the pool, as LMCache's would)."""
+    hit from the pool, as LMCache's would); without a remote: "remote_url": None, a pool
+    of each stub's own (its LMCache's local_cpu) and no gate, as the launched stack."""
     native = {"gate": "the stub's own (--corrupt-control on B's CPU-tier loads)",
               "gpu_blocks": STUB_GPU_BLOCKS} if stack == NATIVE else {}
     off = stack == INPROCESS and not tiers.prefix_caching
+    alone = stack == INPROCESS and not tiers.remote
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
-                    + ("one pool both stubs share" if stack == INPROCESS
+                    + ("a pool of each stub's own (no remote)" if alone
+                       else "one pool both stubs share" if stack == INPROCESS
                        else "a pool of each stub's own, its offload log, a GPU cache of "
                             f"{STUB_GPU_BLOCKS} blocks")
                     + ("; no prefix cache of its own (--no-prefix-caching)" if off else ""),
-        **native, **({"prefix_caching": False} if off else {})},
+        **native, **({"prefix_caching": False} if off else {}),
+        **({"remote_url": None, "gate": "none", "no_gate": INPROCESS_NO_REMOTE}
+           if alone else {})},
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}"
                     + (" without prefix caching" if off else ""))
 
