@@ -337,7 +337,7 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
             hit = hit_problem(case, twins.step, answer, expect=twins.hits)
             if hit is not None:
                 cell.problems.append(Problem(f"{where}: {hit}", hit.kind))
-                break  # one a prompt: its twins hit alike
+                break  # one a prompt: the first twin that missed stands for the rest
     shareable = sum(c.shareable or 0 for c in cases) * k \
         if all(c.shareable is not None for c in cases) else None
     cell.problems += totals_problems(totals, shareable, False, twins.hits)
