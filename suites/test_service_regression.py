@@ -149,7 +149,6 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         totals_unknown,
     )
     from pytest_sharedkv.service.execute import SESSIONS
-    from pytest_sharedkv.service.expected_hits import expected_hits
     from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
@@ -170,7 +169,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             c.shareable is not None for c in group) else None
         found = totals_problems(totals, shareable,
                                 _evicted_one_host(sharedkv_service_pass, totals.group),
-                                expected_hits(run.stack).totals(totals.step))
+                                run.expect.totals(totals.step))
         why_unknown = totals_unknown(totals)
         hosts: dict[str, object] = {}
         if runner.hosts and steps[totals.step].hits == "external":  # server 2's own account
@@ -255,6 +254,30 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
         detail={"session": session.id,
                 "turns": [{"cached": a.cached_tokens, "text": a.text} for a in answers]})
     _verdict(run, problems)
+
+
+def test_identical_requests_in_flight(sharedkv_service_pass: Pass,
+                                      sharedkv_results: ResultSink) -> None:
+    """LMCache #4463's later report: one prompt cold on A (its KV stored), then K identical
+    requests of it (the same prompt, the same cache_salt; --sharedkv-identical-requests) at
+    once to one replica, B where the replicas share a pool, A on native offload. Every
+    answer exact and a prompt's K answers all equal (a failure names the request and how
+    many distinct answers came back), each hit as the stack's expected hits say."""
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
+    from pytest_sharedkv.service.execute import IDENTICAL, IDENTICAL_GROUP
+
+    run = sharedkv_service_pass.ensure(IDENTICAL)
+    cell = run.twins
+    if run.error or cell is None:
+        pytest.fail(run.error or "the identical requests did not run", pytrace=False)
+    kind, status = cell.judged("divergence")
+    sharedkv_results.check(
+        TIER, {**pair.labels, "size": cell.size or "-", "step": f"{IDENTICAL_GROUP} x{cell.k}"},
+        cell.exact, cell.requests, kind=kind, status=status, message=cell.message()[:600],
+        detail=cell.detail)
+    failure = cell.failure(IDENTICAL_GROUP)
+    _verdict(run, [failure] if failure is not None else [])
 
 
 def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,

@@ -113,7 +113,7 @@ def test_the_hit_judge_after_refused_writes() -> None:
 
 
 def test_an_l2_cell_is_judged_from_its_problems_its_error_and_its_void() -> None:
-    """The two L2 cells' one judgement (execute.L2Cell): a problem fails with its kind;
+    """The two L2 cells' one judgement (execute.Cell): a problem fails with its kind;
     an error or an unjudged step is unknown; a VOID cell that broke nothing is void; each
     but a pass fails the test."""
     from pytest_sharedkv.report.records import Problem

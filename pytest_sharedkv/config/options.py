@@ -574,6 +574,13 @@ class Settings:
         8,
         "service tier: requests in flight per step (default {default}; 1 to 256)",
         whole_number(1, 256), metavar="N")
+    identical_requests: int = setting(
+        4,
+        "service tier: identical requests (one prompt, one cache_salt) sent to one replica "
+        "at once after the prompt's KV is stored, as many prompts as fill "
+        "--sharedkv-concurrency; every answer exact and all equal (default {default}; 2 to "
+        "64)",
+        whole_number(2, 64), metavar="K")
     blocks: int = setting(
         2,
         "perf tier: block pairs to screen, alternating OFF-ON, ON-OFF, ... (default "
@@ -721,6 +728,12 @@ class Settings:
         "(a Redis the suite starts and stops; needs redis-server and PyPI redis) or none "
         "(each replica's tiers serve only itself; no sensitivity gate) (default {default})",
         parse_choice("redis", "none"), metavar="redis|none")
+    inprocess_prefix_caching: bool = setting(
+        True,
+        "in-process stack: vLLM's own GPU prefix cache in each replica, on by default; "
+        "--no-sharedkv-inprocess-prefix-caching launches them with --no-enable-prefix-caching, "
+        "so every hit comes from LMCache (LMCache #4463's later configuration)",
+        parse_bool, flag=True)
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)

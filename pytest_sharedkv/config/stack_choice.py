@@ -26,6 +26,9 @@ NATIVE_CONNECTORS = (OFFLOADING, SIMPLE)
 CONNECTOR_CLASSES = {OFFLOADING: "OffloadingConnector", SIMPLE: "SimpleCPUOffloadConnector"}
 # the Settings fields that size the in-process stack's tiers (stack_launch.inprocess_tiers)
 INPROCESS_TIERS = ("inprocess_cpu_gib", "inprocess_disk_gib", "inprocess_remote")
+# the in-process stack's engine switches (stack_launch.inprocess_tiers), each on by
+# default: turned off, they apply to its replicas alone
+INPROCESS_ENGINE = ("inprocess_prefix_caching",)
 # model_type values of the Mamba-family hybrids (their layer types are not listed)
 MAMBA_TYPES = frozenset({"jamba", "nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2",
                          "mamba", "mamba2"})
@@ -63,6 +66,14 @@ def stack_problem(settings: Settings, provider: Provider) -> str | None:
         return (f"{given}: only the native stack runs vLLM's own CPU offload, whose "
                 f"connector it chooses, and {settings.source_of('stack')} is "
                 f"{settings.stack}; give {settings.source_of('stack')} native or drop {given}")
+    engine = [settings.source_of(f) for f in INPROCESS_ENGINE
+              if getattr(settings, f) is False]
+    if engine and settings.stack != INPROCESS:
+        return (f"{', '.join(engine)}: only the in-process stack's replicas are launched with "
+                f"vLLM's prefix caching as this option sets it (its expected hits are "
+                f"written for that stack alone), and {settings.source_of('stack')} is "
+                f"{settings.stack}; give {settings.source_of('stack')} inprocess or drop "
+                f"{' and '.join(engine)}")
     if settings.stack == MP:
         return None
     where = settings.source_of("stack")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import CaseSet
+from pytest_sharedkv.service.expected_hits import StackHits, expected_hits
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,22 @@ class ServiceRun:
     cases: CaseSet
     pair: str
     stack: str = "mp"  # the stack the pair runs (config.stack_choice): what hits it expects
+    prefix_caching: bool = True  # vLLM's GPU prefix cache on (expected_hits: off, LMCache's)
+    remote: bool = True  # the in-process stack's replicas share a remote (off: nothing shared)
     answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
     totals: list[StepTotals] = field(default_factory=list)
     sessions: dict[str, list[Answer]] = field(default_factory=dict)
     controls: dict[tuple[str, str], Answer] = field(default_factory=dict)
     gate: Any = None  # sensitivity.GateResult
     protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
+    twins: Any = None  # execute.TwinsCell: identical requests in flight together
     wall_s: float = 0.0
     error: str | None = None  # a replica died: every result says so
+
+    @property
+    def expect(self) -> StackHits:
+        """What each step of this run may hit (``expected_hits``, for its configuration)."""
+        return expected_hits(self.stack, self.prefix_caching, self.remote)
 
     def answer(self, case: str, step: str) -> Answer | None:
         return self.answers.get((case, step))

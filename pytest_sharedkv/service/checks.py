@@ -138,7 +138,7 @@ def step_problems(run: ServiceRun, case: Case, step: Step, check_hits: bool = Tr
     if wrong:
         problems.append(wrong)
     if check_hits:
-        hit = hit_problem(case, step, answer, evicted, expected_hits(run.stack).step(step))
+        hit = hit_problem(case, step, answer, evicted, run.expect.step(step))
         if hit:
             problems.append(hit)
     return problems
@@ -240,7 +240,7 @@ def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
                         "engine's own prefix cache should have served")
     if expect.split and sources == (EXTERNAL,) and local:
         problems.append(f"{where}: {local} tokens hit replica {totals.replica}'s own "
-                        f"prefix cache before {totals.replica} ever saw these prompts")
+                        "prefix cache " + expect.no_local.format(replica=totals.replica))
     if expect.split and expect.exact_counter == EXTERNAL and external != expected:
         problems.append(f"{where}: the engine counted {external} pool hit tokens, its "
                         f"responses reported {expected} cached")
@@ -280,7 +280,7 @@ def turn_hit_problem(run: ServiceRun, where: str, index: int, replica: str,
     (a hit is KV from nowhere), and a later turn on a replica must recover it from what
     that replica cached of its own earlier turn."""
     chunk, cached = run.cases.chunk, answer.cached_tokens or 0
-    if not expected_hits(run.stack).shared and replica not in earlier:
+    if not run.expect.shared and replica not in earlier:
         if cached:
             return Problem(f"{where}: {cached} cached tokens, but replica {replica} served no "
                            f"earlier turn of this session and the {run.stack} stack shares "

@@ -31,16 +31,20 @@ if TYPE_CHECKING:
     from pytest_sharedkv.stack.providers import LaunchSpec
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
+IDENTICAL = "identical"  # the stage of the identical requests in flight together
+IDENTICAL_K = 4  # the identical requests of each prompt (--sharedkv-identical-requests)
 
 
 class Pass:
     def __init__(self, pair: ReplicaPair, cases: CaseSet, salts: Salts, settle_s: float,
                  concurrency: int = 8, log: Callable[[str], None] | None = None,
-                 store_s_per_token: float = STORE_S_PER_TOKEN) -> None:
+                 store_s_per_token: float = STORE_S_PER_TOKEN,
+                 identical: int = IDENTICAL_K) -> None:
         self.pair = pair
         self.runner = Runner(pair, cases, salts, settle_s, concurrency, log,
                              store_s_per_token)
-        self.stages = [GATE, *cases.sizes(), SESSIONS, PROTOCOL]
+        self.identical = identical
+        self.stages = [GATE, *cases.sizes(), IDENTICAL, SESSIONS, PROTOCOL]
         self.done: set[str] = set()
         self.started = time.perf_counter()
 
@@ -66,6 +70,8 @@ class Pass:
                 runner.chain("warm-up", warmups)
             runner.run.gate = run_gate(runner, self.pair.gate_control, self.pair.gate_log,
                                        self.pair.record.stack)
+        elif name == IDENTICAL:
+            runner.run.twins = identical_cell(runner, self.identical)
         elif name == SESSIONS:
             runner.sessions()
         elif name == PROTOCOL:
@@ -82,8 +88,9 @@ GAP_CASES = 8  # the cell's requests: enough to go concurrently, few enough to b
 
 
 @dataclass
-class L2Cell:
-    """What the L2 cells (the fault gap, the refused writes) keep: SIZE the group sent,
+class Cell:
+    """What a cell (the L2 fault gap, the refused writes, the identical requests) keeps:
+    SIZE the group sent,
     REQUESTS and EXACT its answers, PROBLEMS what broke, UNKNOWN what could not be judged,
     DETAIL the record's evidence, ERROR why the cell could not run, VOID why it tested
     nothing; and their one judgement of it."""
@@ -121,7 +128,7 @@ class L2Cell:
 
 
 @dataclass
-class GapCell(L2Cell):
+class GapCell(Cell):
     """The L2 fault cell: server 2's L2 (LMCache's ``fault_inject`` over the session's
     L2) fails to load chunk GAP of every lookup, so B must take exactly the chunks before
     it from the L2 and recompute the rest."""
@@ -251,11 +258,108 @@ def _audit(pair: ReplicaPair, step: str, ids: set[str]) -> dict[str, Any]:
             "unkept_state_requests": sorted(r for r in report.unkept_state if r in ids)}
 
 
+IDENTICAL_GROUP = "identical requests"
+
+
+@dataclass
+class TwinsCell(Cell):
+    """The identical-requests cell: K requests of each prompt at once to REPLICA, and how
+    many DISTINCT answers each prompt got (1: all equal)."""
+
+    k: int = IDENTICAL_K
+    replica: str = ""
+    distinct: dict[str, int] = field(default_factory=dict)
+
+
+def identical_cases(cases: CaseSet, prompts: int) -> list[Case]:
+    """The first PROMPTS measured requests of the smallest size (the cheapest to send K
+    times at once)."""
+    for size in cases.sizes():
+        group = [c for c in cases.cases if c.role == "measured" and c.size == size]
+        if group:
+            return group[:prompts]
+    return []
+
+
+def identical_cell(runner: Runner, k: int) -> TwinsCell:
+    """LMCache #4463's later report (four identical greedy requests sent together, four
+    answers): each prompt cold on A under a salt of its own (its KV stored), then K
+    identical requests of it (the same prompt, the same salt) at once to the replica the
+    stack's ``Twins`` names, as many prompts as fill the pass's concurrency. Every answer
+    must be exact (as the steps judge it) and a prompt's K answers all equal; each hit as
+    ``Twins.hits`` says. A runner of its own over the pass's pair, so the pass's answers
+    and totals stay one a case and step."""
+    from pytest_sharedkv.service.checks import (
+        diverged,
+        hit_problem,
+        totals_problems,
+        totals_unknown,
+    )
+    from pytest_sharedkv.stack.steps import step as step_named
+
+    twins = runner.expect.twins
+    cell = TwinsCell(k=k, replica=twins.step.replica)
+    cases = identical_cases(runner.cases, max(1, runner.concurrency // k))
+    if not cases:
+        cell.error = "the corpus has no measured requests to send"
+        return cell
+    mine = Runner(runner.pair, runner.cases, lambda key: runner.salts(f"identical/{key}"),
+                  runner.settle_s, runner.concurrency, runner.log, runner.store_s_per_token)
+    cell.size, cell.requests = cases[0].size, k * len(cases)
+    mine.step(IDENTICAL_GROUP, step_named("cold"), cases)  # the KV, stored by A
+    for case in cases:
+        cold = mine.run.answer(case.id, "cold")
+        if cold is not None and cold.error:
+            cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
+                                         f"{cold.error}", "error"))
+    if twins.hits.settle:  # the twins read what the cold step stored
+        time.sleep(mine.settle_for(cases, IDENTICAL_GROUP))
+    answers, totals = mine.identical(IDENTICAL_GROUP, twins.step, cases, k)
+    for case in cases:
+        mine_k = answers.get(case.id, [])
+        where = f"request {case.id}, {k} identical requests at once on replica {cell.replica}"
+        errors = [a.error for a in mine_k if a.error]
+        if errors:
+            cell.problems.append(Problem(f"{where}: {len(errors)} got no answer ({errors[0]})",
+                                         "error"))
+        answered = [a for a in mine_k if not a.error]
+        wrong = [(i, p) for i, a in enumerate(mine_k, 1) if not a.error
+                 and (p := diverged(mine.run, case, a)) is not None]
+        cell.exact += len(answered) - len(wrong)
+        distinct = len({(a.text, a.ids) for a in answered})
+        cell.distinct[case.id] = distinct
+        if wrong or distinct > 1:
+            first = f"; the first wrong (request {wrong[0][0]}): {wrong[0][1]}" if wrong else ""
+            cell.problems.append(Problem(
+                f"{where}: {distinct} distinct answers, {len(answered) - len(wrong)} of "
+                f"{len(answered)} exact{first}", "divergence"))
+        for answer in answered:
+            hit = hit_problem(case, twins.step, answer, expect=twins.hits)
+            if hit is not None:
+                cell.problems.append(Problem(f"{where}: {hit}", hit.kind))
+                break  # one a prompt: the first twin that missed stands for the rest
+    shareable = sum(c.shareable or 0 for c in cases) * k \
+        if all(c.shareable is not None for c in cases) else None
+    cell.problems += totals_problems(totals, shareable, False, twins.hits)
+    why = totals_unknown(totals)
+    if why:
+        cell.unknown.append(why)
+    cell.detail = {"k": k, "replica": totals.replica, "step": twins.step.name,
+                   "prompts": [c.id for c in cases], "distinct": cell.distinct,
+                   "cached": totals.cached, "local": totals.local,
+                   "external": totals.external, "other_local": totals.other_local,
+                   "other_external": totals.other_external, "shareable": shareable,
+                   "wall_s": round(totals.wall_s, 2),
+                   "answers": {cid: [a.text for a in group]
+                               for cid, group in answers.items()}}
+    return cell
+
+
 WRITE_GROUP = "l2 write failure"
 
 
 @dataclass
-class WriteCell(L2Cell):
+class WriteCell(Cell):
     """The L2 write-failure cell: both replicas take the same prompts cold at once (each
     server writes them to the L2) into a Redis at its memory limit, so some writes are
     refused; a fresh pair over that L2 then answers them on B, every hit from the L2."""

@@ -24,6 +24,27 @@ the cached tokens, and what it does not account for must show in the local count
 B's cross step has nothing to share (B's CPU tier never saw A's prompts): a cold request
 on B, 0 cached tokens, answers still exact; a hit there is KV from nowhere.
 
+On ``inprocess`` with vLLM's prefix caching off (``--no-sharedkv-inprocess-prefix-caching``,
+LMCache #4463's later configuration) no step can hit the GPU prefix cache: vLLM asks the
+connector for everything past a local hit of 0, so what was local comes from the
+replica's own LMCache (its ``local_cpu``, or the remote behind it), counted as external,
+token for token the cached tokens; a local hit there means the flag was not applied.
+
+On ``inprocess`` with no remote (``--sharedkv-inprocess-remote none``, the launch
+record's ``remote_url`` None: LMCache's ``local_cpu`` alone, #4463's configuration) the
+replicas share nothing: each step as on ``native``, its own prefix cache and its own
+LMCache in any mix (or LMCache alone, with the prefix cache off), nothing on the cross
+step; the record says "gate": "none", so the gate is unproven.
+
+The identical-requests check (``Twins``): one prompt cold on A, its KV stored, then the
+same prompt under the same salt K times at once to one replica. On the shared pool they go
+to B: the first scheduled loads the pool; one scheduled after it may find the blocks in
+B's own prefix cache, so the twins may hit either source, in any mix, but each its whole
+shareable prefix. Where nothing crosses (``native``, ``inprocess`` with no remote) they go
+to A, where its own GPU cache and CPU tier hold the prompt (as its local step). With the
+prefix cache off they go to A too, each loading from A's own LMCache (``local_cpu``): the
+path #4463 names, which B's loads from the remote would not take first.
+
 The sensitivity gate (``service.sensitivity``) needs a step of B that loads KV, and zeroes
 a chunk of that load: on the shared pool B's cross step, straight after A's cold one. On
 ``native`` nothing crosses, so B loads the controls from its own CPU tier: B's cross step
@@ -65,6 +86,8 @@ class StepHits:
     may_stop_short: bool = False
     settle: bool = False
     split: bool = True
+    # why its own prefix cache cannot serve where SOURCES leave it out ({replica}: its own)
+    no_local: str = "before {replica} ever saw these prompts"
 
 
 @dataclass(frozen=True)
@@ -82,15 +105,32 @@ class GateSteps:
 
 
 @dataclass(frozen=True)
+class Twins:
+    """The identical-requests check on a stack: STEP (the replica the K identical requests
+    go to at once, after one cold request on A stored the prompt's KV) and HITS (what each
+    of them may hit)."""
+
+    step: Step
+    hits: StepHits
+
+
+TWINS_SHARED = Twins(Step("identical", "B", "external"),
+                     StepHits((LOCAL, EXTERNAL), "the pool (or, scheduled after an identical "
+                              "request, its own prefix cache)", full=True, settle=True))
+
+
+@dataclass(frozen=True)
 class StackHits:
     """One stack's expectations: each step's (by name), whether its replicas share KV
     (a session turn on a replica that served none of its session's earlier turns can hit
-    only what the other replica shared), and the sensitivity gate's steps."""
+    only what the other replica shared), the sensitivity gate's steps and the
+    identical-requests check's."""
 
     stack: str
     steps: Mapping[str, StepHits]
     shared: bool
     gate: GateSteps = GateSteps()
+    twins: Twins = TWINS_SHARED
 
     def step(self, step: Step) -> StepHits:
         """STEP's expectation; a step the table does not name (a cell's own) is judged as
@@ -123,21 +163,68 @@ OWN_CPU_TIER = {
     "receiver-local": StepHits((LOCAL, EXTERNAL), "its own prefix cache and CPU tier",
                                full=True, settle=True),
 }
+PREFIX_CACHE_OFF = "with vLLM's prefix caching off (--no-enable-prefix-caching)"
+LMCACHE_ONLY = {
+    "cold": StepHits(()),
+    "local": StepHits((EXTERNAL,), "its own LMCache (local_cpu; the GPU prefix cache off)",
+                      full=True, exact_counter=EXTERNAL, settle=True, no_local=PREFIX_CACHE_OFF),
+    "cross": StepHits((EXTERNAL,), "the pool", full=True, exact_counter=EXTERNAL,
+                      may_stop_short=True, settle=True, no_local=PREFIX_CACHE_OFF),
+    "receiver-local": StepHits((EXTERNAL,), "its own LMCache (local_cpu, or the pool behind "
+                               "it; the GPU prefix cache off)", full=True,
+                               exact_counter=EXTERNAL, settle=True, no_local=PREFIX_CACHE_OFF),
+}
 STACK_HITS = {MP: StackHits(MP, SHARED_POOL, shared=True),
               INPROCESS: StackHits(INPROCESS, SHARED_POOL, shared=True),
               NATIVE: StackHits(NATIVE, OWN_CPU_TIER, shared=False,
                                 gate=GateSteps(fill=("cross",), evict=True,
-                                               gated="receiver-local"))}
+                                               gated="receiver-local"),
+                                twins=Twins(Step("identical", "A", "local"),
+                                            OWN_CPU_TIER["local"]))}
+OWN_LMCACHE = {**LMCACHE_ONLY, "cross": OWN_CPU_TIER["cross"]}  # no remote, no prefix cache
+TWINS_ON_A = Step("identical", "A", "local")
+# the in-process stack by (prefix caching, remote): a KeyError for another stack
+INPROCESS_HITS = {
+    (True, True): STACK_HITS[INPROCESS],
+    (False, True): StackHits(INPROCESS, LMCACHE_ONLY, shared=True,
+                             twins=Twins(TWINS_ON_A, LMCACHE_ONLY["local"])),
+    (True, False): StackHits(INPROCESS, OWN_CPU_TIER, shared=False,
+                             twins=Twins(TWINS_ON_A, OWN_CPU_TIER["local"])),
+    (False, False): StackHits(INPROCESS, OWN_LMCACHE, shared=False,
+                              twins=Twins(TWINS_ON_A, OWN_LMCACHE["local"])),
+}
 
 
-def expected_hits(stack: str | None) -> StackHits:
-    """STACK's expectations (None: a pair whose launch names no stack, the MP server's)."""
-    return STACK_HITS[stack or MP]
+def expected_hits(stack: str | None, prefix_caching: bool = True, remote: bool = True
+                  ) -> StackHits:
+    """STACK's expectations (None: a pair whose launch names no stack, the MP server's);
+    PREFIX_CACHING False: with vLLM's GPU prefix cache off; REMOTE False: the in-process
+    stack's replicas share no remote (a KeyError for another stack run either way)."""
+    if prefix_caching and remote:
+        return STACK_HITS[stack or MP]
+    if stack != INPROCESS:
+        raise KeyError(f"no expected hits for {stack or MP} without "
+                       + ("prefix caching" if not prefix_caching else "a remote"))
+    return INPROCESS_HITS[(prefix_caching, remote)]
 
 
 def stack_of(record_stack: Mapping[str, Any] | None) -> str:
     """The stack a launch record's ``stack`` names (none: the MP server's)."""
     return str((record_stack or {}).get("stack") or MP)
+
+
+def prefix_caching_of(record_stack: Mapping[str, Any] | None) -> bool:
+    """Whether a launch record's ``stack`` ran vLLM's GPU prefix cache (none said: on, as
+    every launch but ``--no-sharedkv-inprocess-prefix-caching`` runs it)."""
+    return (record_stack or {}).get("prefix_caching") is not False
+
+
+def remote_of(record_stack: Mapping[str, Any] | None) -> bool:
+    """Whether a launch record's ``stack`` shares KV through a remote, where it names one:
+    false only where it says ``remote_url`` None (the in-process stack with
+    ``--sharedkv-inprocess-remote none``)."""
+    record = record_stack or {}
+    return "remote_url" not in record or record["remote_url"] is not None
 
 
 # what the service tier cannot judge on a stack, and why: check -> stack -> reason

@@ -55,8 +55,9 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
                           sharedkv_pair_slot: PairSlot, sharedkv_case_set: CaseSet
                           ) -> Pass:
     """The corpus through the session's pair, once, in stages the tests ask for
-    (``ensure``): warm-ups and the sensitivity gate, each size by step, sessions, protocol
-    checks. ``Pass.pair`` is the pair it ran on, for the tests to read (labels, logs)."""
+    (``ensure``): warm-ups and the sensitivity gate, each size by step, the identical
+    requests in flight together, sessions, protocol checks. ``Pass.pair`` is the pair it
+    ran on, for the tests to read (labels, logs)."""
     from pytest_sharedkv.service.execute import Pass
     from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
@@ -76,7 +77,8 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     sharedkv_case_set.make_payloads()
     return Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
                 settings.settle_for(pair.delay_cycles), concurrency=settings.concurrency,
-                log=progress, store_s_per_token=per_token)
+                log=progress, store_s_per_token=per_token,
+                identical=settings.identical_requests)
 
 
 BASELINE: pytest.StashKey[Baseline] = pytest.StashKey()

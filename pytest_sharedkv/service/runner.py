@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
-from pytest_sharedkv.service.expected_hits import expected_hits, stack_of
+from pytest_sharedkv.service.expected_hits import prefix_caching_of, remote_of, stack_of
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.pair import (
@@ -78,8 +78,9 @@ class Runner:
         self.concurrency = concurrency
         self.log = log or (lambda line: None)
         self.stack = stack_of(pair.record.stack)
-        self.expect = expected_hits(self.stack)
-        self.run = ServiceRun(cases, pair.description, self.stack)
+        self.run = ServiceRun(cases, pair.description, self.stack,
+                              prefix_caching_of(pair.record.stack), remote_of(pair.record.stack))
+        self.expect = self.run.expect
         self._salt: dict[str, str] = {}
         self.topology = pair.topology
         # the hosts topology: (case, step) -> server 2's split of that request's lookup;
@@ -126,17 +127,7 @@ class Runner:
         after = self.counters()
         for answer in answers:
             self.run.answers[(answer.case, step.name)] = answer
-
-        def delta(replica: str, name: str) -> int | None:
-            return counter_delta(before[replica], after[replica], name)
-
-        other = OTHER[step.replica]
-        totals = StepTotals(group, step.name, step.replica, len(cases),
-                            delta(step.replica, LOCAL_HITS), delta(step.replica, EXTERNAL_HITS),
-                            delta(other, LOCAL_HITS), delta(other, EXTERNAL_HITS), wall,
-                            sum(a.cached_tokens or 0 for a in answers),
-                            tuple(r for r in REPLICAS
-                                  if not counters_read(before[r], after[r])))
+        totals = step_totals(group, step, answers, before, after, wall)
         self.run.totals.append(totals)
         exact = sum(a.ids == c.expected for a, c in zip(answers, cases, strict=True))
         errors = [a.error for a in answers if a.error]
@@ -155,6 +146,30 @@ class Runner:
             self.log(f"  first wrong: {first.case} answered {first.text[:80]!r} "
                      f"(prompt {first.prompt_tokens} tokens, {first.cached_tokens} cached)")
         return totals
+
+    def identical(self, group: str, step: Step, cases: Sequence[Case], k: int
+                  ) -> tuple[dict[str, list[Answer]], StepTotals]:
+        """K identical requests for each of CASES (one prompt, one salt: the case's) sent
+        to STEP's replica at once, every case's together, so the engine has them in flight
+        together; each case's answers in the order sent (their request ids differ by it:
+        ``<step>-<i>``), and the counters around them all. Kept out of the run's answers,
+        which hold one answer a case and step."""
+        sends = [(case, i) for case in cases for i in range(1, k + 1)]
+        before = self.counters()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(sends)) as pool:
+            answers = list(pool.map(
+                lambda sent: self.send(step.replica, sent[0].id, f"{step.name}-{sent[1]}",
+                                       sent[0].text, self.salt(sent[0].id)), sends))
+        wall = time.perf_counter() - started
+        totals = step_totals(group, step, answers, before, self.counters(), wall)
+        found: dict[str, list[Answer]] = {}
+        for (case, _), answer in zip(sends, answers, strict=True):
+            found.setdefault(case.id, []).append(answer)
+        self.log(f"{group} on {step.replica}: {k} identical requests of each of {len(cases)} "
+                 f"prompts at once, {wall:.1f}s, cached {totals.cached}, local "
+                 f"{totals.local}, external {totals.external}")
+        return found, totals
 
     def read_splits(self, step: Step, cases: Sequence[Case]) -> str:
         """Server 2's split of each request of STEP (its log, read once), kept by (case,
@@ -253,6 +268,22 @@ class Runner:
             for session, answer in zip(live, answers, strict=True):
                 self.run.sessions.setdefault(session.id, []).append(answer)
             self.log(f"sessions turn {t}: {len(live)} requests")
+
+
+def step_totals(group: str, step: Step, answers: Sequence[Answer],
+                before: dict[str, Counters | None], after: dict[str, Counters | None],
+                wall: float) -> StepTotals:
+    """One step's totals: ANSWERS' cached tokens and the counters' deltas on both
+    replicas between BEFORE and AFTER (None where one could not be read)."""
+    def delta(replica: str, name: str) -> int | None:
+        return counter_delta(before[replica], after[replica], name)
+
+    other = OTHER[step.replica]
+    return StepTotals(group, step.name, step.replica, len(answers),
+                      delta(step.replica, LOCAL_HITS), delta(step.replica, EXTERNAL_HITS),
+                      delta(other, LOCAL_HITS), delta(other, EXTERNAL_HITS), wall,
+                      sum(a.cached_tokens or 0 for a in answers),
+                      tuple(r for r in REPLICAS if not counters_read(before[r], after[r])))
 
 
 def split_line(splits: Sequence[KeySplit], server: str) -> str:

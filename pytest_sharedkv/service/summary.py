@@ -1,5 +1,6 @@
 """The service tier's summary: per pair, a table of size x step (exact answers, cached
-tokens, the engines' own and pool hit counters, wall time) and one VERDICT line.
+tokens, the engines' own and pool hit counters, wall time), one VERDICT line, and a line
+each for the cells of their own (the identical requests, the L2 cells).
 
 A pair whose sensitivity gate is VOID or CONFOUNDED gets VOID unless answers diverged (then
 the divergences stand and the exact answers are said to prove nothing); external endpoints
@@ -19,6 +20,7 @@ from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
 from pytest_sharedkv.service.execute import GAP_GROUP as GAP_STEP
+from pytest_sharedkv.service.execute import IDENTICAL_GROUP as IDENTICAL_STEP
 from pytest_sharedkv.service.execute import WRITE_GROUP as WRITE_STEP
 from pytest_sharedkv.service.triage import (
     ALLOCATOR_REMEDY,
@@ -181,9 +183,11 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         steps = _steps(mine)
         gaps = [c for c in steps if str(c.key.get("step", "")).startswith(GAP_STEP)]
         writes = [c for c in steps if c.key.get("step") == WRITE_STEP]
-        # the L2 fault and write-failure cells: a line of their own
-        steps = [c for c in steps if c not in gaps and c not in writes]
-        tail = gap_verdicts(name, gaps) + write_verdicts(name, writes)
+        twins = [c for c in steps if str(c.key.get("step", "")).startswith(IDENTICAL_STEP)]
+        # the L2 fault and write-failure cells, the identical requests: a line of their own
+        steps = [c for c in steps if c not in gaps and c not in writes and c not in twins]
+        tail = (identical_verdicts(name, twins) + gap_verdicts(name, gaps)
+                + write_verdicts(name, writes))
         cross = [c for c in steps if c.key.get("step") == "cross"]
         total = sum(c.trials for c in cross)
         failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
@@ -250,6 +254,25 @@ def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | No
         return []
     said = line(mine, name, catalogue, finished)
     return [said] if said is not None else []
+
+
+def identical_verdicts(name: str, cells: list[Check]) -> list[str]:
+    """The identical-requests cell's verdict (LMCache #4463's later report): K requests of
+    one prompt in flight together on one replica, every answer exact and all equal."""
+    lines = []
+    for cell in cells:
+        detail = cell.detail
+        prompts = detail.get("prompts")
+        head = (f"IDENTICAL {name}: {detail.get('k')} identical requests at once on replica "
+                f"{detail.get('replica')} after the prompt's KV was stored, for each of "
+                f"{len(prompts) if isinstance(prompts, list) else '?'} prompts")
+        if str(cell.status) == "pass":
+            lines.append(f"{head}: {cell.passed}/{cell.trials} answers exact, each prompt's "
+                         "all equal, hits as expected")
+        else:
+            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
+                         f"{cell.trials} exact; {cell.message}")
+    return lines
 
 
 def gap_verdicts(name: str, cells: list[Check]) -> list[str]:

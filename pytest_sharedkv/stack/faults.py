@@ -44,6 +44,9 @@ class StubFaults:
     race_unless_remedy: str | None = None
     race_under_delay: bool = False
     no_hooks: bool = False  # both: the server hooks' stand-ins never load (their flags idle)
+    # both: identical requests (one prompt, one salt) in flight together answer differently
+    # (LMCache #4463's later report)
+    twins_diverge: bool = False
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -74,6 +77,8 @@ class StubFaults:
             argv.append("--race-under-delay")
         if self.no_hooks:
             argv.append("--no-hooks")
+        if self.twins_diverge:
+            argv.append("--twins-diverge")
         return argv
 
 

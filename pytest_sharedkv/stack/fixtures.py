@@ -424,9 +424,10 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
                               l1_size_gb=l1)
             if settings.stack != "mp":  # the double models the stack, and says so
-                from pytest_sharedkv.stack.stack_launch import stub_spec
+                from pytest_sharedkv.stack.stack_launch import inprocess_tiers, stub_spec
 
-                spec = stub_spec(spec, settings.stack, settings.native_connector)
+                spec = stub_spec(spec, settings.stack, settings.native_connector,
+                                 inprocess_tiers(settings))
             return stub_pair(edit(spec) if edit is not None else spec)
         assert model is not None
         if lease is None:

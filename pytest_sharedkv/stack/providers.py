@@ -446,6 +446,9 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         if hosts is not None:  # its own server's L1, and the L2 both servers share
             l1 = "stub-l1-A" if faults.hosts_share_l1 else f"stub-l1-{name}"
             argv += ["--pool", str(pool.with_name(l1)), "--l2-adapter", hosts.adapters[index]]
+        elif spec.arm == "ON" and spec.stack is not None \
+                and spec.stack.record.get("remote_url", "") is None:  # in-process, no remote
+            argv += ["--pool", str(pool.with_name(f"stub-pool-{name}"))]
         elif spec.arm == "ON":  # OFF: each stub keeps its own cache only, as an engine would
             argv += ["--pool", str(pool)]
         elif spec.arm == "NATIVE":  # a pool of its own, as vLLM's native offloading
@@ -454,6 +457,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
             gpu = (spec.stack.record.get("gpu_blocks") if spec.stack is not None else None)
             if gpu is not None:  # the service tier's native stack: a GPU it evicts from
                 argv += ["--gpu-blocks", str(gpu)]
+        if spec.stack is not None and spec.stack.record.get("prefix_caching") is False:
+            argv.append("--no-prefix-caching")  # every hit from the pool, as LMCache's
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))

@@ -54,16 +54,19 @@ INPROCESS_NO_REMOTE = (
 @dataclass(frozen=True)
 class InprocessTiers:
     """The in-process stack's tiers per replica, as the options give them: CPU (GiB; None:
-    the pool's size), disk (GiB; None: no disk tier) and whether a remote is shared."""
+    the pool's size), disk (GiB; None: no disk tier), whether a remote is shared, and
+    whether vLLM's own GPU prefix cache runs beside them."""
 
     cpu_gib: float | None = None
     disk_gib: float | None = None
     remote: bool = True
+    prefix_caching: bool = True
 
 
 def inprocess_tiers(settings: Settings) -> InprocessTiers:
     return InprocessTiers(settings.inprocess_cpu_gib, settings.inprocess_disk_gib,
-                          settings.inprocess_remote != "none")
+                          settings.inprocess_remote != "none",
+                          settings.inprocess_prefix_caching)
 
 
 class StackUnavailable(RuntimeError):
@@ -153,8 +156,9 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
     TIERS size them (CPU: the pool's size, ``spec.l1_size_gb``, unless given; a disk
     directory each under the run's log directory), the chunk the MP stack would use; where
     SPEC asks for the sensitivity gate and a remote is shared, B's LMCache zeroes the named
-    chunks (``inprocess_gate_hook``). StackUnavailable names the option of a tier that
-    cannot run."""
+    chunks (``inprocess_gate_hook``); TIERS without prefix caching add
+    ``--no-enable-prefix-caching`` to both replicas and say so in the record.
+    StackUnavailable names the option of a tier that cannot run."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
     from pytest_sharedkv.stack.inprocess_connector import (
         InprocessConfigError,
@@ -172,6 +176,7 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
                               local_cpu_gb=tiers.cpu_gib or spec.l1_size_gb,
                               local_disk=spec.log_dir / "lmcache-disk" if disk else None,
                               local_disk_gb=tiers.disk_gib or 0.0, remote_url=remote_url,
+                              prefix_caching=tiers.prefix_caching,
                               engine_block=engine_block_size(config)),
             spec.log_dir / "lmcache-config")
     except InprocessConfigError as exc:
@@ -363,25 +368,39 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
 STUB_GPU_BLOCKS = 256
 
 
-def stub_stack(stack: str, native_connector: str = OFFLOADING) -> StackLaunch:
+def stub_stack(stack: str, native_connector: str = OFFLOADING,
+               tiers: InprocessTiers = InprocessTiers()) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
     a remote) or one pool each (native offload, with a GPU cache of STUB_GPU_BLOCKS that
     evicts), said in its record; no engine runs. Its gate is the stub's own: B zeroes the
     named chunks of what it takes from the pool (on native offload, its own CPU tier, as
     ``native_gate_hook`` or ``simple_gate_hook`` does in B's vLLM). The native connector
-    asked for is said (``stands_for``), never as the connector: both are the same pool."""
+    asked for is said (``stands_for``), never as the connector: both are the same pool.
+    In-process TIERS without prefix caching: the record says "prefix_caching": false, and
+    the stubs' own caches serve nothing (every hit from the pool, as LMCache's would);
+    without a remote: "remote_url": None, a pool of each stub's own (its LMCache's
+    local_cpu) and no gate, as the launched stack."""
     native = {"gate": "the stub's own (--corrupt-control on B's CPU-tier loads)",
               "gpu_blocks": STUB_GPU_BLOCKS,
               "stands_for": CONNECTOR_CLASSES[native_connector]} if stack == NATIVE else {}
+    off = stack == INPROCESS and not tiers.prefix_caching
+    alone = stack == INPROCESS and not tiers.remote
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
-                    + ("one pool both stubs share" if stack == INPROCESS
+                    + ("a pool of each stub's own (no remote)" if alone
+                       else "one pool both stubs share" if stack == INPROCESS
                        else "a pool of each stub's own, its offload log, a GPU cache of "
-                            f"{STUB_GPU_BLOCKS} blocks"), **native},
-        description=f"stub x2 (test double) modelling --sharedkv-stack {stack}")
+                            f"{STUB_GPU_BLOCKS} blocks")
+                    + ("; no prefix cache of its own (--no-prefix-caching)" if off else ""),
+        **native, **({"prefix_caching": False} if off else {}),
+        **({"remote_url": None, "gate": "none", "no_gate": INPROCESS_NO_REMOTE}
+           if alone else {})},
+        description=f"stub x2 (test double) modelling --sharedkv-stack {stack}"
+                    + (" without prefix caching" if off else ""))
 
 
-def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING
-              ) -> LaunchSpec:
-    return replace(spec, arm=STUB_ARMS[stack], stack=stub_stack(stack, native_connector))
+def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING,
+              tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
+    return replace(spec, arm=STUB_ARMS[stack],
+                   stack=stub_stack(stack, native_connector, tiers))

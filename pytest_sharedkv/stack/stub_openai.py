@@ -29,6 +29,11 @@ carries ``X-Sharedkv-Test-Double: 1``.
 ``--offload-log`` (the NATIVE arm: a pool of its own) prints a vLLM-shaped "KV Transfer
 metrics" line for each request that stored blocks to its pool or loaded them back (at
 ``STUB_TOKEN_BYTES`` a token), as vLLM's OffloadingConnector logs its stats.
+``--no-prefix-caching`` (vLLM's ``--no-enable-prefix-caching``): its own cache serves
+nothing, so every hit comes from the pool (the in-process stack, LMCache's ``local_cpu``
+serving what the GPU prefix cache would have). ``--twins-diverge`` (a planted fault,
+LMCache #4463's later report): identical requests (one prompt, one salt) in flight together
+answer differently, each arriving while another is in flight one of its own.
 ``--gpu-blocks N`` keeps at most N blocks in the stub's own cache (the GPU's prefix cache),
 least recently used out, so a prompt evicted from it is served from its pool (vLLM's
 native offload under the service tier: hits from the GPU and the replica's CPU tier, in
@@ -96,6 +101,7 @@ from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 BLOCK = 16
 STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
+TWIN_WAIT_S = 0.3  # --twins-diverge: how long a request stays in flight for its twins
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class _State:
         self.evicted = 0  # blocks its L1 evicted
         self.prefetches = 0
         self.l1_order: OrderedDict[str, None] = OrderedDict()  # the hosts topology's L1, LRU
+        self.in_flight: dict[tuple[str, str], int] = {}  # --twins-diverge: (salt, prompt)
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         self.audit: AuditLog | None = None
         self.hooks = _Hooks(args)
@@ -162,7 +169,7 @@ class _State:
         local = external = 0
         pooled = set()
         for end, key in keys:
-            if key in self.blocks and external == 0:
+            if key in self.blocks and external == 0 and not self.args.no_prefix_caching:
                 local = end
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
@@ -181,6 +188,21 @@ class _State:
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
         return local, external, stored, tuple(key for _, key in keys)
+
+    def twin_enter(self, salt: str, prompt: str) -> int:
+        """--twins-diverge: how many identical requests were in flight as this one came
+        (0: the first); it waits TWIN_WAIT_S in flight, so twins sent together overlap."""
+        with self.lock:
+            ahead = self.in_flight.get((salt, prompt), 0)
+            self.in_flight[(salt, prompt)] = ahead + 1
+        time.sleep(TWIN_WAIT_S)
+        return ahead
+
+    def twin_leave(self, salt: str, prompt: str) -> None:
+        with self.lock:
+            left = self.in_flight.pop((salt, prompt), 1) - 1
+            if left:
+                self.in_flight[(salt, prompt)] = left
 
     def used_on_gpu(self, key: str) -> None:
         """With --gpu-blocks: KEY used most recently, and the least recently used blocks
@@ -792,6 +814,17 @@ class _StubHandler(BaseHTTPRequestHandler):
                                                   f"(got {salt!r})", "code": 400}})
             return None
         max_tokens = int(request.get("max_tokens", 16))
+        twin = self.stub.twin_enter(salt, prompt) if self.stub.args.twins_diverge else 0
+        try:
+            return self._answer(request, prompt, salt, max_tokens, twin)
+        finally:
+            if self.stub.args.twins_diverge:
+                self.stub.twin_leave(salt, prompt)
+
+    def _answer(self, request: dict[str, Any], prompt: str, salt: str, max_tokens: int,
+                twin: int) -> int:
+        """The completion's answer; TWIN: identical requests in flight ahead of it under
+        --twins-diverge (0: none, answered as constructed)."""
         pre = _prefill(self.stub, prompt, salt)
         if self.stub.args.prefill_us:
             time.sleep(self.stub.args.prefill_us * 1e-6 * (len(pre.tokens) - pre.cached))
@@ -813,8 +846,10 @@ class _StubHandler(BaseHTTPRequestHandler):
         self.stub.audit_records(request_id, keys, pre.block, pre.stored, pre.loaded, zeroed,
                                 effect,
                                 pre.server.stale if pre.server is not None else frozenset())
-        out, finish = _apply_stop(_answer_words(self.stub, prompt, max_tokens, pre, zeroed,
-                                                effect), request.get("stop") or [])
+        words = _answer_words(self.stub, prompt, max_tokens, pre, zeroed, effect)
+        if twin:  # the planted fault: the twin's own answer
+            words = _continuation(f"{prompt} twin {twin}", max_tokens)
+        out, finish = _apply_stop(words, request.get("stop") or [])
         usage = _usage(pre, out)
         choice = _choice(request, out, finish, pre.copy)
         if request.get("stream"):
@@ -884,6 +919,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-metrics", type=lambda t: {int(n) for n in t.split(",") if n},
                         default=set(), metavar="N,M",
                         help="answer these GET /metrics (1-based) with HTTP 503")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="its own cache serves nothing: every hit from the pool")
+    parser.add_argument("--twins-diverge", action="store_true",
+                        help="identical requests in flight together answer differently")
     parser.add_argument("--gpu-blocks", type=int, default=None,
                         help="keep at most N blocks in its own cache, LRU (native offload)")
     parser.add_argument("--offload-log", action="store_true",
