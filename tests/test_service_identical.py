@@ -84,13 +84,14 @@ def test_identical_requests_that_answer_differently_fail_naming_the_request(
     result = pytester.runpytest_subprocess(*BASE)
     result.assert_outcomes(failed=1)
     cell = _cell(pytester)
-    assert (cell["kind"], cell["status"], cell["passed"], cell["trials"]) == (
-        "divergence", "fail", 2, 8), cell
-    assert cell["detail"]["distinct"] == {"3k-000": 4, "3k-001": 4}
+    assert (cell["kind"], cell["status"], cell["trials"]) == ("divergence", "fail", 8), cell
+    # 4 distinct each when all 4 overlap (TWIN_WAIT_S); a loaded machine may start one late
+    assert cell["passed"] < 8 and set(cell["detail"]["distinct"]) == {"3k-000", "3k-001"}
+    assert all(n >= 2 for n in cell["detail"]["distinct"].values()), cell["detail"]
     result.stdout.fnmatch_lines([
-        "request 3k-000, 4 identical requests at once on replica B: 4 distinct answers, 1 of "
+        "request 3k-00*, 4 identical requests at once on replica B: * distinct answers, * of "
         "4 exact; the first wrong (request *): first divergent token 0*",
-        "*IDENTICAL *: * FAIL (divergence): 2/8 exact; request 3k-000*"])
+        "*IDENTICAL *: * FAIL (divergence): */8 exact; request 3k-00*"])
 
 
 @pytest.mark.parametrize(("args", "ini", "message"), [

@@ -101,7 +101,7 @@ from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 BLOCK = 16
 STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
-TWIN_WAIT_S = 0.3  # --twins-diverge: how long a request stays in flight for its twins
+TWIN_WAIT_S = 1.0  # --twins-diverge: how long a request stays in flight for its twins
 
 
 @dataclass(frozen=True)
