@@ -141,3 +141,16 @@ def test_a_service_wave_gives_each_lane_a_runtime_directory_of_its_own(tmp_path:
     assert one.endswith(f"--sharedkv-json {res}/one.json"), one
     assert two.startswith(f"RT={tmp_path}/rt-two M=8 ARGS=run 0.5.6 -k gap"), two
     assert oct((tmp_path / "rt-one").stat().st_mode & 0o777) == "0o700"
+
+
+def test_every_option_in_the_kits_plans_is_one_the_suite_takes() -> None:
+    """The README's wave plans are what a GPU session copies: an option renamed since they
+    were written would cost that session a machine start."""
+    from pytest_sharedkv.config.options import Settings, options_of
+
+    known = set()
+    for opt in options_of(Settings):
+        known |= {opt.flag_name, opt.off_name} if opt.flag else {opt.flag_name}
+    text = (KIT / "README.md").read_text()
+    used = set(re.findall(r"--(?:no-)?sharedkv-[a-z0-9-]+", text))
+    assert used and used <= known, sorted(used - known)
