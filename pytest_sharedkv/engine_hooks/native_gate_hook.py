@@ -192,12 +192,24 @@ def zero_blocks(handler: Any, blocks: Sequence[Zeroed], log: str | None,
             tensor[block.block_id, :width].zero_()
             touched.append(tensor)
             nbytes += width
-        if block.tokens > chunk_size or block.first % chunk_size:
-            STATE.say(f"block {block.block_id} of group {block.group} holds tokens "
-                      f"{block.first}..{block.first + block.tokens - 1}: zeroed whole, "
-                      f"beyond chunk {block.chunk}")
-        corrupt_hook.log_zeroed(log, block.group, block.chunk, nbytes)
-    devices = {t.device for t in touched if getattr(t.device, "type", "cpu") != "cpu"}
+        zeroed(block, nbytes, log, chunk_size, STATE.say)
+    synchronize(touched)
+
+
+def zeroed(block: Zeroed, nbytes: int, log: str | None, chunk_size: int,
+           say: Callable[[str], None]) -> None:
+    """Log a zeroed block (and say so where it was zeroed past its chunk's tokens)."""
+    if block.tokens > chunk_size or block.first % chunk_size:
+        say(f"block {block.block_id} of group {block.group} holds tokens "
+            f"{block.first}..{block.first + block.tokens - 1}: zeroed whole, "
+            f"beyond chunk {block.chunk}")
+    corrupt_hook.log_zeroed(log, block.group, block.chunk, nbytes)
+
+
+def synchronize(tensors: Iterable[Any]) -> None:
+    """Wait for the current stream of each GPU the TENSORS live on: the zeroing is done
+    before the load can be reported done."""
+    devices = {t.device for t in tensors if getattr(t.device, "type", "cpu") != "cpu"}
     if devices:
         import torch
 

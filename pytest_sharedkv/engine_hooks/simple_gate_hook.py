@@ -76,6 +76,8 @@ from pytest_sharedkv.engine_hooks.native_gate_hook import (
     Group,
     Zeroed,
     groups_of,
+    synchronize,
+    zeroed,
 )
 
 CONTROL_ENV = "SHAREDKV_SIMPLE_GATE_CONTROL"  # the control file the suite writes
@@ -164,17 +166,8 @@ def zero_rows(caches: Sequence[Any], blocks: Sequence[Zeroed], log: str | None,
             row = cache[block.block_id]
             row.zero_()
             nbytes += int(row.numel()) * int(row.element_size())
-        if block.tokens > chunk_size or block.first % chunk_size:
-            STATE.say(f"block {block.block_id} of group {block.group} holds tokens "
-                      f"{block.first}..{block.first + block.tokens - 1}: zeroed whole, "
-                      f"beyond chunk {block.chunk}")
-        corrupt_hook.log_zeroed(log, block.group, block.chunk, nbytes)
-    devices = {c.device for c in caches if getattr(c.device, "type", "cpu") != "cpu"}
-    if devices:
-        import torch
-
-        for device in devices:
-            torch.cuda.current_stream(device).synchronize()
+        zeroed(block, nbytes, log, chunk_size, STATE.say)
+    synchronize(caches)
 
 
 def published(events_list: list[Any], event_idx: int, wait_s: float = WAIT_S) -> Any:
