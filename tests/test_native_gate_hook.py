@@ -225,21 +225,28 @@ def test_evictor_passes_cover_the_gpu_cache_and_one_more() -> None:
     assert evictor_passes(0, 100) == 0
 
 
+def installed_vllm() -> Path:
+    """The installed vLLM's package directory (its source is read, never imported)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed")
+    return Path(spec.origin).parent
+
+
+def methods(path: Path, cls: str) -> dict[str, list[str]]:
+    """Each method of class CLS in PATH, with its arguments' names."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {f.name: [a.arg for a in f.args.args] for f in node.body
+            if isinstance(f, ast.FunctionDef)}
+
+
 def test_vllm_0260_keeps_what_the_hook_wraps_where_it_looks() -> None:
     """The installed vLLM's source, not imported: the handler's transfer_async(self,
     job_id, src_spec, dst_spec), its public wait / dst_tensors / gpu_to_cpu /
     kv_cache_groups_data_refs, and the connector worker's __init__(self, spec,
     kv_cache_config)."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        pytest.skip("vLLM is not installed")
-    root = Path(spec.origin).parent
-
-    def methods(path: Path, cls: str) -> dict[str, list[str]]:
-        tree = ast.parse(path.read_text())
-        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        return {f.name: [a.arg for a in f.args.args] for f in node.body
-                if isinstance(f, ast.FunctionDef)}
+    root = installed_vllm()
 
     handler = methods(root / "v1/kv_offload/cpu/gpu_worker.py", hook.HANDLER)
     assert handler[hook.LOAD] == ["self", "job_id", "src_spec", "dst_spec"]

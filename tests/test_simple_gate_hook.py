@@ -12,8 +12,6 @@ that proves it."""
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +26,11 @@ from pytest_sharedkv.engine_hooks import simple_gate_hook as hook
 from pytest_sharedkv.engine_hooks.native_gate_hook import Group, Zeroed
 from pytest_sharedkv.service.sensitivity import PROVEN, VOID, GateResult, judge
 from pytest_sharedkv.stack.providers import INJECT_DIR, gate_paths
+from tests.test_native_gate_hook import (  # vLLM 0.26.0's spec classes, stood in
+    SPECS,
+    installed_vllm,
+    methods,
+)
 
 # vLLM 0.26.0's distributed/kv_transfer/kv_connector/v1/simple_cpu_offload_connector.py,
 # reduced: one instance per role, the worker's hands on to SimpleCPUOffloadWorker
@@ -136,13 +139,6 @@ class DmaCopyBackend:
                         dst[name][d] = src[name][s]
             time.sleep(0.05)
             events_list.append((event_idx, _Event(copy)))
-"""
-SPECS = """
-class KVCacheSpec:
-    def __init__(self, block_size): self.block_size = block_size
-class AttentionSpec(KVCacheSpec): pass
-class FullAttentionSpec(AttentionSpec): pass
-class MambaSpec(KVCacheSpec): pass
 """
 # one step's load as the scheduler builds it: GROUPS (block size, kind), REQUESTS (id, its
 # block table per group, and whether the scheduler side saw it), LOADED (GPU ids written)
@@ -338,16 +334,7 @@ def test_vllm_0260_keeps_what_the_hook_wraps_where_it_looks() -> None:
     """The installed vLLM's source, not imported: the connector's three methods, the
     backend's init and launch_copy with their arguments, the worker launching loads through
     launch_copy and the copy thread publishing (event_idx, event)."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        pytest.skip("vLLM is not installed")
-    root = Path(spec.origin).parent
-
-    def methods(path: Path, cls: str) -> dict[str, list[str]]:
-        tree = ast.parse(path.read_text())
-        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        return {f.name: [a.arg for a in f.args.args] for f in node.body
-                if isinstance(f, ast.FunctionDef)}
+    root = installed_vllm()
 
     connector = methods(root / "distributed/kv_transfer/kv_connector/v1/"
                         "simple_cpu_offload_connector.py", hook.CONNECTOR)
