@@ -74,7 +74,8 @@ def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str,
           ) -> int:
     """Push the controls off REPLICA's GPU cache with their own prompts under other
     namespaces (the record's ``gpu_blocks`` of ``block_size`` tokens, the corpus's chunk
-    where the record gives no block size); the requests sent."""
+    where the record gives no block size); the requests sent. Their salts keep to
+    ``namespaces.UNSAFE_SALT``'s characters (no "/": the stub, as LMCache, refuses one)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pytest_sharedkv.corpus.cases import prompt_size
@@ -87,7 +88,7 @@ def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str,
     with ThreadPoolExecutor(max_workers=runner.concurrency) as pool:
         list(pool.map(lambda cp: runner.send(replica, cp[0].id, f"gate-evict-{cp[1]}",
                                              cp[0].text,
-                                             f"{runner.salt(cp[0].id)}/evict-{cp[1]}"),
+                                             f"{runner.salt(cp[0].id)}.evict-{cp[1]}"),
                       sends))
     runner.log(f"gate: {len(sends)} requests on {replica} pushed the controls off its GPU "
                f"cache ({gpu_tokens} tokens)")
