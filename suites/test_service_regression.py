@@ -280,6 +280,34 @@ def test_identical_requests_in_flight(sharedkv_service_pass: Pass,
     _verdict(run, [failure] if failure is not None else [])
 
 
+def test_offload_block_boundaries(sharedkv_service_pass: Pass, sharedkv_results: ResultSink,
+                                  request: pytest.FixtureRequest) -> None:
+    """vLLM #51094's condition on native offload: prompts one short of, at and one past
+    whole offload blocks (the block said in the record), cold on A, pushed off A's GPU
+    cache, then asked again on A: every answer exact, each reload's cached tokens whole
+    blocks of all but its last token, from A's own CPU tier. A failure names the request
+    and its length. Other stacks skip, saying why."""
+    from pytest_sharedkv.service.execute import BOUNDARY, BOUNDARY_GROUP, boundary_skip
+
+    why = boundary_skip(sharedkv_service_pass.runner)
+    if why is not None:
+        skip_not_asked(request.node, why)
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
+    run = sharedkv_service_pass.ensure(BOUNDARY)
+    cell = run.boundary
+    if run.error or cell is None:
+        pytest.fail(run.error or "the block-boundary stage did not run", pytrace=False)
+    kind, status = cell.judged("divergence")
+    sharedkv_results.check(
+        TIER, {**pair.labels, "size": cell.size or "boundary",
+               "step": f"{BOUNDARY_GROUP} of {cell.block}"},
+        cell.exact, cell.requests, kind=kind, status=status, message=cell.message()[:600],
+        detail=cell.detail)
+    failure = cell.failure(BOUNDARY_GROUP)
+    _verdict(run, [failure] if failure is not None else [])
+
+
 def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
                   sharedkv_results: ResultSink) -> None:
     pair = sharedkv_service_pass.pair

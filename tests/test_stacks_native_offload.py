@@ -145,3 +145,14 @@ def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:
                                  r.source_chunk) for r in requests]
     for case in cases:  # the payload made on first use is the one its digest names
         assert hashlib.sha256(case.text.encode()).hexdigest() == case.sha256
+
+
+def test_the_boundary_blocks_keep_prompts_short_and_on_chunk_edges() -> None:
+    from pytest_sharedkv.stack.native_offload import boundary_blocks
+
+    assert boundary_blocks(16, 32) == [64, 128]  # 16-token blocks, 32-token chunks
+    assert boundary_blocks(32, 32) == [32, 64]  # the stub: block = chunk
+    assert boundary_blocks(544, 1088) == [2, 4]  # a big hybrid block: whole chunks, >= 2
+    assert boundary_blocks(24, 32) == [43, 86]  # a chunk not whole blocks: blocks only
+    with pytest.raises(NativeOffloadError):
+        boundary_blocks(0, 32)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
 IDENTICAL = "identical"  # the stage of the identical requests in flight together
 IDENTICAL_K = 4  # the identical requests of each prompt (--sharedkv-identical-requests)
+BOUNDARY = "boundary"  # the stage of the prompts at whole offload blocks (vLLM #51094)
 
 
 class Pass:
@@ -44,7 +45,9 @@ class Pass:
         self.runner = Runner(pair, cases, salts, settle_s, concurrency, log,
                              store_s_per_token)
         self.identical = identical
-        self.stages = [GATE, *cases.sizes(), IDENTICAL, SESSIONS, PROTOCOL]
+        self.stages = [GATE, *cases.sizes(), IDENTICAL,
+                       *([BOUNDARY] if boundary_skip(self.runner) is None else []),
+                       SESSIONS, PROTOCOL]
         self.done: set[str] = set()
         self.started = time.perf_counter()
 
@@ -72,6 +75,8 @@ class Pass:
                                        self.pair.record.stack)
         elif name == IDENTICAL:
             runner.run.twins = identical_cell(runner, self.identical)
+        elif name == BOUNDARY:
+            runner.run.boundary = boundary_cell(runner)
         elif name == SESSIONS:
             runner.sessions()
         elif name == PROTOCOL:
@@ -352,6 +357,151 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
                    "wall_s": round(totals.wall_s, 2),
                    "answers": {cid: [a.text for a in group]
                                for cid, group in answers.items()}}
+    return cell
+
+
+BOUNDARY_GROUP = "block boundaries"
+
+
+@dataclass
+class BoundaryCell(Cell):
+    """The block-boundary stage: prompts one short of, at and one past whole offload
+    blocks of BLOCK tokens (BLOCK_FROM: where that block was read), asked again on REPLICA
+    after its GPU cache lost them."""
+
+    block: int = 0
+    block_from: str = ""
+    replica: str = ""
+
+
+def boundary_skip(runner: Runner) -> str | None:
+    """Why the pass has no block-boundary stage, or None: the stack's (``NOT_APPLICABLE``)
+    or the corpus's (the cases are the copy corpus's, answers known by construction)."""
+    from pytest_sharedkv.service.expected_hits import not_applicable
+
+    why = not_applicable("boundaries", runner.stack)
+    if why is None and runner.expect.boundaries is None:
+        why = f"n/a on --sharedkv-stack {runner.stack}: it has no offload block"
+    if why is None and (runner.cases.kind != "copy" or not runner.cases.chunk):
+        why = ("the block-boundary stage sends copy-corpus prompts, whose answers are known "
+               "by construction; this run sends the text corpus (a user's model)")
+    return why
+
+
+def offload_block(stack: dict[str, Any] | None, chunk: int | None) -> tuple[int, str]:
+    """The offload block the boundaries are taken at, and where it was read: the launch
+    record's ``block_size`` (the engine's block; ``blocks_per_chunk`` 1), else the corpus
+    chunk (the stub double's hit block, as ``sensitivity.evict`` reads it)."""
+    block = int((stack or {}).get("block_size") or 0)
+    if block:
+        return block, "the launch record's block_size: the engine's, vLLM's offload block"
+    return int(chunk or 0), "the corpus chunk: no block_size recorded, the stub's block"
+
+
+def edge_words(tokens: int, block: int) -> str:
+    """Where a TOKENS-token prompt lies against whole blocks of BLOCK tokens, in words."""
+    if tokens % block == 0:
+        return f"exactly {tokens // block} blocks of {block}"
+    if tokens % block == 1:
+        return f"one past {tokens // block} blocks of {block}"
+    if tokens % block == block - 1:
+        return f"one short of {tokens // block + 1} blocks of {block}"
+    return f"{tokens / block:.2f} blocks of {block}"
+
+
+def boundary_cell(runner: Runner) -> BoundaryCell:
+    """vLLM #51094's condition: the ``native_offload.boundary_cases`` (the source in the
+    first chunk, so the answer needs the blocks loaded back) cold on A, settled into A's
+    CPU tier, pushed off A's GPU cache by the gate's ``evict``, then asked again on A.
+    Every answer exact (by construction), each reload's cached tokens
+    ``boundary_cached`` of its length from A's own CPU tier (``Boundaries.hits``); a
+    failure names the request and its length. A runner of its own over the pass's pair."""
+    from pytest_sharedkv.service.checks import (
+        diverged,
+        hit_problem,
+        totals_problems,
+        totals_unknown,
+    )
+    from pytest_sharedkv.service.sensitivity import evict
+    from pytest_sharedkv.stack.native_offload import (
+        boundary_blocks,
+        boundary_cached,
+        boundary_cases,
+    )
+    from pytest_sharedkv.stack.steps import step as step_named
+
+    expect = runner.expect.boundaries
+    assert expect is not None  # the pass has this stage only where the stack has one
+    stack = dict(runner.pair.record.stack or {})
+    block, block_from = offload_block(stack, runner.cases.chunk)
+    cell = BoundaryCell(size="boundary", block=block, block_from=block_from,
+                        replica=expect.step.replica)
+    if block <= 0:
+        cell.error = "no offload block: the launch record gives no block_size, the corpus no chunk"
+        return cell
+    counts = boundary_blocks(block, runner.cases.chunk)
+    cases = boundary_cases(block, counts, int(runner.cases.chunk or 0))
+    mine = Runner(runner.pair, runner.cases, lambda key: runner.salts(f"boundary/{key}"),
+                  runner.settle_s, runner.concurrency, runner.log, runner.store_s_per_token)
+    cell.requests = len(cases)
+    cold_step = step_named("cold")
+    cold_totals = mine.step(BOUNDARY_GROUP, cold_step, cases)
+    time.sleep(mine.settle_for(cases, BOUNDARY_GROUP))  # A's stores reach its CPU tier
+    evicted = evict(mine, expect.step.replica, cases, stack, group=BOUNDARY)
+    reload = mine.step(BOUNDARY_GROUP, expect.step, cases)
+
+    def where(case: Case, step_name: str) -> str:
+        tokens = case.prompt_tokens or 0
+        return (f"request {case.id} ({tokens} tokens, {edge_words(tokens, block)}), "
+                f"step {step_name} on replica {expect.step.replica}")
+
+    wanted = {}
+    for case in cases:
+        wanted[case.id] = boundary_cached(case.prompt_tokens or 0, block)
+        for name, hits in ((cold_step.name, runner.expect.step(cold_step)),
+                           (expect.step.name, None)):
+            answer = mine.run.answer(case.id, name)
+            if answer is None or answer.error:
+                cell.problems.append(Problem(
+                    f"{where(case, name)}: {answer.error if answer else 'no answer'}", "error"))
+                continue
+            wrong = diverged(mine.run, case, answer)
+            if wrong is None:
+                cell.exact += name == expect.step.name
+            else:
+                cell.problems.append(Problem(f"{where(case, name)}: {wrong}", wrong.kind))
+            if hits is not None:
+                hit = hit_problem(case, cold_step, answer, expect=hits)
+                if hit is not None:
+                    cell.problems.append(Problem(f"{where(case, name)}: {hit}", hit.kind))
+            elif answer.cached_tokens is None:
+                cell.unknown.append(f"{where(case, name)}: no "
+                                    "usage.prompt_tokens_details.cached_tokens")
+            elif answer.cached_tokens != wanted[case.id]:
+                cell.problems.append(Problem(
+                    f"{where(case, name)}: {answer.cached_tokens} tokens cached, a full hit "
+                    f"from {expect.hits.where} is {wanted[case.id]} (whole blocks of all "
+                    "but its last token)", "hits"))
+    for totals, shareable, hits in (
+            (cold_totals, None, runner.expect.totals(cold_step.name)),
+            (reload, sum(wanted.values()), expect.hits)):
+        cell.problems += totals_problems(totals, shareable, False, hits)
+        why = totals_unknown(totals)
+        if why:
+            cell.unknown.append(why)
+    cell.detail = {"block": block, "block_from": block_from, "blocks": counts,
+                   "replica": reload.replica, "step": expect.step.name,
+                   "lengths": {c.id: c.prompt_tokens for c in cases},
+                   "expected_cached": wanted,
+                   "cached_each": {c.id: (a.cached_tokens if (a := mine.run.answer(
+                       c.id, expect.step.name)) else None) for c in cases},
+                   "evicting_requests": evicted, "gpu_blocks": stack.get("gpu_blocks"),
+                   "cached": reload.cached, "local": reload.local,
+                   "external": reload.external, "other_local": reload.other_local,
+                   "other_external": reload.other_external,
+                   "shareable": sum(wanted.values()), "wall_s": round(reload.wall_s, 2),
+                   "answers": {c.id: a.text for c in cases
+                               if (a := mine.run.answer(c.id, expect.step.name))}}
     return cell
 
 

@@ -45,6 +45,13 @@ to A, where its own GPU cache and CPU tier hold the prompt (as its local step). 
 prefix cache off they go to A too, each loading from A's own LMCache (``local_cpu``): the
 path #4463 names, which B's loads from the remote would not take first.
 
+The block-boundary stage (``Boundaries``, vLLM #51094's condition, native only): prompts
+one short of, at and one past whole offload blocks, cold on A, pushed off A's GPU cache
+(the gate's eviction), then asked again on A: every hit from A's own CPU tier, the
+external counter token for token the cached tokens, each prompt's cached tokens whole
+blocks of all but its last token (``native_offload.boundary_cached``, not the shareable
+prefix); a hit in A's GPU cache means the eviction did not take.
+
 The sensitivity gate (``service.sensitivity``) needs a step of B that loads KV, and zeroes
 a chunk of that load: on the shared pool B's cross step, straight after A's cold one. On
 ``native`` nothing crosses, so B loads the controls from its own CPU tier: B's cross step
@@ -114,6 +121,24 @@ class Twins:
     hits: StepHits
 
 
+@dataclass(frozen=True)
+class Boundaries:
+    """The block-boundary stage on a stack: STEP (the replica the prompts are asked again
+    on, after their cold step there and the eviction) and HITS (what that step may hit;
+    its full hit is ``native_offload.boundary_cached``, not the shareable prefix)."""
+
+    step: Step
+    hits: StepHits
+
+
+BOUNDARIES_NATIVE = Boundaries(
+    Step("reload", "A", "external"),
+    StepHits((EXTERNAL,), "its own CPU tier (the prompts pushed off its GPU cache)",
+             full=True, exact_counter=EXTERNAL, settle=True,
+             no_local="after the stage pushed these prompts off its GPU cache (the "
+                      "eviction did not take, so the CPU tier was not read)"))
+
+
 TWINS_SHARED = Twins(Step("identical", "B", "external"),
                      StepHits((LOCAL, EXTERNAL), "the pool (or, scheduled after an identical "
                               "request, its own prefix cache)", full=True, settle=True))
@@ -124,13 +149,15 @@ class StackHits:
     """One stack's expectations: each step's (by name), whether its replicas share KV
     (a session turn on a replica that served none of its session's earlier turns can hit
     only what the other replica shared), the sensitivity gate's steps and the
-    identical-requests check's."""
+    identical-requests check's, and the block-boundary stage's (None: the stack has no
+    offload block; ``NOT_APPLICABLE`` says why)."""
 
     stack: str
     steps: Mapping[str, StepHits]
     shared: bool
     gate: GateSteps = GateSteps()
     twins: Twins = TWINS_SHARED
+    boundaries: Boundaries | None = None
 
     def step(self, step: Step) -> StepHits:
         """STEP's expectation; a step the table does not name (a cell's own) is judged as
@@ -180,7 +207,8 @@ STACK_HITS = {MP: StackHits(MP, SHARED_POOL, shared=True),
                                 gate=GateSteps(fill=("cross",), evict=True,
                                                gated="receiver-local"),
                                 twins=Twins(Step("identical", "A", "local"),
-                                            OWN_CPU_TIER["local"]))}
+                                            OWN_CPU_TIER["local"]),
+                                boundaries=BOUNDARIES_NATIVE)}
 OWN_LMCACHE = {**LMCACHE_ONLY, "cross": OWN_CPU_TIER["cross"]}  # no remote, no prefix cache
 TWINS_ON_A = Step("identical", "A", "local")
 # the in-process stack by (prefix caching, remote): a KeyError for another stack
@@ -244,6 +272,11 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "l2": {NATIVE: (
         "n/a on --sharedkv-stack native: the L2 cells need the hosts topology (an LMCache "
         "MP server per replica sharing an L2), and this stack runs no LMCache")},
+    "boundaries": {stack: (
+        f"n/a on --sharedkv-stack {stack}: the block-boundary stage (vLLM #51094) reloads "
+        "prompts at whole offload blocks from vLLM's own CPU tier (the OffloadingConnector, "
+        "--sharedkv-stack native); this stack's KV leaves the GPU through LMCache, not "
+        "that connector") for stack in (MP, INPROCESS)},
 }
 
 

@@ -70,11 +70,13 @@ def evictor_passes(gpu_tokens: int, pass_tokens: int) -> int:
     return -(-gpu_tokens // pass_tokens) + 1
 
 
-def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str, Any]
-          ) -> int:
+def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str, Any],
+          group: str = "gate") -> int:
     """Push the controls off REPLICA's GPU cache with their own prompts under other
     namespaces (the record's ``gpu_blocks`` of ``block_size`` tokens, the corpus's chunk
-    where the record gives no block size); the requests sent."""
+    where the record gives no block size); the requests sent, tagged and logged as GROUP's
+    (the gate's, or the block-boundary stage's). Their salts keep to
+    ``namespaces.UNSAFE_SALT``'s characters (no "/": the stub, as LMCache, refuses one)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pytest_sharedkv.corpus.cases import prompt_size
@@ -85,11 +87,11 @@ def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str,
                                             for c in controls))
     sends = [(c, p) for p in range(passes) for c in controls]
     with ThreadPoolExecutor(max_workers=runner.concurrency) as pool:
-        list(pool.map(lambda cp: runner.send(replica, cp[0].id, f"gate-evict-{cp[1]}",
+        list(pool.map(lambda cp: runner.send(replica, cp[0].id, f"{group}-evict-{cp[1]}",
                                              cp[0].text,
-                                             f"{runner.salt(cp[0].id)}/evict-{cp[1]}"),
+                                             f"{runner.salt(cp[0].id)}.evict-{cp[1]}"),
                       sends))
-    runner.log(f"gate: {len(sends)} requests on {replica} pushed the controls off its GPU "
+    runner.log(f"{group}: {len(sends)} requests on {replica} pushed the prompts off its GPU "
                f"cache ({gpu_tokens} tokens)")
     return len(sends)
 

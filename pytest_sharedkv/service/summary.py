@@ -1,6 +1,7 @@
 """The service tier's summary: per pair, a table of size x step (exact answers, cached
 tokens, the engines' own and pool hit counters, wall time), one VERDICT line, and a line
-each for the cells of their own (the identical requests, the L2 cells).
+each for the cells of their own (the identical requests, the block boundaries, the L2
+cells).
 
 A pair whose sensitivity gate is VOID or CONFOUNDED gets VOID unless answers diverged (then
 the divergences stand and the exact answers are said to prove nothing); external endpoints
@@ -19,6 +20,7 @@ from pytest_sharedkv.report.records import Check, Kind
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
+from pytest_sharedkv.service.execute import BOUNDARY_GROUP as BOUNDARY_STEP
 from pytest_sharedkv.service.execute import GAP_GROUP as GAP_STEP
 from pytest_sharedkv.service.execute import IDENTICAL_GROUP as IDENTICAL_STEP
 from pytest_sharedkv.service.execute import WRITE_GROUP as WRITE_STEP
@@ -184,10 +186,13 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         gaps = [c for c in steps if str(c.key.get("step", "")).startswith(GAP_STEP)]
         writes = [c for c in steps if c.key.get("step") == WRITE_STEP]
         twins = [c for c in steps if str(c.key.get("step", "")).startswith(IDENTICAL_STEP)]
-        # the L2 fault and write-failure cells, the identical requests: a line of their own
-        steps = [c for c in steps if c not in gaps and c not in writes and c not in twins]
-        tail = (identical_verdicts(name, twins) + gap_verdicts(name, gaps)
-                + write_verdicts(name, writes))
+        edges = [c for c in steps if str(c.key.get("step", "")).startswith(BOUNDARY_STEP)]
+        # the L2 fault and write-failure cells, the identical requests, the block
+        # boundaries: a line of their own
+        steps = [c for c in steps if c not in gaps and c not in writes and c not in twins
+                 and c not in edges]
+        tail = (identical_verdicts(name, twins) + boundary_verdicts(name, edges)
+                + gap_verdicts(name, gaps) + write_verdicts(name, writes))
         cross = [c for c in steps if c.key.get("step") == "cross"]
         total = sum(c.trials for c in cross)
         failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
@@ -269,6 +274,27 @@ def identical_verdicts(name: str, cells: list[Check]) -> list[str]:
         if str(cell.status) == "pass":
             lines.append(f"{head}: {cell.passed}/{cell.trials} answers exact, each prompt's "
                          "all equal, hits as expected")
+        else:
+            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
+                         f"{cell.trials} exact; {cell.message}")
+    return lines
+
+
+def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
+    """The block-boundary stage's verdict (vLLM #51094's condition, native offload):
+    prompts at and beside whole offload blocks reloaded from the replica's CPU tier."""
+    lines = []
+    for cell in cells:
+        detail = cell.detail
+        lengths = detail.get("lengths")
+        said = ("/".join(str(n) for n in lengths.values()) if isinstance(lengths, dict)
+                else "?")
+        head = (f"BOUNDARY {name}: {said}-token prompts at whole offload blocks of "
+                f"{detail.get('block')} tokens ({detail.get('block_from')}), cold on replica "
+                f"{detail.get('replica')}, pushed off its GPU cache, asked again")
+        if str(cell.status) == "pass":
+            lines.append(f"{head}: {cell.passed}/{cell.trials} exact, each hit whole blocks "
+                         "of all but its last token from its CPU tier")
         else:
             lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
                          f"{cell.trials} exact; {cell.message}")

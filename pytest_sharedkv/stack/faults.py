@@ -47,6 +47,9 @@ class StubFaults:
     # both: identical requests (one prompt, one salt) in flight together answer differently
     # (LMCache #4463's later report)
     twins_diverge: bool = False
+    # both: a copy prompt of whole blocks loaded from the pool (its CPU tier) answers one
+    # word off (vLLM #51094: the OffloadingConnector at exact chunk boundaries)
+    boundary_diverge: bool = False
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -79,6 +82,8 @@ class StubFaults:
             argv.append("--no-hooks")
         if self.twins_diverge:
             argv.append("--twins-diverge")
+        if self.boundary_diverge:
+            argv.append("--boundary-diverge")
         return argv
 
 

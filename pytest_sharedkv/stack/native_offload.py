@@ -203,6 +203,25 @@ def boundary_requests(offload_block: int, blocks: Sequence[int], chunk: int,
 
 
 BOUNDARY = "boundary"  # the size the boundary cases carry
+# the prompt lengths the service tier's boundary stage aims its edges at: short, so a GPU
+# answers them, and the prompts that push them off its GPU cache, in seconds
+BOUNDARY_TOKENS = (1024, 2048)
+
+
+def boundary_blocks(offload_block: int, chunk: int | None,
+                    tokens: Sequence[int] = BOUNDARY_TOKENS) -> list[int]:
+    """Counts of whole offload blocks for ``boundary_lengths``: the first edge at or past
+    each of TOKENS that is also a CHUNK's edge where a chunk is whole blocks (the copy
+    corpus's prompts are built to chunks), at least 2, each once."""
+    if offload_block <= 0:
+        raise NativeOffloadError("offload_block", f"must be > 0, not {offload_block}")
+    step = chunk // offload_block if chunk and chunk % offload_block == 0 else 1
+    counts: list[int] = []
+    for target in tokens:
+        count = max(2, ceil(target / (offload_block * step)) * step)
+        if count not in counts:
+            counts.append(count)
+    return counts
 
 
 def boundary_cached(prompt_tokens: int, block: int) -> int:

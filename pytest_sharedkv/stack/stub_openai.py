@@ -34,6 +34,9 @@ nothing, so every hit comes from the pool (the in-process stack, LMCache's ``loc
 serving what the GPU prefix cache would have). ``--twins-diverge`` (a planted fault,
 LMCache #4463's later report): identical requests (one prompt, one salt) in flight together
 answer differently, each arriving while another is in flight one of its own.
+``--boundary-diverge`` (a planted fault, vLLM #51094): a copy prompt whose length is
+whole blocks (``<s>`` included), so its load from the pool ends on a block edge one token
+short of the prompt's end, answers one word off; every other prompt as constructed.
 ``--gpu-blocks N`` keeps at most N blocks in the stub's own cache (the GPU's prefix cache),
 least recently used out, so a prompt evicted from it is served from its pool (vLLM's
 native offload under the service tier: hits from the GPU and the replica's CPU tier, in
@@ -685,8 +688,10 @@ def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
     --corrupt-external (or a planted race) answers as if from stale KV."""
     effect = effect or _Effect()
     if pre.copy:
+        edge = (state.args.boundary_diverge and pre.external > 0
+                and len(pre.tokens) % pre.block == 0)  # vLLM #51094's condition, planted
         out = _copy_answer(pre.words, max_tokens, [*zeroed, *effect.hidden], pre.block,
-                           state.args.diverge or effect.shifted)
+                           state.args.diverge or effect.shifted or edge)
     else:
         out = _continuation(prompt, max_tokens)
     stale = pre.server is not None and bool(pre.server.stale)
@@ -923,6 +928,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="its own cache serves nothing: every hit from the pool")
     parser.add_argument("--twins-diverge", action="store_true",
                         help="identical requests in flight together answer differently")
+    parser.add_argument("--boundary-diverge", action="store_true",
+                        help="a whole-block copy prompt loaded from the pool answers wrong")
     parser.add_argument("--gpu-blocks", type=int, default=None,
                         help="keep at most N blocks in its own cache, LRU (native offload)")
     parser.add_argument("--offload-log", action="store_true",
