@@ -96,7 +96,7 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_results: ResultS
         detail={"status": gate.status, "zeroed_chunk": gate.zeroed_chunk,
                 "others_exact": gate.others_exact, "others": gate.others,
                 "zeroed_chunks_logged": gate.zeroed_chunks_logged, "wrapped": gate.wrapped,
-                "controls": gate.details})
+                "evict_failed": gate.evict_failed, "controls": gate.details})
     if gate.status == UNPROVEN:
         pytest.skip(gate.message)
     if gate.status != PROVEN:

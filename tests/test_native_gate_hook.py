@@ -217,6 +217,26 @@ def test_an_applied_gate_on_native_is_judged_as_on_the_other_stacks() -> None:
                               "others stayed exact")
 
 
+def test_a_push_that_failed_is_named_where_the_gate_is_not_proven() -> None:
+    """A push off B's GPU cache whose requests got no answer leaves the controls where the
+    gated step may hit them: said beside a gate that is not proven, not beside a proof."""
+    from pytest_sharedkv.service.sensitivity import Evicted
+
+    failed = Evicted(16, ["HTTP 400: cache_salt must not contain '/'"] * 16).failed()
+    assert failed == ("16 of 16 requests that were to push the prompts off the GPU cache got "
+                      "no answer (first: HTTP 400: cache_salt must not contain '/')")
+    assert Evicted(16).failed() is None
+    short = judge(GateResult("", "", 47, copying=4, changed=2, others=4, others_exact=4,
+                             zeroed_chunks_logged=2, hook_loaded=True, evict_failed=failed),
+                  [], stack="native")
+    assert short.status == VOID and short.message.endswith(f"; the push before the gated "
+                                                           f"step: {failed}")
+    proven = judge(GateResult("", "", 47, copying=4, changed=4, others=4, others_exact=4,
+                              zeroed_chunks_logged=8, hook_loaded=True, evict_failed=failed),
+                   [], stack="native")
+    assert proven.status == PROVEN and "push" not in proven.message
+
+
 def test_evictor_passes_cover_the_gpu_cache_and_one_more() -> None:
     from pytest_sharedkv.service.sensitivity import evictor_passes
 
@@ -290,8 +310,11 @@ class FlowRunner:
     def step(self, group: str, step: Any, cases: Any) -> None:
         self.events.append(("step", step.name, step.replica, self.control.exists()))
 
-    def send(self, replica: str, case_id: str, step: str, text: str, salt: str) -> None:
+    def send(self, replica: str, case_id: str, step: str, text: str, salt: str) -> Any:
+        from pytest_sharedkv.service.answers import Answer
+
         self.events.append(("send", replica, salt, self.control.exists()))
+        return Answer(case_id, step, replica)
 
 
 def test_the_native_gate_fills_b_evicts_its_gpu_cache_then_loads_under_the_control(

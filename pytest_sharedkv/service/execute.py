@@ -448,6 +448,9 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
     cold_totals = mine.step(BOUNDARY_GROUP, cold_step, cases)
     time.sleep(mine.settle_for(cases, BOUNDARY_GROUP))  # A's stores reach its CPU tier
     evicted = evict(mine, expect.step.replica, cases, stack, group=BOUNDARY)
+    if evicted.failed():
+        cell.problems.append(Problem(f"the push off replica {expect.step.replica}'s GPU "
+                                     f"cache: {evicted.failed()}", "error"))
     reload = mine.step(BOUNDARY_GROUP, expect.step, cases)
 
     def where(case: Case, step_name: str) -> str:
@@ -495,7 +498,7 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
                    "expected_cached": wanted,
                    "cached_each": {c.id: (a.cached_tokens if (a := mine.run.answer(
                        c.id, expect.step.name)) else None) for c in cases},
-                   "evicting_requests": evicted, "gpu_blocks": stack.get("gpu_blocks"),
+                   "evicting_requests": evicted.sent, "gpu_blocks": stack.get("gpu_blocks"),
                    "cached": reload.cached, "local": reload.local,
                    "external": reload.external, "other_local": reload.other_local,
                    "other_external": reload.other_external,

@@ -53,6 +53,7 @@ class GateResult:
     zeroed_chunks_logged: int = 0
     hook_loaded: bool | None = None  # the server's hook recorded that it loaded (None: unknown)
     wrapped: list[str] | None = None  # the functions the hook wrapped (None: not recorded)
+    evict_failed: str | None = None  # why the push off B's GPU cache may not have taken
     details: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -70,8 +71,24 @@ def evictor_passes(gpu_tokens: int, pass_tokens: int) -> int:
     return -(-gpu_tokens // pass_tokens) + 1
 
 
+@dataclass
+class Evicted:
+    """What the push off a replica's GPU cache sent, and the errors of those that got no
+    answer (a push that failed leaves the prompts where the next step may hit them)."""
+
+    sent: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def failed(self) -> str | None:
+        """Why the push may not have taken, or None."""
+        if not self.errors:
+            return None
+        return (f"{len(self.errors)} of {self.sent} requests that were to push the prompts "
+                f"off the GPU cache got no answer (first: {self.errors[0]})")
+
+
 def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str, Any],
-          group: str = "gate") -> int:
+          group: str = "gate") -> Evicted:
     """Push the controls off REPLICA's GPU cache with their own prompts under other
     namespaces (the record's ``gpu_blocks`` of ``block_size`` tokens, the corpus's chunk
     where the record gives no block size); the requests sent, tagged and logged as GROUP's
@@ -87,13 +104,14 @@ def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str,
                                             for c in controls))
     sends = [(c, p) for p in range(passes) for c in controls]
     with ThreadPoolExecutor(max_workers=runner.concurrency) as pool:
-        list(pool.map(lambda cp: runner.send(replica, cp[0].id, f"{group}-evict-{cp[1]}",
-                                             cp[0].text,
-                                             f"{runner.salt(cp[0].id)}.evict-{cp[1]}"),
-                      sends))
+        answers = list(pool.map(
+            lambda cp: runner.send(replica, cp[0].id, f"{group}-evict-{cp[1]}", cp[0].text,
+                                   f"{runner.salt(cp[0].id)}.evict-{cp[1]}"), sends))
+    evicted = Evicted(len(sends), [a.error for a in answers if a.error])
     runner.log(f"{group}: {len(sends)} requests on {replica} pushed the prompts off its GPU "
-               f"cache ({gpu_tokens} tokens)")
-    return len(sends)
+               f"cache ({gpu_tokens} tokens)"
+               + (f"; {evicted.failed()}" if evicted.errors else ""))
+    return evicted
 
 
 def run_gate(runner: Runner, control: Path | None, log: Path | None,
@@ -124,9 +142,10 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
     runner.step("gate", step(steps.reference), controls)
     for name in steps.fill:
         runner.step("gate", step(name), controls)
+    pushed = Evicted()
     if steps.evict:
         time.sleep(runner.settle_for(controls))  # the fill's stores land first
-        evict(runner, gated.replica, controls, stack or {})
+        pushed = evict(runner, gated.replica, controls, stack or {})
     time.sleep(runner.settle_for(controls))
     control.write_text(json.dumps({"zero_chunks": [zeroed]}))
     try:
@@ -138,7 +157,8 @@ def run_gate(runner: Runner, control: Path | None, log: Path | None,
 
     result = GateResult("", "", zeroed, zeroed_chunks_logged=len(logged),
                         hook_loaded=armed_path(log).exists() if log is not None else None,
-                        wrapped=read_wrapped(log) if log is not None else None)
+                        wrapped=read_wrapped(log) if log is not None else None,
+                        evict_failed=pushed.failed())
     broken = []
     for case in controls:
         cold = runner.run.answer(case.id, steps.reference)
@@ -284,4 +304,6 @@ def judge(result: GateResult, broken: list[str], copy_model: bool = True,
         if result.others_exact < result.others:
             result.message += (" (some answers from intact chunks changed too: the "
                                "corruption reached beyond the zeroed chunk)")
+    if result.evict_failed and result.status != PROVEN:
+        result.message += f"; the push before the gated step: {result.evict_failed}"
     return result
