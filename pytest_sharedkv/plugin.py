@@ -7,7 +7,9 @@ it runs no subprocess, writes no file and prints no line. The tiers' pytest modu
 device discovery, the environment header, the lmcache probe and the report modules come
 with the first need. Run state lives in ``config.stash``. Nothing here depends on xdist:
 records cross from workers to the controller on ``user_properties`` and report attributes,
-which xdist serialises, so ``-p no:xdist`` behaves the same. A run that is active and
+which xdist serialises, so ``-p no:xdist`` behaves the same; only the records no report
+brings (a test interrupted in a worker) come through xdist's own hooks, a worker's spool
+(``report/spool.py``) named in ``pytest_configure_node``. A run that is active and
 writes a report writes it however it ends once this plugin has configured it: a signal
 (``processes.interrupts``), a closed stdout (``processes.closed_stdout``), an interruption
 before the session even started.
@@ -20,7 +22,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +39,27 @@ from pytest_sharedkv.config.tiers import (
     tier_of,
 )
 from pytest_sharedkv.processes import interrupts
-from pytest_sharedkv.report.fields import REPORT_TIER, REQUIRE_GPU_FLAG, USER_PROPERTY, add_params
-from pytest_sharedkv.state import STATE, WORKER_USAGE_ERROR, RunState, state_of
+from pytest_sharedkv.report.fields import (
+    REPORT_TIER,
+    REQUIRE_GPU_FLAG,
+    SPOOLED_ATTRIBUTE,
+    USER_PROPERTY,
+    add_params,
+)
+from pytest_sharedkv.state import (
+    STATE,
+    WORKER_RECORDS_RUN,
+    WORKER_USAGE_ERROR,
+    RunState,
+    state_of,
+)
 
 if TYPE_CHECKING:
     from pytest_sharedkv.config.gating import Gate
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import Bundle, ResultSink
+    from pytest_sharedkv.report.spool import Spool
 # The tiers' pytest modules (fixtures, matrix generation, tier tables), registered by module
 # name when the run first needs them (load_tiers). Not ``pytest_plugins``: pytest looks each
 # of its names up among every installed distribution's entry points first, a scan per name.
@@ -173,6 +188,8 @@ def pytest_configure(config: pytest.Config) -> None:
     elif not config.stash.get(TIERS_LOADED, False):
         config.pluginmanager.register(_TierLoader(config), TIER_LOADER)
     if state.is_worker:
+        run = config.workerinput.get(WORKER_RECORDS_RUN)  # type: ignore[attr-defined]
+        state.records_run = run if isinstance(run, str) else None
         if state.active:
             _die_with_controller(config)
         return
@@ -328,6 +345,49 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         state.log.bundle.facts.append(Fact(name=xdist_groups.FACT, value=_grouping_note()))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller, as it sets up a worker on this machine: the run's directory the
+    worker spools its records to (``report/spool.py``), by name, from xdist's testrunuid;
+    nothing is made here, only by a worker's first record."""
+    if not getattr(node.gateway.spec, "popen", False):
+        return
+    state = state_of(node.config)
+    if state.records_run is None:  # the controller's pid, for a person reading the directory
+        run = node.workerinput.get("testrunuid") or f"{id(node.config):x}"
+        state.records_run = f"{os.getpid()}-{run}"
+    node.workerinput[WORKER_RECORDS_RUN] = state.records_run
+
+
+def _spool_of(config: pytest.Config) -> Spool | None:
+    """An xdist worker's spool (none elsewhere, nor where the controller named no place)."""
+    state = state_of(config)
+    if state.spool is None and state.is_worker and state.records_run is not None:
+        from pytest_sharedkv.report.spool import Spool
+        state.spool = Spool(state.records_run, os.environ.get("PYTEST_XDIST_WORKER", "gw"))
+    return state.spool
+
+
+def _merge_spooled(config: pytest.Config, wait: bool) -> None:
+    """xdist controller: the records workers spooled that no report brought (a test
+    interrupted mid-call, a report still on its way), into the run's log, each once; with
+    WAIT (an interrupted run) once the workers it knows have written their last."""
+    state = state_of(config)
+    if state.is_worker or state.records_run is None or not (state.active or state.has_log):
+        return  # no sharedkv test reported, nor was an option given: nothing was spooled
+    from pytest_sharedkv.host.runtime_dir import RuntimeDirError
+    from pytest_sharedkv.report import spool
+    try:
+        directory = spool.directory(state.records_run)
+    except (OSError, RuntimeDirError):
+        return  # a worker could not spool either
+    if wait:
+        from pytest_sharedkv.processes import xdist_workers
+        spool.wait_for_workers(directory, xdist_workers.known(config))
+    if directory.is_dir() and spool.merge(state.log, directory):
+        state.active = True  # a worker made sharedkv records
+
+
 def _grouping_fact(state: RunState) -> str | None:
     """The run's recorded note that --dist loadgroup did not group, if a worker saw it."""
     if not state.has_log:
@@ -343,6 +403,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state is not None and not state.is_worker:
         if state.active and state.settings.json is not None and state.json_written is None:
             _write_unfinished(config, state)
+        if state.records_run is not None and (state.active or state.has_log):
+            from pytest_sharedkv.report import spool  # the workers are down by now
+            spool.remove(state.records_run)
         if state.stdout_guard is not None:
             state.stdout_guard.flush()  # what a closed pipe was still owed goes to /dev/null
             if sys.stdout is state.stdout_guard:
@@ -361,6 +424,7 @@ def _write_unfinished(config: pytest.Config, state: RunState) -> None:
     assert state.settings.json is not None
     from pytest_sharedkv.report import json_report
 
+    _merge_spooled(config, wait=True)
     log = state.log
     log.interrupted = log.interrupted or "the run ended before its session finished"
     data = json_report.build(log, _environment_data(config, probe=False),
@@ -455,18 +519,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
     """A test interrupted mid-call (Ctrl-C, or SIGTERM turned into one) gets no report, so
     the records it wrote so far would ride on none: they go straight into the run's log,
     and the report written at the end keeps them (the catalogue and the triage flush each
-    cell as it is judged; this keeps what any test recorded and did not flush). Under
-    xdist a worker's unreported records are not recovered."""
+    cell as it is judged; this keeps what any test recorded and did not flush). An xdist
+    worker spools them instead (``report/spool.py``), for the controller to merge."""
     try:
         return (yield)
     except BaseException:
         bundle = item.stash.get(ITEM_BUNDLE, None)
         state = state_of(item.config)
-        if bundle and state.has_log and not state.is_worker:
+        spool = _spool_of(item.config) if bundle else None
+        if bundle and (spool is not None or (state.has_log and not state.is_worker)):
             from pytest_sharedkv.report.records import Bundle
-            state.log.bundle.extend(bundle)
+            if spool is not None:
+                spool.write(item.nodeid, _tier(item), bundle, interrupted=True)
+                spool.reported()  # no report will carry them
+            else:
+                state.log.bundle.extend(bundle)
             item.stash[ITEM_BUNDLE] = Bundle()
         raise
+
+
+def _tier(item: pytest.Item) -> str | None:
+    if ITEM_TIER not in item.stash:
+        item.stash[ITEM_TIER] = tier_of(item)
+    return item.stash[ITEM_TIER]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -474,9 +549,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if ITEM_TIER not in item.stash:
-        item.stash[ITEM_TIER] = tier_of(item)
-    tier = item.stash[ITEM_TIER]
+    tier = _tier(item)
     if tier is not None:
         setattr(report, REPORT_TIER, tier)  # the controller's only source for the tier
         add_params(report, item)  # what it ran, by name: compare matches tests by it
@@ -490,6 +563,9 @@ def pytest_runtest_makereport(
         # A fresh list: report.user_properties is item.user_properties, shared by all phases.
         report.user_properties = [*report.user_properties, (USER_PROPERTY, bundle.to_data())]
         item.stash[ITEM_BUNDLE] = Bundle()
+        spooled = state.spool.reported() if state.spool is not None else []
+        if spooled:  # an xdist worker also spooled these: the controller keeps them once
+            setattr(report, SPOOLED_ATTRIBUTE, spooled)
     if (call.when == "setup" and report.skipped and isinstance(report.longrepr, tuple)
             and item.stash.get(ITEM_GATE_SKIPPED, False)):
         report.longrepr = (*_item_location(item), report.longrepr[2])
@@ -607,7 +683,13 @@ def _environment_data(config: pytest.Config, probe: bool = True) -> dict[str, An
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = state_of(session.config)
     state.session_done = True  # a stdout closed from here on is only silenced
-    if state.is_worker or not (state.has_log or (state.active and state.settings.json)):
+    if state.is_worker:
+        if state.active and state.records_run is not None:
+            from pytest_sharedkv.report.spool import finished
+            finished(state.records_run, os.environ.get("PYTEST_XDIST_WORKER", "gw"))
+        return
+    _merge_spooled(session.config, wait=exitstatus == pytest.ExitCode.INTERRUPTED)
+    if not (state.has_log or (state.active and state.settings.json)):
         return
     log = state.log  # an active run that ends before any report still writes its report
     if log.interrupted is None:
@@ -689,10 +771,18 @@ def sharedkv_results(request: pytest.FixtureRequest) -> ResultSink:
     item = request.node
     bundle = item.stash.setdefault(ITEM_BUNDLE, Bundle())
     # the process that keeps the run's log takes records before the report (flush); an
-    # xdist worker's go with the test's report
+    # xdist worker's go with the test's report, and are spooled as they are flushed
     collector = request.config.pluginmanager.get_plugin(COLLECTOR)
-    deliver = (collector.deliver if isinstance(collector, _Collector)
-               and not state_of(request.config).is_worker else None)
+    deliver: Callable[[Bundle], bool] | None = (
+        collector.deliver if isinstance(collector, _Collector)
+        and not state_of(request.config).is_worker else None)
+    spool = _spool_of(request.config)
+    if deliver is None and spool is not None:
+        def spooled(held: Bundle) -> bool:
+            assert spool is not None
+            spool.write(item.nodeid, _tier(item), held)
+            return False  # they stay for the test's report, which names them spooled
+        deliver = spooled
     return ResultSink(item.nodeid, bundle, deliver)
 
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.processes.closed_stdout import GuardedStdout
     from pytest_sharedkv.report.run_log import RunLog
+    from pytest_sharedkv.report.spool import Spool
 
 
 # An xdist worker that must refuse the run says why under this workeroutput key; the
@@ -20,6 +21,9 @@ if TYPE_CHECKING:  # loading the plugin imports neither: they come with the firs
 # tier's own testnodedown would not do: the controller collects nothing, so it may never
 # register the tiers.
 WORKER_USAGE_ERROR = "sharedkv_usage_error"
+# workerinput: the name of the run's directory a worker spools its records to
+# (report/spool.py), from the controller (plugin.py's pytest_configure_node)
+WORKER_RECORDS_RUN = "sharedkv_records_run"
 
 
 # eq=False, repr=False: a run's state is compared by identity, and a dataclass compiles each
@@ -39,6 +43,10 @@ class RunState:
     # sys.stdout as the terminal writer got it, where a closed stdout ends the run
     stdout_guard: GuardedStdout | None = None
     session_done: bool = False  # pytest_sessionfinish has begun
+    # xdist: the run's directory workers spool their records to (report/spool.py), named
+    # by the controller for its workers on this machine; on a worker, its spool once used
+    records_run: str | None = None
+    spool: Spool | None = None
     _log: RunLog | None = None
 
     @property

@@ -24,6 +24,7 @@ from pytest_sharedkv.report.records import (
 )
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.report.run_log import TestResult as Result
+from pytest_sharedkv.report.spool import Spool, directory, merge
 from pytest_sharedkv.report.terminal import TableSpec, check_table
 
 RECORDING = """
@@ -273,3 +274,33 @@ def test_a_word_a_record_does_not_know_is_refused_naming_the_words(field: str,
     given: dict[str, Any] = {field: value}
     with pytest.raises(ValueError, match=rf"^{field} must be one of {re.escape(str(words))}"):
         Check("t", {}, 1, 1, **given)
+
+
+def test_spooled_records_are_merged_once_and_only_where_no_report_brought_them(
+        ) -> None:
+    """A worker's spool (report/spool.py): each record written once however often it is
+    flushed; the controller keeps those no report named, once however often it merges, and
+    a test it knows only from them has no outcome; a line cut short by a kill is skipped."""
+    spool = Spool("1-run", "gw0")
+    bundle = Bundle()
+    first = Check("t", {"cell": "a"}, 1, 1, nodeid="x.py::test_a")
+    bundle.checks.append(first)
+    spool.write("x.py::test_a", "ordering", bundle)
+    spool.write("x.py::test_a", "ordering", bundle)  # flushed again: nothing new
+    reported = spool.reported()  # the test's report carries it
+    assert len(reported) == 1
+    bundle = Bundle(checks=[Check("t", {"cell": "b"}, 0, 1, nodeid="x.py::test_b")],
+                    notes=[Note("t", "said", nodeid="x.py::test_b")])
+    spool.write("x.py::test_b", "ordering", bundle, interrupted=True)
+    spool.reported()
+    where = directory("1-run")
+    with next(where.glob("*.jsonl")).open("a") as out:
+        out.write('{"id": "cut", "sec')
+    log = RunLog(received=set(reported))
+    assert merge(log, where) == 2
+    assert merge(log, where) == 0
+    assert [(c.key, c.status) for c in log.bundle.checks] == [({"cell": "b"}, Status.FAIL)]
+    assert [n.text for n in log.bundle.notes] == ["said"]
+    assert log.tests["x.py::test_b"].outcome is None
+    assert log.tests["x.py::test_b"].worker == "gw0"
+    assert "x.py::test_a" not in log.tests

@@ -141,13 +141,15 @@ def _in_tests(ready: Path) -> int:
 
 
 @contextlib.contextmanager
-def inner_xdist(path: Path, *args: str, starting: bool = False) -> Iterator[Inner]:
-    """The inner run, from when both workers are in a test, or with STARTING from when xdist
+def inner_xdist(path: Path, *args: str, starting: bool = False,
+                source: str = SLEEPING) -> Iterator[Inner]:
+    """The inner run of SOURCE (a test module whose tests each write PID-I in READY_DIR as
+    they start), from when both workers are in a test, or with STARTING from when xdist
     is making its first worker's gateway (in its session start)."""
     tag = uuid.uuid4().hex
     ready = path / f"ready-{tag[:8]}"
     ready.mkdir()
-    (path / f"test_slow_{tag[:8]}.py").write_text(SLEEPING)
+    (path / f"test_slow_{tag[:8]}.py").write_text(source)
     (path / "conftest.py").write_text(CONTROLLER_MARKS)
     env = {**os.environ, TAG_ENV: tag, "READY_DIR": str(ready), "PYTHONUNBUFFERED": "1",
            **({"SLOW_START": "1"} if starting else {})}
@@ -190,8 +192,9 @@ class Signalled:
     sent: list[tuple[int, int]]  # (pid, signal) the controller sent
 
 
-def signal_controller(path: Path, sig: signal.Signals, *args: str) -> Signalled:
-    with inner_xdist(path, *args) as inner:
+def signal_controller(path: Path, sig: signal.Signals, *args: str,
+                      source: str = SLEEPING) -> Signalled:
+    with inner_xdist(path, *args, source=source) as inner:
         workers = inner.others()
         os.kill(inner.proc.pid, sig)
         inner.proc.wait(timeout=60)

@@ -1,5 +1,6 @@
 """The one directory per machine and user that every run shares: GPU leases, the host-memory
-ledger and the record of launched processes.
+ledger, the record of launched processes, and an xdist run's spooled records (one
+directory a run, ``report/spool.py``).
 
 It must not depend on the run (its basetemp, xdist or not): two runs on one machine must
 see each other's leases, or they book the same GPU. ``$XDG_RUNTIME_DIR`` is not used: login

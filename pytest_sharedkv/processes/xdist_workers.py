@@ -46,3 +46,9 @@ def forget(node: Any) -> None:
 def pids(config: pytest.Config) -> list[int]:
     """The workers alive as far as the controller knows (none outside an xdist controller)."""
     return sorted(config.stash.get(WORKERS, {}).values())
+
+
+def known(config: pytest.Config) -> dict[str, int]:
+    """The workers alive as far as the controller knows, by worker id."""
+    workers: dict[str, int] = config.stash.get(WORKERS, {})
+    return dict(workers)

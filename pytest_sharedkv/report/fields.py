@@ -24,6 +24,9 @@ REPORT_TIER = "sharedkv_tier"  # attribute: the item's tier, from its markers
 REPORT_PARAMS = "sharedkv_params"
 # attribute: the skip reason of a gated test that --sharedkv-require-gpu turned into a failure
 REQUIRE_GPU_FLAG = "sharedkv_require_gpu"
+# attribute: the ids of the records on this report that an xdist worker also spooled
+# (report/spool.py), so the controller keeps each record once
+SPOOLED_ATTRIBUTE = "sharedkv_spooled"
 
 
 def plain(value: object) -> Any:

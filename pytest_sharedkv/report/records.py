@@ -4,7 +4,8 @@ A test appends ``Check`` records through the ``sharedkv_results`` fixture; the p
 moves them onto the test report's ``user_properties`` (which xdist already serialises),
 and the controller gathers them for the terminal tables and the JSON report. A test that
 runs for long can hand what it has recorded so far to the run at once
-(``ResultSink.flush``), so a run cut short still reports it.
+(``ResultSink.flush``), so a run cut short still reports it; an xdist worker keeps them for
+its report and spools them (``spool.py``), which the controller merges where no report came.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ class ResultSink:
     def flush(self) -> bool:
         """Hand the records made so far to the run now (the JSON report is rewritten with
         them), so a run killed before this test reports still has them; each goes once.
-        False where they stay for the test's report, as every record did (xdist workers)."""
+        False where they stay for the test's report, as every record did (xdist workers,
+        whose DELIVER spools them for a controller that never gets that report)."""
         if not self.bundle or self.deliver is None:
             return False
         held = Bundle(list(self.bundle.checks), list(self.bundle.notes),

@@ -21,6 +21,7 @@ from pytest_sharedkv.report.fields import (
     REPORT_PARAMS,
     REPORT_TIER,
     REQUIRE_GPU_FLAG,
+    SPOOLED_ATTRIBUTE,
     USER_PROPERTY,
 )
 from pytest_sharedkv.report.records import Bundle
@@ -78,6 +79,8 @@ class RunLog:
     interrupted: str | None = None  # what stopped the run early, in pytest's words
     spans: dict[str, list[float]] = field(default_factory=dict)  # tier -> [first start, last stop]
     perf: dict[str, Any] | None = None  # the perf tier's PerfRun (JSON), the report's "perf"
+    # ids of the records that reached this log and an xdist worker also spooled (spool.py)
+    received: set[str] = field(default_factory=set, repr=False)
 
     def add_report(self, report: pytest.TestReport, category: str) -> None:
         """Fold one phase's report in; CATEGORY is what pytest_report_teststatus said."""
@@ -96,6 +99,9 @@ class RunLog:
         for name, value in report.user_properties:
             if name == USER_PROPERTY and isinstance(value, dict):
                 self.bundle.extend(Bundle.from_data(value))
+        spooled = getattr(report, SPOOLED_ATTRIBUTE, None)
+        if isinstance(spooled, list):
+            self.received.update(str(i) for i in spooled)
         perf = getattr(report, PERF_ATTRIBUTE, None)
         if isinstance(perf, dict):
             self.perf = perf  # every phase's report after it was attached: the same value
