@@ -13,7 +13,8 @@ report given with ``--sharedkv-baseline``; otherwise it is a suggestion, said as
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any
 
 from pytest_sharedkv.report.markdown import markdown_table
 from pytest_sharedkv.report.records import Check, Kind
@@ -264,40 +265,44 @@ def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | No
 def identical_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The identical-requests cell's verdict (LMCache #4463's later report): K requests of
     one prompt in flight together on one replica, every answer exact and all equal."""
-    lines = []
-    for cell in cells:
-        detail = cell.detail
+    def head(detail: Mapping[str, Any]) -> str:
         prompts = detail.get("prompts")
-        head = (f"IDENTICAL {name}: {detail.get('k')} identical requests at once on replica "
+        return (f"IDENTICAL {name}: {detail.get('k')} identical requests at once on replica "
                 f"{detail.get('replica')} after the prompt's KV was stored, for each of "
                 f"{len(prompts) if isinstance(prompts, list) else '?'} prompts")
-        if str(cell.status) == "pass":
-            lines.append(f"{head}: {cell.passed}/{cell.trials} answers exact, each prompt's "
-                         "all equal, hits as expected")
-        else:
-            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
-                         f"{cell.trials} exact; {cell.message}")
-    return lines
+
+    return _cell_lines(cells, head, lambda _: "answers exact, each prompt's all equal, hits "
+                                              "as expected")
 
 
 def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The block-boundary stage's verdict (vLLM #51094's condition, native offload):
     prompts at and beside whole offload blocks reloaded from the replica's CPU tier."""
-    lines = []
-    for cell in cells:
-        detail = cell.detail
+    def head(detail: Mapping[str, Any]) -> str:
         lengths = detail.get("lengths")
         said = ("/".join(str(n) for n in lengths.values()) if isinstance(lengths, dict)
                 else "?")
-        head = (f"BOUNDARY {name}: {said}-token prompts at whole offload blocks of "
+        return (f"BOUNDARY {name}: {said}-token prompts at whole offload blocks of "
                 f"{detail.get('block')} tokens ({detail.get('block_from')}), cold on replica "
                 f"{detail.get('replica')}, pushed off its GPU cache, asked again")
+
+    return _cell_lines(cells, head, lambda _: "exact, each hit whole blocks of all but its "
+                                              "last token from its CPU tier")
+
+
+def _cell_lines(cells: list[Check], head: Callable[[Mapping[str, Any]], str],
+                passing: Callable[[Mapping[str, Any]], str], counted: str = "exact"
+                ) -> list[str]:
+    """A cell's verdict line each: HEAD (from its detail), then its count and PASSING's
+    words where it passed, else its status, kind, count (of what is COUNTED) and message."""
+    lines = []
+    for cell in cells:
+        start = f"{head(cell.detail)}: "
         if str(cell.status) == "pass":
-            lines.append(f"{head}: {cell.passed}/{cell.trials} exact, each hit whole blocks "
-                         "of all but its last token from its CPU tier")
+            lines.append(f"{start}{cell.passed}/{cell.trials} {passing(cell.detail)}")
         else:
-            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
-                         f"{cell.trials} exact; {cell.message}")
+            lines.append(f"{start}{str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
+                         f"{cell.trials} {counted}; {cell.message}")
     return lines
 
 
@@ -364,19 +369,13 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
 def write_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The L2 write-failure cell's verdict: writes refused by a full Redis while both
     replicas stored the same prompts, then every answer from that L2 exact."""
-    lines = []
-    for cell in cells:
-        detail = cell.detail
-        head = (f"L2 WRITE {name}: {detail.get('refused', 'unknown')} L2 write(s) refused "
+    def head(detail: Mapping[str, Any]) -> str:
+        return (f"L2 WRITE {name}: {detail.get('refused', 'unknown')} L2 write(s) refused "
                 "while both replicas stored the same prompts (a Redis at its memory limit)")
-        if str(cell.status) == "pass":
-            lines.append(f"{head}: {cell.passed}/{cell.trials} later answers from that L2 "
-                         f"exact, no hit past what it held, the audit "
-                         f"{'clean' if detail.get('audit') else 'off'}")
-        else:
-            lines.append(f"{head}: {str(cell.status).upper()} ({cell.kind}): {cell.passed}/"
-                         f"{cell.trials} held; {cell.message}")
-    return lines
+
+    return _cell_lines(cells, head, lambda detail: (
+        "later answers from that L2 exact, no hit past what it held, the audit "
+        f"{'clean' if detail.get('audit') else 'off'}"), counted="held")
 
 
 def model_table(checks: list[Check]) -> list[str]:
