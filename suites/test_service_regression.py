@@ -22,14 +22,14 @@ import pytest
 from pytest_sharedkv.config.markers import skip_not_asked
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import Case
     from pytest_sharedkv.host.lmcache_status import LMCacheStatus
     from pytest_sharedkv.report.records import ResultSink
     from pytest_sharedkv.service.answers import ServiceRun
-    from pytest_sharedkv.service.execute import Pass
+    from pytest_sharedkv.service.execute import Cell, Pass
     from pytest_sharedkv.stack.fixtures import PairSlot
 
 pytestmark = pytest.mark.service_regression
@@ -256,6 +256,19 @@ def test_session_turns(sharedkv_service_pass: Pass, sharedkv_service_session: st
     _verdict(run, problems)
 
 
+def _record_cell(results: ResultSink, labels: Mapping[str, str], cell: Cell, step: str,
+                 failing: str, name: str, size: str = "-", limit: int | None = None
+                 ) -> str | None:
+    """A cell's record (its kind FAILING where it failed; at most LIMIT characters of its
+    message), and why the test fails, or None."""
+    kind, status = cell.judged(failing)
+    message = cell.message()
+    results.check(TIER, {**labels, "size": cell.size or size, "step": step}, cell.exact,
+                  cell.requests, kind=kind, status=status,
+                  message=message[:limit] if limit else message, detail=cell.detail)
+    return cell.failure(name)
+
+
 def test_identical_requests_in_flight(sharedkv_service_pass: Pass,
                                       sharedkv_results: ResultSink) -> None:
     """LMCache #4463's later report: one prompt cold on A (its KV stored), then K identical
@@ -271,12 +284,8 @@ def test_identical_requests_in_flight(sharedkv_service_pass: Pass,
     cell = run.twins
     if run.error or cell is None:
         pytest.fail(run.error or "the identical requests did not run", pytrace=False)
-    kind, status = cell.judged("divergence")
-    sharedkv_results.check(
-        TIER, {**pair.labels, "size": cell.size or "-", "step": f"{IDENTICAL_GROUP} x{cell.k}"},
-        cell.exact, cell.requests, kind=kind, status=status, message=cell.message()[:600],
-        detail=cell.detail)
-    failure = cell.failure(IDENTICAL_GROUP)
+    failure = _record_cell(sharedkv_results, pair.labels, cell, f"{IDENTICAL_GROUP} x{cell.k}",
+                           "divergence", IDENTICAL_GROUP, limit=600)
     _verdict(run, [failure] if failure is not None else [])
 
 
@@ -298,13 +307,9 @@ def test_offload_block_boundaries(sharedkv_service_pass: Pass, sharedkv_results:
     cell = run.boundary
     if run.error or cell is None:
         pytest.fail(run.error or "the block-boundary stage did not run", pytrace=False)
-    kind, status = cell.judged("divergence")
-    sharedkv_results.check(
-        TIER, {**pair.labels, "size": cell.size or "boundary",
-               "step": f"{BOUNDARY_GROUP} of {cell.block}"},
-        cell.exact, cell.requests, kind=kind, status=status, message=cell.message()[:600],
-        detail=cell.detail)
-    failure = cell.failure(BOUNDARY_GROUP)
+    failure = _record_cell(sharedkv_results, pair.labels, cell, f"{BOUNDARY_GROUP} of "
+                           f"{cell.block}", "divergence", BOUNDARY_GROUP, size="boundary",
+                           limit=600)
     _verdict(run, [failure] if failure is not None else [])
 
 
@@ -483,12 +488,8 @@ def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,
     gap = sharedkv_settings.l2_fault_gap
     cell = gap_cell(sharedkv_service_pass, sharedkv_pair_slot,
                     request.getfixturevalue("sharedkv_l2"), gap)
-    kind, status = cell.judged("hits")
-    sharedkv_results.check(
-        TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
-               "step": f"l2 fault gap {gap}"}, cell.exact, cell.requests, kind=kind,
-        status=status, message=cell.message(), detail=cell.detail)
-    failure = cell.failure("l2 fault gap")
+    failure = _record_cell(sharedkv_results, sharedkv_service_pass.pair.labels, cell,
+                           f"l2 fault gap {gap}", "hits", "l2 fault gap")
     if failure is not None:
         pytest.fail(failure, pytrace=False)
 
@@ -514,12 +515,8 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
         pytest.skip(f"the L2 write-failure cell fills a Redis the suite starts: {redis_missing}")
     sharedkv_service_pass.pair.record_launches(sharedkv_results)  # once a pair
     cell = write_failure_cell(sharedkv_service_pass, sharedkv_pair_slot, tmp_path)
-    kind, status = cell.judged("divergence")
-    sharedkv_results.check(
-        TIER, {**sharedkv_service_pass.pair.labels, "size": cell.size or "-",
-               "step": "l2 write failure"}, cell.exact, cell.requests, kind=kind,
-        status=status, message=cell.message(), detail=cell.detail)
-    failure = cell.failure("l2 write failure")
+    failure = _record_cell(sharedkv_results, sharedkv_service_pass.pair.labels, cell,
+                           "l2 write failure", "divergence", "l2 write failure")
     if failure is not None:
         pytest.fail(failure, pytrace=False)
 
