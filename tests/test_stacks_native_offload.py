@@ -133,6 +133,15 @@ def test_a_full_hit_at_a_block_edge_is_whole_blocks_short_of_the_last_token() ->
         boundary_cached(1024, 0)
 
 
+def test_under_mamba_align_a_prompt_of_whole_blocks_hits_nothing() -> None:
+    from pytest_sharedkv.stack.native_offload import boundary_cached
+
+    # the H200 run (both native connectors, the copy model): 1023 -> 1008, 1024 -> 0,
+    # 1025 -> 1024, 2047 -> 2032, 2048 -> 0, 2049 -> 2048
+    assert [boundary_cached(n, BLOCK, state_aligned=True)
+            for n in boundary_lengths(BLOCK, (64, 128))] == [1008, 0, 1024, 2032, 0, 2048]
+
+
 def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:
     import hashlib
 

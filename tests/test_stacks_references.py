@@ -30,6 +30,20 @@ def test_the_reference_key_names_the_stack() -> None:
         "+unknown")
 
 
+def test_a_native_key_names_no_lmcache_and_the_simple_connector_apart() -> None:
+    native = references.engine_key(_pair("vllm", {"stack": "native",
+                                                  "connector": "OffloadingConnector"}),
+                                   "absent")
+    simple = references.engine_key(_pair("vllm", {"stack": "native", "connector":
+                                                  "SimpleCPUOffloadConnector"}), "absent")
+    assert "lmcache" not in native and native.endswith("+native")
+    assert simple == native + "-simple"
+    assert not references.same_stack(native, simple)
+    assert references.same_stack(simple, "vllm-0.25.0+native-simple")
+    assert references.engine_order(native)[:2] == references.engine_order(simple)[:2]
+    assert references.engine_order("vllm-0.27.0+native") > references.engine_order(native)
+
+
 @pytest.mark.parametrize("stack", ["inprocess", "native"])
 def test_a_launched_stack_names_itself_in_its_record(tmp_path: Path, stack: str) -> None:
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), stack))

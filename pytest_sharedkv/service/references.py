@@ -72,27 +72,37 @@ def model_key(model: Path | None, kind: str) -> str:
 
 def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
     """vllm-<version>+lmcache-<version>-<kernel path> for launched engines: references
-    recorded on LMCache's torch fallback and on its compiled kernels never mix."""
+    recorded on LMCache's torch fallback and on its compiled kernels never mix. vLLM's
+    native offload runs no LMCache, so its key names none: vllm-<version>+native (or
+    +native-simple, the other connector)."""
     from pytest_sharedkv.host.environment import dist_version, lmcache_key
     provider = pair.labels.get("provider", "")
+    stack = stack_key(pair)
     if provider == "vllm":
-        return (f"vllm-{dist_version('vllm')}+{lmcache_key(lmcache)}{topology_key(pair)}"
-                f"{stack_key(pair)}")
+        engines = f"vllm-{dist_version('vllm')}"
+        if stack.startswith("+native"):
+            return f"{engines}{topology_key(pair)}{stack}"
+        return f"{engines}+{lmcache_key(lmcache)}{topology_key(pair)}{stack}"
     return ("stub" if provider.startswith("stub") else provider or "unknown") \
-        + topology_key(pair) + stack_key(pair)
+        + topology_key(pair) + stack
 
 
-STACK_KEYS = ("inprocess", "native")  # --sharedkv-stack values other than mp
+# --sharedkv-stack values other than mp, and the native stack's other connector
+STACK_KEYS = ("inprocess", "native", "native-simple")
+SIMPLE_CONNECTOR = "SimpleCPUOffloadConnector"
 
 
 def stack_key(pair: ReplicaPair) -> str:
-    """'' on LMCache's MP server; '+inprocess' or '+native' where the launch record names
-    that stack: another integration may hit differently, so its references are its own."""
+    """'' on LMCache's MP server; '+inprocess', '+native' or '+native-simple' where the
+    launch record names that stack (and connector): another integration may hit
+    differently, so its references are its own."""
     record = getattr(pair, "record", None)  # a pair's stand-in may carry none: the MP's
     stack = record.stack if record is not None else None
     name = stack.get("stack") if stack is not None else None
     if name is None:
         return ""
+    if name == "native" and stack is not None and stack.get("connector") == SIMPLE_CONNECTOR:
+        name = "native-simple"
     return f"+{name if name in STACK_KEYS else 'unknown'}"
 
 
@@ -148,14 +158,16 @@ def same_stack(key: str, other: str) -> bool:
     """Whether two engine keys name one stack ('+inprocess', '+native' or none: the MP
     server's)."""
     def stack(text: str) -> str:
-        return next((s for s in (*STACK_KEYS, "unknown") if text.endswith(f"+{s}")), "")
+        return next((s for s in sorted((*STACK_KEYS, "unknown"), key=len, reverse=True)
+                     if text.endswith(f"+{s}")), "")
     return stack(key) == stack(other)
 
 
 def engine_order(key: str) -> tuple[bool, Version, Version, str]:
     """How engine keys sort, oldest first: vllm-<version>+lmcache-<version>-<kernel path>
-    by vLLM's version, then LMCache's (a version that does not parse counts as 0); keys of
-    another form (stub, external) before them; the key itself breaks a tie."""
+    (or vllm-<version>+native...) by vLLM's version, then LMCache's (none, or a version
+    that does not parse, counts as 0); keys of another form (stub, external) before them;
+    the key itself breaks a tie."""
     from packaging.version import InvalidVersion, Version
 
     def version(text: str) -> Version:
@@ -164,10 +176,12 @@ def engine_order(key: str) -> tuple[bool, Version, Version, str]:
         except InvalidVersion:
             return Version("0")
 
-    vllm, plus, rest = key.removeprefix("vllm-").partition("+lmcache-")
-    if not key.startswith("vllm-") or not plus:
+    if not key.startswith("vllm-"):
         return False, version(""), version(""), key
-    return True, version(vllm), version(rest.split("-", 1)[0]), key
+    vllm, _, rest = key.removeprefix("vllm-").partition("+")
+    lmcache = rest.removeprefix("lmcache-").split("-", 1)[0] if rest.startswith(
+        "lmcache-") else ""  # a native key names no LMCache: 0
+    return True, version(vllm), version(lmcache), key
 
 
 def extension_for(directory: Path) -> type:

@@ -286,8 +286,14 @@ def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
                 f"{detail.get('block')} tokens ({detail.get('block_from')}), cold on replica "
                 f"{detail.get('replica')}, pushed off its GPU cache, asked again")
 
-    return _cell_lines(cells, head, lambda _: "exact, each hit whole blocks of all but its "
-                                              "last token from its CPU tier")
+    def passing(detail: Mapping[str, Any]) -> str:
+        words = "exact, each hit whole blocks of all but its last token from its CPU tier"
+        if detail.get("mamba_cache_mode") == "align":
+            words += (" (a prompt of whole blocks none: mamba_cache_mode align keeps its "
+                      "recurrent state only at its end)")
+        return words
+
+    return _cell_lines(cells, head, passing)
 
 
 def _cell_lines(cells: list[Check], head: Callable[[Mapping[str, Any]], str],
