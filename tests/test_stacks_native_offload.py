@@ -133,13 +133,27 @@ def test_a_full_hit_at_a_block_edge_is_whole_blocks_short_of_the_last_token() ->
         boundary_cached(1024, 0)
 
 
-def test_under_mamba_align_a_prompt_of_whole_blocks_hits_nothing() -> None:
-    from pytest_sharedkv.stack.native_offload import boundary_cached
+def test_vllm_connectors_hit_a_prompt_of_whole_blocks_by_the_model() -> None:
+    from pytest_sharedkv.stack.native_offload import (
+        ALL_BUT_LAST,
+        STATE_ALIGNED,
+        WHOLE_PROMPT,
+        boundary_cached,
+        hit_rule,
+    )
 
-    # the H200 run (both native connectors, the copy model): 1023 -> 1008, 1024 -> 0,
-    # 1025 -> 1024, 2047 -> 2032, 2048 -> 0, 2049 -> 2048
-    assert [boundary_cached(n, BLOCK, state_aligned=True)
-            for n in boundary_lengths(BLOCK, (64, 128))] == [1008, 0, 1024, 2032, 0, 2048]
+    lengths = boundary_lengths(BLOCK, (64, 128))
+    # the H200 runs: both connectors on the copy model (a hybrid, align) ...
+    assert [boundary_cached(n, BLOCK, STATE_ALIGNED) for n in lengths] == [
+        1008, 0, 1024, 2032, 0, 2048]
+    # ... and the OffloadingConnector on the attention-only copy model
+    assert [boundary_cached(n, BLOCK, WHOLE_PROMPT) for n in lengths] == [
+        1008, 1024, 1024, 2032, 2048, 2048]
+    assert hit_rule({"connector": "OffloadingConnector", "mamba_cache_mode": "align"}) \
+        == STATE_ALIGNED
+    assert hit_rule({"connector": "SimpleCPUOffloadConnector",
+                     "mamba_cache_mode": None}) == WHOLE_PROMPT
+    assert hit_rule({"connector": "stub", "mamba_cache_mode": "align"}) == ALL_BUT_LAST
 
 
 def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:

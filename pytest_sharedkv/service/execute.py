@@ -22,6 +22,7 @@ from pytest_sharedkv.service.protocol import run_protocol
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.service.sensitivity import run_gate
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
+from pytest_sharedkv.stack.native_offload import ALL_BUT_LAST, STATE_ALIGNED, WHOLE_PROMPT
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
@@ -409,9 +410,13 @@ def edge_words(tokens: int, block: int) -> str:
     return f"{tokens / block:.2f} blocks of {block}"
 
 
-HIT_RULE = "whole blocks of all but its last token"
-HIT_ALIGNED_WHOLE = ("none: under mamba_cache_mode align a prompt of whole blocks keeps its "
-                     "recurrent state only at its end, one block past where a hit may end")
+RULE_WORDS = {
+    ALL_BUT_LAST: "whole blocks of all but its last token",
+    WHOLE_PROMPT: "its whole blocks: vLLM's lookup may reach the prompt's end on a model "
+                  "with attention layers only",
+    STATE_ALIGNED: "whole blocks of all but its last token, and none for a prompt of whole "
+                   "blocks: under mamba_cache_mode align it keeps its recurrent state only "
+                   "at its end, one block past where a hit may end"}
 
 
 def boundary_cell(runner: Runner) -> BoundaryCell:
@@ -432,6 +437,7 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
         boundary_blocks,
         boundary_cached,
         boundary_cases,
+        hit_rule,
     )
     from pytest_sharedkv.stack.steps import step as step_named
 
@@ -463,10 +469,10 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
         return (f"request {case.id} ({tokens} tokens, {edge_words(tokens, block)}), "
                 f"step {step_name} on replica {expect.step.replica}")
 
-    aligned = stack.get("mamba_cache_mode") == "align"
+    rule = hit_rule(stack)
     wanted = {}
     for case in cases:
-        wanted[case.id] = boundary_cached(case.prompt_tokens or 0, block, aligned)
+        wanted[case.id] = boundary_cached(case.prompt_tokens or 0, block, rule)
         for name, hits in ((cold_step.name, runner.expect.step(cold_step)),
                            (expect.step.name, None)):
             answer = mine.run.answer(case.id, name)
@@ -490,8 +496,7 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
                 cell.problems.append(Problem(
                     f"{where(case, name)}: {answer.cached_tokens} tokens cached, a full hit "
                     f"from {expect.hits.where} is {wanted[case.id]} ("
-                    + (HIT_ALIGNED_WHOLE if aligned and not wanted[case.id] else HIT_RULE)
-                    + ")", "hits"))
+                    + RULE_WORDS[rule] + ")", "hits"))
     for totals, shareable, hits in (
             (cold_totals, None, runner.expect.totals(cold_step.name)),
             (reload, sum(wanted.values()), expect.hits)):
@@ -500,7 +505,7 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
         if why:
             cell.unknown.append(why)
     cell.detail = {"block": block, "block_from": block_from, "blocks": counts,
-                   "mamba_cache_mode": stack.get("mamba_cache_mode"),
+                   "mamba_cache_mode": stack.get("mamba_cache_mode"), "hit_rule": rule,
                    "replica": reload.replica, "step": expect.step.name,
                    "lengths": {c.id: c.prompt_tokens for c in cases},
                    "expected_cached": wanted,

@@ -287,8 +287,11 @@ def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
                 f"{detail.get('replica')}, pushed off its GPU cache, asked again")
 
     def passing(detail: Mapping[str, Any]) -> str:
+        rule = detail.get("hit_rule")
+        if rule == "whole-prompt":
+            return "exact, each hit its whole blocks from its CPU tier"
         words = "exact, each hit whole blocks of all but its last token from its CPU tier"
-        if detail.get("mamba_cache_mode") == "align":
+        if rule == "state-aligned":
             words += (" (a prompt of whole blocks none: mamba_cache_mode align keeps its "
                       "recurrent state only at its end)")
         return words

@@ -224,23 +224,46 @@ def boundary_blocks(offload_block: int, chunk: int | None,
     return counts
 
 
-def boundary_cached(prompt_tokens: int, block: int, state_aligned: bool = False) -> int:
-    """The cached tokens a full hit gives a PROMPT_TOKENS prompt: whole blocks of all but
-    its last token (vLLM recomputes the last token and caches whole blocks), so n blocks
-    exactly hit n-1 of them and one token more hits all n; not ``Case.shareable``.
+ALL_BUT_LAST = "all-but-last"  # whole blocks of all but the last token (the stub's rule)
+WHOLE_PROMPT = "whole-prompt"  # vLLM's connectors, an attention-only model
+STATE_ALIGNED = "state-aligned"  # vLLM's connectors, a hybrid under mamba_cache_mode align
+VLLM_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
 
-    STATE_ALIGNED (a hybrid under ``mamba_cache_mode`` ``align``): a prompt of exactly
-    whole blocks hits nothing. vLLM 0.26.0's offloading scheduler (``_lookup``) ends the
-    hit one block short of the last token, rounded to the block, and looks the recurrent
-    group up as a window of one block (``get_sliding_window_size_in_chunks``), so the hit
-    needs a state kept at that block's end; ``align`` keeps a state only where a prefill
-    step ends, and a prompt of whole blocks prefilled in one step (the boundary prompts,
-    under vLLM's default step budget) ends at its last block, one past the hit. Measured
-    on the H200 for both native connectors (1,024 and 2,048 tokens: 0 cached)."""
+
+def hit_rule(stack: Mapping[str, Any]) -> str:
+    """The full hit a native launch record's stack gives a prompt at a block edge
+    (``boundary_cached``): vLLM's connectors by the model (``mamba_cache_mode`` align
+    for a hybrid, none for an attention-only model), the stub double its own rule."""
+    if stack.get("connector") not in VLLM_CONNECTORS:
+        return ALL_BUT_LAST
+    return STATE_ALIGNED if stack.get("mamba_cache_mode") == "align" else WHOLE_PROMPT
+
+
+def boundary_cached(prompt_tokens: int, block: int, rule: str = ALL_BUT_LAST) -> int:
+    """The cached tokens a full hit gives a PROMPT_TOKENS prompt under RULE.
+
+    ALL_BUT_LAST: whole blocks of all but its last token, so n blocks exactly hit n-1 of
+    them and one token more hits all n. The others are vLLM 0.26.0's offloading scheduler
+    (``_lookup``), each measured on the H200:
+
+    WHOLE_PROMPT (an attention-only model): the hit may reach the prompt's end, so a
+    prompt of whole blocks is loaded whole (the scheduler then recomputes its last token,
+    ``_update_waiting_for_remote_kv``, and the response counts all n cached); otherwise
+    whole blocks.
+
+    STATE_ALIGNED (a hybrid under ``mamba_cache_mode`` ``align``): the hit ends one token
+    short, rounded down to the block, and the recurrent group is looked up as a window of
+    one block (``get_sliding_window_size_in_chunks``), so it needs a state kept at that
+    block's end. ``align`` keeps one only where a prefill step ends: a prompt of whole
+    blocks prefilled in one step (the boundary prompts, under vLLM's default step budget)
+    ends at its last block, one past the hit, and reloads nothing (both connectors)."""
     if block <= 0 or prompt_tokens <= 0:
         raise NativeOffloadError("block", f"a block and a prompt must be > 0, not {block}, "
                                  f"{prompt_tokens}")
-    if state_aligned and prompt_tokens % block == 0:
+    whole = prompt_tokens % block == 0
+    if rule == WHOLE_PROMPT:
+        return prompt_tokens // block * block
+    if rule == STATE_ALIGNED and whole:
         return 0
     return (prompt_tokens - 1) // block * block
 
