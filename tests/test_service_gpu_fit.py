@@ -106,7 +106,9 @@ def test_a_group_past_the_gpu_cache_may_be_served_by_the_pool_and_the_note_says_
 def test_a_group_that_fits_or_an_unknown_capacity_keeps_the_step_to_its_own_cache() -> None:
     full = 601_600
     served = _totals("local", "A", 0, full, full)
-    for capacities in ({"A": 1_677_712, "B": 1_677_712}, {"A": None, "B": None}, {}):
+    cases: list[dict[str, int | None]] = [{"A": 1_677_712, "B": 1_677_712},
+                                          {"A": None, "B": None}, {}]
+    for capacities in cases:
         run = _run(capacities)
         fit = gpu_fit(run, "A", "3k", _cases())
         expect = judged(run.expect.totals("local"), fit)
