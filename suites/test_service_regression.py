@@ -149,6 +149,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         totals_unknown,
     )
     from pytest_sharedkv.service.execute import SESSIONS
+    from pytest_sharedkv.service.gpu_fit import gpu_fit, judged, pool_note
     from pytest_sharedkv.service.summary import wall_line
     from pytest_sharedkv.stack.steps import STEPS
 
@@ -167,9 +168,14 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         failed = failed_requests(run, group, totals.step)  # no answer: none to judge
         shareable = sum(c.shareable or 0 for c in group) if all(
             c.shareable is not None for c in group) else None
+        # a group whose KV exceeds the replica's GPU KV cache: its own prefix cache
+        # evicted it, so the pool may serve a step meant for that cache (gpu_fit)
+        fit = gpu_fit(run, totals.replica, totals.group, group)
+        expect = run.expect.totals(totals.step)
         found = totals_problems(totals, shareable,
                                 _evicted_one_host(sharedkv_service_pass, totals.group),
-                                run.expect.totals(totals.step))
+                                judged(expect, fit))
+        served = pool_note(totals, fit, expect)
         why_unknown = totals_unknown(totals)
         hosts: dict[str, object] = {}
         if runner.hosts and steps[totals.step].hits == "external":  # server 2's own account
@@ -184,6 +190,8 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
         if not warmup:
             problems += found
             unknown += [why_unknown] if why_unknown else []
+            if served is not None:  # judges nothing: the step's record carries the verdict
+                sharedkv_results.note(TIER, served, kind="hits", status="info")
         kind = worst_kind(kinds_of(found), "divergence" if exact + failed < totals.requests
                           else "error" if failed else "leak" if totals.step == "cold"
                           else "hits")
@@ -199,7 +207,8 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
                     "external": totals.external, "errors": failed,
                     "other_local": totals.other_local,
                     "other_external": totals.other_external, "wall_s": round(totals.wall_s, 2),
-                    "shareable": shareable, **({"hosts": hosts} if hosts else {}),
+                    "shareable": shareable, **fit.record(),
+                    **({"hosts": hosts} if hosts else {}),
                     **({"evictions": runner.evictions[totals.group]}
                        if totals.group in runner.evictions else {})})
     sharedkv_results.note(TIER, wall_line(run, pair.labels))

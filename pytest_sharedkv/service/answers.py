@@ -61,6 +61,8 @@ class ServiceRun:
     stack: str = "mp"  # the stack the pair runs (config.stack_choice): what hits it expects
     prefix_caching: bool = True  # vLLM's GPU prefix cache on (expected_hits: off, LMCache's)
     remote: bool = True  # the in-process stack's replicas share a remote (off: nothing shared)
+    # each replica's GPU KV cache in tokens, from its engine's start log (None: unknown)
+    gpu_kv_tokens: dict[str, int | None] = field(default_factory=dict)
     answers: dict[tuple[str, str], Answer] = field(default_factory=dict)
     totals: list[StepTotals] = field(default_factory=list)
     sessions: dict[str, list[Answer]] = field(default_factory=dict)

@@ -246,16 +246,16 @@ def _hit_counts(totals: StepTotals, shareable: int | None, where: str,
                         f"responses reported {expected} cached")
     both = expect.split and EXTERNAL in sources and LOCAL in sources
     if both and external > expected:
-        problems.append(f"{where}: the engine counted {external} external hit tokens (its "
-                        f"own CPU tier), more than the {expected} its responses reported "
-                        "cached")
+        problems.append(f"{where}: the engine counted {external} external hit tokens "
+                        f"({expect.external_is}), more than the {expected} its responses "
+                        "reported cached")
     if expect.split and sources == (LOCAL,) and expected and not local:
         problems.append(f"{where}: the responses reported {expected} cached tokens but the "
                         "engine counted no hits in its own prefix cache")
     if both and expected > external and not local:
         problems.append(f"{where}: the responses reported {expected} cached tokens, the "
-                        f"external counter {external} of them (its own CPU tier), but the "
-                        f"engine counted no hits in its own prefix cache for the other "
+                        f"external counter {external} of them ({expect.external_is}), but "
+                        f"the engine counted no hits in its own prefix cache for the other "
                         f"{expected - external}")
     short_by_eviction = evicted and expect.may_stop_short and shareable is not None \
         and expected <= shareable

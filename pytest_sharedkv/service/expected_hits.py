@@ -6,6 +6,14 @@ On ``mp`` and ``inprocess`` the replicas share a pool: A's local step hits its o
 cache, B's cross step the pool (``vllm:external_prefix_cache_hits``, token for token the
 responses' ``cached_tokens``), B's receiver-local step its own prefix cache.
 
+A shared pool's local step holds only while the replica's GPU KV cache keeps the size
+group between the step before and this one. Where the group's KV is more than that cache
+(``service.gpu_fit``: each engine's start log says its size), vLLM's prefix cache evicts
+least recently used blocks over the scan, so by the time the step asks a prompt again its
+blocks are gone and the connector loads them from the pool: the step is judged by
+``past_gpu``, its own prefix cache and the pool in any mix (as a native local step is),
+together still the shareable prefix, the external counter no more than the cached tokens.
+
 On ``native`` (vLLM's ``OffloadingConnector``) each replica has a CPU tier of its own and
 its GPU cache is too small to keep a size group between the group's cold and local steps
 (``stack.native_offload.gpu_blocks``). Read from vLLM's scheduler
@@ -64,7 +72,7 @@ cross step's are elsewhere (``GateSteps``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE
@@ -95,6 +103,8 @@ class StepHits:
     split: bool = True
     # why its own prefix cache cannot serve where SOURCES leave it out ({replica}: its own)
     no_local: str = "before {replica} ever saw these prompts"
+    # what the external counter counts where SOURCES hold both (the rest is local)
+    external_is: str = "its own CPU tier"
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,19 @@ class StackHits:
 
 
 UNNAMED = StepHits((LOCAL, EXTERNAL), full=True, split=False)
+
+
+def past_gpu(hits: StepHits) -> StepHits:
+    """HITS of a step that may hit only its own prefix cache, where its size group's KV is
+    more than the replica's GPU KV cache holds (``service.gpu_fit``): that cache evicted
+    the group before the step asked again, so the pool may serve it, or part of it, in any
+    mix; together still the whole shareable prefix, the external counter no more than the
+    cached tokens and the rest in the local counter. A step of other sources is HITS."""
+    if hits.sources != (LOCAL,):
+        return hits
+    return replace(hits, sources=(LOCAL, EXTERNAL),
+                   where=f"{hits.where} and the pool (its GPU KV cache too small to keep "
+                         "the group)", external_is="the pool")
 
 SHARED_POOL = {
     "cold": StepHits(()),

@@ -75,10 +75,16 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     # tokens LMCache must store first
     per_token = 0.0 if settings.settle_s is not None else STORE_S_PER_TOKEN
     sharedkv_case_set.make_payloads()
-    return Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
-                settings.settle_for(pair.delay_cycles), concurrency=settings.concurrency,
-                log=progress, store_s_per_token=per_token,
-                identical=settings.identical_requests)
+    service_pass = Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
+                        settings.settle_for(pair.delay_cycles),
+                        concurrency=settings.concurrency, log=progress,
+                        store_s_per_token=per_token, identical=settings.identical_requests)
+    from pytest_sharedkv.service.gpu_fit import header_line
+
+    fits = header_line(service_pass.run, launched_engines=pair.record.provider == "vllm")
+    if fits is not None:  # why a local step may be served by the pool, said before it runs
+        progress(fits)
+    return service_pass
 
 
 BASELINE: pytest.StashKey[Baseline] = pytest.StashKey()

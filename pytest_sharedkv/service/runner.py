@@ -79,7 +79,8 @@ class Runner:
         self.log = log or (lambda line: None)
         self.stack = stack_of(pair.record.stack)
         self.run = ServiceRun(cases, pair.description, self.stack,
-                              prefix_caching_of(pair.record.stack), remote_of(pair.record.stack))
+                              prefix_caching_of(pair.record.stack), remote_of(pair.record.stack),
+                              gpu_kv_tokens=dict(pair.gpu_kv_tokens))
         self.expect = self.run.expect
         self._salt: dict[str, str] = {}
         self.topology = pair.topology

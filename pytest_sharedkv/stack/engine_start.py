@@ -2,7 +2,13 @@
 the phases vLLM logs for its engines (weights, torch.compile, profiling run, graph capture).
 A real-compute block's restart is minutes; this says which part, so that a slow start is
 read from the report, not guessed. Reported only, never judged: a phase the log does not
-name (an eager engine compiles nothing, another vLLM words it otherwise) is absent, not 0."""
+name (an eager engine compiles nothing, another vLLM words it otherwise) is absent, not 0.
+
+Also each engine's GPU KV cache in tokens, as vLLM 0.26.0 logs it once its cache is made
+(``kv_cache_utils.py``: ``GPU KV cache size: 419,424 tokens``, then ``Maximum concurrency
+for 4,096 tokens per request: 102.40x``): what the service tier judges a size group's
+local steps by (a group whose KV does not fit is evicted from the replica's own prefix
+cache before the step asks again). No such line is unknown (None), never 0."""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ VLLM_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")),
 )
 READY = "ready"  # the suite's own measure: launch to serving (HTTP ready)
+# vLLM 0.26's kv_cache_utils: "GPU KV cache size: 419,424 tokens" (a thousands comma)
+GPU_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
 def vllm_phases(log: str) -> dict[str, float]:
@@ -30,6 +38,13 @@ def vllm_phases(log: str) -> dict[str, float]:
         if found:
             phases[name] = float(found[-1])
     return phases
+
+
+def gpu_kv_tokens(log: str) -> int | None:
+    """The GPU KV cache one engine's start LOG names, in tokens (the last such line: a log
+    that holds an earlier start too); None where it names none (unknown, never 0)."""
+    found = GPU_KV_TOKENS.findall(log)
+    return int(found[-1].replace(",", "")) if found else None
 
 
 def describe(starts: Mapping[str, Mapping[str, float]]) -> str:

@@ -50,6 +50,13 @@ class StubFaults:
     # both: a copy prompt of whole blocks loaded from the pool (its CPU tier) answers one
     # word off (vLLM #51094: the OffloadingConnector at exact chunk boundaries)
     boundary_diverge: bool = False
+    # both: an engine's GPU prefix cache of this many blocks, least recently used out (a
+    # size group larger than it is evicted before its local step asks again, and served
+    # from the pool), its size logged at start as vLLM logs its GPU KV cache
+    gpu_blocks: int | None = None
+    # both: the GPU KV cache size the start log says, in tokens, in place of the true one
+    # (a start log that says more than the cache keeps)
+    gpu_kv_tokens: int | None = None
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -84,6 +91,10 @@ class StubFaults:
             argv.append("--twins-diverge")
         if self.boundary_diverge:
             argv.append("--boundary-diverge")
+        if self.gpu_blocks is not None:
+            argv += ["--gpu-blocks", str(self.gpu_blocks)]
+        if self.gpu_kv_tokens is not None:
+            argv += ["--gpu-kv-tokens", str(self.gpu_kv_tokens)]
         return argv
 
 

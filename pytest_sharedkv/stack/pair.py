@@ -261,6 +261,9 @@ class ReplicaPair:
         # each launched process's start in seconds: "ready" (the suite's measure) and the
         # phases its own log names (engine_start); empty where nothing was launched
         self.starts: dict[str, dict[str, float]] = {}
+        # each replica's GPU KV cache in tokens, from its engine's start log
+        # (engine_start.gpu_kv_tokens); None where unknown (external, or no such line)
+        self.gpu_kv_tokens: dict[str, int | None] = dict.fromkeys(REPLICAS)
         self._launches_recorded = False
         self._lock = threading.Lock()
 
@@ -325,7 +328,9 @@ class ReplicaPair:
     def record_launches(self, sink: FactSink) -> None:
         """Put what this pair launched in the report, once per pair: a fact "launch" for
         each process (JSON: name, argv, the env the suite set), "engine_settings" (the
-        tiers other than perf, whose PerfRun holds them) and "stack" (a non-MP stack's)."""
+        tiers other than perf, whose PerfRun holds them), "stack" (a non-MP stack's) and
+        "gpu_kv_tokens" (each replica's GPU KV cache in tokens, null where unknown), where
+        an engine's start log named one."""
         launches, settings = self.launches, self.engine_settings
         if self._launches_recorded or not (launches or settings):
             return
@@ -336,6 +341,8 @@ class ReplicaPair:
             sink.fact("engine_settings", json.dumps(settings, sort_keys=True))
         if self.record.stack is not None:  # the KV stack, a fact compare reads first
             sink.fact("stack", json.dumps(dict(self.record.stack), sort_keys=True))
+        if any(n is not None for n in self.gpu_kv_tokens.values()):
+            sink.fact("gpu_kv_tokens", json.dumps(self.gpu_kv_tokens, sort_keys=True))
         if self.record.topology != "shared" or self.topology is not None:
             sink.fact("topology", json.dumps(self.record.topology_record(), sort_keys=True))
 

@@ -284,6 +284,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))  # stops the whole pair if a replica fails
     pair.starts = start_record(servers, pair.replicas)
+    pair.gpu_kv_tokens = gpu_kv_capacity(pair.replicas)
     return pair
 
 
@@ -420,6 +421,15 @@ def start_record(servers: list[LMCacheServer],
     return starts
 
 
+def gpu_kv_capacity(replicas: Mapping[str, Replica]) -> dict[str, int | None]:
+    """Each replica's GPU KV cache in tokens, as its engine's start log says it (vLLM's
+    "GPU KV cache size" line; the stub double logs its own); None where no line says it."""
+    from pytest_sharedkv.stack.engine_start import gpu_kv_tokens
+
+    return {name: gpu_kv_tokens(replica.process.log_text())
+            if replica.process is not None else None for name, replica in replicas.items()}
+
+
 def together(spec: LaunchSpec) -> bool:
     """Whether the two replicas start at once: each on its own GPU, or both on one GPU with
     an explicit KV cache each (``--kv-cache-memory-bytes``: vLLM then does not size its
@@ -504,6 +514,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     if hosts is not None:
         _attached(pair, hosts)
     pair.starts = start_record([], pair.replicas)
+    pair.gpu_kv_tokens = gpu_kv_capacity(pair.replicas)
     return pair
 
 

@@ -360,6 +360,7 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
     stacked = ReplicaPair(pair.replicas["A"], pair.replicas["B"], pair.record,
                           stop_server=backend.stop, relaunch=None)
     stacked.starts = pair.starts
+    stacked.gpu_kv_tokens = pair.gpu_kv_tokens
     return stacked
 
 

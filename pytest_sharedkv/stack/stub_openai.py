@@ -40,7 +40,12 @@ short of the prompt's end, answers one word off; every other prompt as construct
 ``--gpu-blocks N`` keeps at most N blocks in the stub's own cache (the GPU's prefix cache),
 least recently used out, so a prompt evicted from it is served from its pool (vLLM's
 native offload under the service tier: hits from the GPU and the replica's CPU tier, in
-whatever mix eviction left, both counted as vLLM counts them).
+whatever mix eviction left, both counted as vLLM counts them); on a shared pool the same
+cache pushes a size group that does not fit out before its local step asks again, so that
+step is served from the pool. The stub logs that cache's size at start as vLLM 0.26.0
+does (``GPU KV cache size: N tokens``, N blocks of ``--block`` tokens), or
+``--gpu-kv-tokens N`` in its place (a start log that says more, or less, than the cache
+keeps); with neither it logs no size (unknown).
 
 The server's hooks have stand-ins, so the fault catalogue and the triage's remedy cells run
 on CPU through the code that judges them on a GPU: ``--fault-control FILE --fault-log
@@ -932,6 +937,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a whole-block copy prompt loaded from the pool answers wrong")
     parser.add_argument("--gpu-blocks", type=int, default=None,
                         help="keep at most N blocks in its own cache, LRU (native offload)")
+    parser.add_argument("--gpu-kv-tokens", type=int, default=None,
+                        help="the GPU KV cache size to log at start, in tokens (default: "
+                             "--gpu-blocks of --block tokens; neither: no line)")
     parser.add_argument("--offload-log", action="store_true",
                         help="log pool traffic as vLLM's offloading connector does")
     parser.add_argument("--kv-audit", type=Path, default=None,
@@ -975,6 +983,11 @@ def main(argv: list[str] | None = None) -> int:
                      else attach_lines(json.loads(args.l2_adapter))):
             print(f"LMCache INFO: {line}" if not line.startswith(CONNECTOR_ERROR) else line,
                   flush=True)
+    said = args.gpu_kv_tokens if args.gpu_kv_tokens is not None else (
+        args.gpu_blocks * args.block if args.gpu_blocks is not None else None)
+    if said is not None:  # as vLLM 0.26.0's kv_cache_utils logs it (engine_start reads it)
+        print(f"[{args.name}] INFO [kv_cache_utils.py] GPU KV cache size: {said:,} tokens",
+              flush=True)
     server = _Server(("127.0.0.1", args.port), make_handler(_State(args)))
     print(f"[{args.name}] TEST DOUBLE serving on 127.0.0.1:{args.port}", flush=True)
     server.serve_forever()
