@@ -198,6 +198,12 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         total = sum(c.trials for c in cross)
         failed = sum(int(c.detail.get("errors") or 0) for c in cross)  # got no answer
         wrong = sum(c.trials - c.passed for c in cross) - failed
+        # wrong answers where no cross-replica hit served them (the replica's own caches)
+        elsewhere = [(f"{c.key.get('size')} {c.key.get('step')}", n, c.trials)
+                     for c in steps if c.key.get("step") != "cross"
+                     and (n := c.trials - c.passed - int(c.detail.get("errors") or 0)) > 0]
+        own = ("; wrong where the replica's own caches served them: " + ", ".join(
+            f"{where} {n} of {trials}" for where, n, trials in elsewhere)) if elsewhere else ""
         chains = [c for c in mine if c.key.get("step") == "chain"]
         all_ok = all(c.ok for c in steps) and not chains
         sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
@@ -233,7 +239,14 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                      f"{void.message}" if void is not None else "")
             lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
                          "cross-replica pool hits (HTTP 200, the prompt served from the pool)"
-                         + (f"; {failed} got no answer" if failed else "") + remedy + voids)
+                         + (f"; {failed} got no answer" if failed else "") + own + remedy
+                         + voids)
+        elif elsewhere:
+            lines.append(f"VERDICT {name}: {sum(n for _, n, _ in elsewhere)} answers wrong "
+                         f"where the replica's own caches served them ("
+                         + ", ".join(f"{where} {n} of {trials}" for where, n, trials in elsewhere)
+                         + f"); cross-replica {total - failed}/{total} exact"
+                         + (f"; {extra}" if extra else ""))
         elif failed:
             lines.append(f"VERDICT {name}: {failed} of {total} cross-replica requests got no "
                          f"answer (errors); the {total - failed} answered were exact"
