@@ -242,12 +242,12 @@ def judge(result: GateResult, broken: list[str], copy_model: bool = True,
     wrong without the fault, so the changes prove nothing: LMCache #4463's in-process
     connector on the H200, 4/4 changed and 0/4 others exact); CONFOUNDED when an answer
     copying from the zeroed chunk stayed exact while answers from intact chunks changed;
-    else PROVEN (every copying answer changed, every other exact). COPY_MODEL: the served model is the copy model (or its
-    attention-only variant), which sees a lost chunk by construction, so an answer that
-    stayed exact says the corruption did not reach it, not that the model cannot see it.
-    STACK: the stack's name (its hook: the LMCache server's, or replica B's vLLM's on
-    native offload); CONNECTOR: the native stack's connector, whose hook's targets a
-    gate that zeroed nothing names."""
+    else PROVEN (every copying answer changed, every other exact). COPY_MODEL: the served
+    model is the copy model (or its attention-only variant), which sees a lost chunk by
+    construction, so an answer that stayed exact says the corruption did not reach it, not
+    that the model cannot see it. STACK: the stack's name (its hook: the LMCache server's,
+    or replica B's vLLM's on native offload); CONNECTOR: the native stack's connector,
+    whose hook's targets a gate that zeroed nothing names."""
     from pytest_sharedkv.config.stack_choice import NATIVE
 
     native = stack == NATIVE
