@@ -51,6 +51,7 @@ INPROCESS_NO_REMOTE = (
     "tiers serve only its own replica), so B's cross-replica requests retrieve nothing of "
     "A's and the gate, which zeroes a chunk in B's retrieves, has nothing to corrupt")
 
+
 @dataclass(frozen=True)
 class InprocessTiers:
     """The in-process stack's tiers per replica, as the options give them: CPU (GiB; None:
