@@ -58,6 +58,9 @@ ENTRY_POINTS: tuple[tuple[str, str, str], ...] = (
      "LMCache 0.5.6 / vLLM 0.26.0"),
 )
 METHODS = tuple(name.split(".")[1] for name, _, _ in ENTRY_POINTS)
+# where the hook sees a replica register its KV caches (its "registered" record): the MP
+# connector's method, so a replica whose connector never calls it is never audited
+REGISTRATION = f"{next(iter(TARGETS))}:{ENTRY_POINTS[0][0]}"
 # What the worker adapter must expose (introspected at registration; missing = VOID)
 ADAPTER_NEEDS = ("kv_caches", "engine_group_infos", "lmcache_tokens_per_chunk",
                  "_block_ids_per_group")

@@ -76,6 +76,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE
+from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT
 from pytest_sharedkv.stack.steps import STEPS, Step
 
 LOCAL, EXTERNAL = "local", "external"  # vllm:prefix_cache_hits, vllm:external_prefix_cache_hits
@@ -284,7 +285,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
         "n/a on --sharedkv-stack native: the KV audit compares what B loaded from the pool "
         "with what A stored, and its hook sits in LMCache's connector; vLLM's native "
         "offload runs no LMCache and moves nothing between the replicas (each reloads only "
-        "its own CPU tier)")},
+        "its own CPU tier)"),
+        INPROCESS: f"n/a on --sharedkv-stack inprocess: {NO_AUDIT}"},
     "triage": {NATIVE: (
         "n/a on --sharedkv-stack native: the triage's controls (the sync hook, the other "
         "allocator, the stream remedies) act on LMCache's MP server, which this stack does "

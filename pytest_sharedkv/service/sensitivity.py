@@ -6,9 +6,12 @@ hook (``replicas/corrupt_hook.py``) to zero one chunk of every retrieve, B answe
 from the pool. The answers that copy from the zeroed chunk must change and the others must
 not. If the hook never ran, or an answer that copies from the zeroed chunk stayed exact,
 the gate is VOID, with the reason (the gate serves a copy model, which answers wrong from a
-lost chunk by construction: an exact one means the zeroed bytes did not reach it); if
-answers from intact chunks changed as well, the pool corrupted the controls on its own and
-the gate is CONFOUNDED (the fault under test can undo or mask the gate's corruption).
+lost chunk by construction: an exact one means the zeroed bytes did not reach it); if such
+an answer stayed exact and answers from intact chunks changed as well, the pool corrupted
+the controls on its own and the gate is CONFOUNDED (the fault under test can undo or mask
+the gate's corruption). If every copying answer changed but not every other stayed exact,
+the gate is VOID too: the stack answers wrong without the fault, so the changed answers
+prove nothing (LMCache #4463's in-process connector on the H200: 4/4 and 0/4).
 Either way an exact answer of the tier proves nothing; a wrong one is still a divergence
 (A answered the same prompt right cold). With external endpoints nothing can be injected:
 sensitivity is unproven, and the report says so.
@@ -234,14 +237,17 @@ def _wrapped_words(wrapped: list[str] | None) -> str:
 def judge(result: GateResult, broken: list[str], copy_model: bool = True,
           stack: str | None = None, connector: str | None = None) -> GateResult:
     """RESULT's status and message from its counts: VOID when a control broke cold, the hook
-    never fired or an answer copying from the zeroed chunk stayed exact with every other
-    exact; CONFOUNDED when such an answer stayed exact while answers from intact chunks
-    changed; else PROVEN. COPY_MODEL: the served model is the copy model (or its
-    attention-only variant), which sees a lost chunk by construction, so an answer that
-    stayed exact says the corruption did not reach it, not that the model cannot see it.
-    STACK: the stack's name (its hook: the LMCache server's, or replica B's vLLM's on
-    native offload); CONNECTOR: the native stack's connector, whose hook's targets a
-    gate that zeroed nothing names."""
+    never fired, an answer copying from the zeroed chunk stayed exact with every other
+    exact, or every such answer changed but not every other stayed exact (the stack answers
+    wrong without the fault, so the changes prove nothing: LMCache #4463's in-process
+    connector on the H200, 4/4 changed and 0/4 others exact); CONFOUNDED when an answer
+    copying from the zeroed chunk stayed exact while answers from intact chunks changed;
+    else PROVEN (every copying answer changed, every other exact). COPY_MODEL: the served
+    model is the copy model (or its attention-only variant), which sees a lost chunk by
+    construction, so an answer that stayed exact says the corruption did not reach it, not
+    that the model cannot see it. STACK: the stack's name (its hook: the LMCache server's,
+    or replica B's vLLM's on native offload); CONNECTOR: the native stack's connector,
+    whose hook's targets a gate that zeroed nothing names."""
     from pytest_sharedkv.config.stack_choice import NATIVE
 
     native = stack == NATIVE
@@ -296,14 +302,27 @@ def judge(result: GateResult, broken: list[str], copy_model: bool = True,
             "or overwrote the gate's corruption on its way to B; exact answers of this pair "
             "prove nothing, wrong ones are still divergences, and the KV audit (on by "
             "default) shows where B's bytes differ")
+    elif result.others_exact < result.others:
+        result.status, result.message = VOID, (
+            f"VOID: only {result.others_exact}/{result.others} answers that do not copy "
+            f"from the zeroed chunk stayed exact (with {where}; {result.changed}/"
+            f"{result.copying} that copy from it changed): "
+            + ("the stack answers wrong without the fault, so the gate's changed answers "
+               "prove nothing. The copy model answers right from intact chunks by "
+               "construction (its corruption matrix: another chunk lost leaves the answer "
+               "as it was), so the pool or the engine corrupts KV on its own, or the gate's "
+               "zeroing reached beyond its chunk; exact answers of this pair prove nothing, "
+               "wrong ones are still divergences"
+               if copy_model else
+               "the stack answers wrong without the fault, or the served model's answers "
+               "depend on the zeroed chunk beyond what they copy, so the gate's changed "
+               "answers prove nothing; serve a model that copies from its context (the copy "
+               "model), whose answers from intact chunks stay exact by construction"))
     else:
         result.status = PROVEN
         result.message = (f"sensitivity proven: with {where}, {result.changed}/"
                           f"{result.copying} answers that copy from it changed and "
                           f"{result.others_exact}/{result.others} others stayed exact")
-        if result.others_exact < result.others:
-            result.message += (" (some answers from intact chunks changed too: the "
-                               "corruption reached beyond the zeroed chunk)")
     if result.evict_failed and result.status != PROVEN:
         result.message += f"; the push before the gated step: {result.evict_failed}"
     return result

@@ -212,7 +212,7 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         status = gate.status if gate is not None else None
         offered = False  # the catalogue's place: a pair that passed, or one it recorded
         void = gate if gate is not None and status in ("void", "confounded") else None
-        if void is not None and not wrong:
+        if void is not None and not wrong and not elsewhere:
             lines.append(f"VERDICT {name}: VOID: {void.message.removeprefix('VOID: ')}")
             lines += _catalogue_lines(mine, name, catalogue, finished, False) + tail
             continue
@@ -220,6 +220,8 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
             lines.append(f"NOTE {name}: {gate.message}")
         elif gate is not None and void is None:
             lines.append(f"GATE {name}: {gate.message}")
+        elif void is not None:  # beside wrong answers: why the exact ones prove nothing
+            lines.append(f"GATE {name}: {void.message} (see VERDICT)")
         if not steps:
             lines += _catalogue_lines(mine, name, catalogue, finished, False) + tail
             continue
@@ -235,8 +237,9 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         elif wrong:  # under a VOID or CONFOUNDED gate the divergences stand all the same
             remedy = f"; {remedy_line(checks, pair[1], baseline, kernel_path)}" \
                 if pair[0] == "vllm" else ""
-            voids = (f"; the {total - wrong - failed} exact answers prove nothing: "
-                     f"{void.message}" if void is not None else "")
+            exact = total - wrong - failed
+            voids = (f"; the {exact} exact answers prove nothing (GATE {name}: "
+                     f"{str(status).upper()})" if void is not None and exact else "")
             lines.append(f"VERDICT {name}: {wrong} of {total} requests answered wrong after "
                          "cross-replica pool hits (HTTP 200, the prompt served from the pool)"
                          + (f"; {failed} got no answer" if failed else "") + own + remedy

@@ -35,7 +35,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_sharedkv.engine_hooks import kv_audit_hook
+
 CONNECTOR = "LMCacheConnectorV1"
+# where the KV caches vLLM registers reach LMCache's in-process adapter (LMCache 0.5.6,
+# integration/vllm/lmcache_connector_v1.py hands them to vllm_v1_adapter.py's, which keeps
+# them for its LMCacheEngine): not LMCacheMPConnector.register_kv_caches, which the KV
+# audit's hook wraps
+REGISTRATION = ("lmcache.integration.vllm.vllm_v1_adapter:"
+                "LMCacheConnectorV1Impl.register_kv_caches")
+# why this stack runs without the KV audit (its launch record's "kv_audit", the service
+# tier's n/a): its replicas are launched without it
+NO_AUDIT = (
+    f"the KV audit's hook (engine_hooks/kv_audit_hook.py) wraps LMCache's MP connector, "
+    f"{kv_audit_hook.REGISTRATION} (and its {', '.join(kv_audit_hook.METHODS[1:])}), and "
+    f"the in-process connector {CONNECTOR} registers its KV caches through {REGISTRATION} "
+    "and stores and loads through its own LMCacheEngine, never calling those (LMCache "
+    "0.5.6), so the audit does not carry over to this stack and its replicas are launched "
+    "without it")
 CONFIG_ENV = "LMCACHE_CONFIG_FILE"
 REMOTE_ENV = "LMCACHE_REMOTE_URL"  # overrides the file's remote_url (update_config_from_env)
 HASH_SEED = "0"  # PYTHONHASHSEED, the same in both replicas: their chunk keys agree

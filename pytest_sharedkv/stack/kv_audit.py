@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_sharedkv.engine_hooks.kv_audit_hook import REGISTRATION
 from pytest_sharedkv.stack.request_tags import parse_request_tag
 
 VOID = "VOID"
@@ -69,7 +70,9 @@ class AuditReport:
         missing = [r for r in ("A", "B") if not self.registered.get(r)]
         if missing:
             return (f"{VOID}: the audit hook never saw replica {' or '.join(missing)} "
-                    "register its KV caches (hook not loaded, or the connector changed)")
+                    f"register its KV caches through {REGISTRATION}, the method it wraps "
+                    "(the hook did not load, or the replicas' connector is not LMCache's MP "
+                    "connector or no longer registers there)")
         if self.compared == 0:
             why = f"; hook errors: {self.errors[0]}" if self.errors else ""
             return (f"{VOID}: no chunk B loaded could be compared with one A stored "

@@ -22,6 +22,7 @@ from pytest_sharedkv.config.stack_choice import (
     OFFLOADING,
     SIMPLE,
 )
+from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT as INPROCESS_NO_AUDIT
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
                                   hook.CHUNK_ENV: str(spec.chunk_size)}.items()))
     return StackLaunch(
         INPROCESS, ARMS[INPROCESS], tuple(launch.argv()), tuple(envs.items()),
-        {**launch.record(), "stack": INPROCESS, **(
+        {**launch.record(), "stack": INPROCESS, "kv_audit": f"n/a: {INPROCESS_NO_AUDIT}", **(
             {"gate": "replica B's LMCache (inprocess_gate_hook)"} if gate is not None
             else {"gate": "off"} if remote_url is not None
             else {"gate": "none", "no_gate": INPROCESS_NO_REMOTE})},
@@ -331,7 +332,8 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
         launch = inprocess_stack(spec, config,
                                  redis_url(redis.host, redis.port) if redis else None, redis,
                                  tiers)
-        return replace(spec, arm=launch.arm, gate=False, stack=launch)  # B's hook, not a server's
+        # B's gate hook, not a server's; no KV audit (INPROCESS_NO_AUDIT)
+        return replace(spec, arm=launch.arm, gate=False, kv_audit=False, stack=launch)
     launch = native_stack(spec, config, cases, concurrency, native_connector)
     gb = float(launch.record["cpu_gb"])
     return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
@@ -395,6 +397,7 @@ def stub_stack(stack: str, native_connector: str = OFFLOADING,
                             f"{STUB_GPU_BLOCKS} blocks")
                     + ("; no prefix cache of its own (--no-prefix-caching)" if off else ""),
         **native, **({"prefix_caching": False} if off else {}),
+        **({"kv_audit": f"n/a: {INPROCESS_NO_AUDIT}"} if stack == INPROCESS else {}),
         **({"remote_url": None, "gate": "none", "no_gate": INPROCESS_NO_REMOTE}
            if alone else {})},
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}"
@@ -403,5 +406,5 @@ def stub_stack(stack: str, native_connector: str = OFFLOADING,
 
 def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING,
               tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
-    return replace(spec, arm=STUB_ARMS[stack],
+    return replace(spec, arm=STUB_ARMS[stack], kv_audit=spec.kv_audit and stack != INPROCESS,
                    stack=stub_stack(stack, native_connector, tiers))
