@@ -32,6 +32,12 @@ RENDERED_SINCE = {
     "blocks2.json": ("size | step | ratio", "within | ratio"),
 }
 TIER_COUNTS = re.compile(r"\[\w+\] tests: ")
+# Runs killed by their time limit before pytest's session ended: their logs stop in the
+# progress lines, with no summary to compare (the report, written as cells finished, is
+# still read by every other test here).
+KILLED = frozenset({"service-0.5.6-compiled-lazy-catalogue-cut.json",
+                    "service-0.5.6-fallback-mixed-catalogue-cut.json",
+                    "service-0.5.6-fallback-lazy-triage48-cut.json"})
 
 
 def _logged(path: Path) -> list[str]:
@@ -59,8 +65,8 @@ def _tables(lines: list[str]) -> dict[str, list[list[str]]]:
     return tables
 
 
-@pytest.mark.parametrize("path", [p for p in RECORDED if p.with_suffix(".log").exists()],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in RECORDED if p.with_suffix(".log").exists()
+                                  and p.name not in KILLED], ids=lambda p: p.name)
 def test_the_summary_rendered_from_a_recorded_report_is_what_its_run_printed(
         path: Path) -> None:
     """Every table whose columns are those the run printed holds the same rows, every
@@ -78,6 +84,14 @@ def test_the_summary_rendered_from_a_recorded_report_is_what_its_run_printed(
     printed = [x for x in logged if x.startswith("sharedkv: ")]
     if printed:
         assert [verdict_line(run_log(report))] == printed
+
+
+def test_the_killed_runs_printed_no_summary() -> None:
+    """Each run left out of the comparison above printed none (a log trimmed by mistake
+    would hide its summary from the comparison)."""
+    for name in sorted(KILLED):
+        log = (LMCACHE_H200 / name).with_suffix(".log").read_text()
+        assert "[sharedkv service" in log and "sharedkv summary" not in log, name
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)

@@ -1,0 +1,167 @@
+"""The H200's catalogue and triage runs of 2026-12-03 (fixtures/lmcache/h200/), read as the
+product reads a report: LMCache 0.5.6, copy model, 3k, KV audit on by default.
+
+``service-0.5.6-compiled-lazy-catalogue-cut``: compiled cuda_ops, lazy,
+``--sharedkv-fault-catalogue all``. ``service-0.5.6-fallback-mixed-catalogue-cut``: the
+torch fallback, mixed, the same. ``service-0.5.6-fallback-lazy-triage48-cut``: the
+fallback, lazy, 48 measured requests (``SHAREDKV_SERVICE_MEASURED``), ``--sharedkv-triage``.
+A time limit killed each before pytest's summary (the logs end in the progress lines); each
+catalogue cell and triage cell was recorded when judged, so the reports hold them.
+``service-0.5.6-compiled-lazy-delay``: compiled, lazy, the delayed producer's cell alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_sharedkv.report.records import Check
+from pytest_sharedkv.report.terminal import verdict
+from pytest_sharedkv.service import catalogue
+from pytest_sharedkv.service.baseline import exact_pair
+from pytest_sharedkv.service.summary import triage_table, verdicts
+from tests.recorded import LMCACHE_H200, Report, checks, read, run_log
+
+LAZY = "service-0.5.6-compiled-lazy-catalogue-cut"
+FALLBACK = "service-0.5.6-fallback-mixed-catalogue-cut"
+TRIAGE = "service-0.5.6-fallback-lazy-triage48-cut"
+DELAY = "service-0.5.6-compiled-lazy-delay"
+
+# class -> (applications, faulted requests, wrong of 24, mismatching digests, caught by)
+CELLS = {
+    LAZY: {"misrouted": (8, 8, 0, 16, ["audit"]),
+           "key-collision": (13, 13, 0, 13, ["audit"]),
+           "lost-write": (15, 12, 0, 15, ["audit"]),
+           "bit-flip": (10, 10, 0, 10, ["audit"]),
+           "bit-flip-unread": (11, 11, 0, 0, []),
+           "state-unrestored": (15, 15, 15, 30, ["answers", "audit"]),
+           "state-foreign": (11, 11, 11, 22, ["answers", "audit"])},
+    FALLBACK: {"misrouted": (12, 12, 0, 24, ["audit"]),
+               "key-collision": (10, 10, 0, 10, ["audit"]),
+               "lost-write": (19, 16, 0, 19, ["audit"]),
+               "bit-flip": (7, 7, 0, 7, ["audit"]),
+               "bit-flip-unread": (12, 12, 0, 0, []),
+               "state-unrestored": (13, 13, 13, 26, ["answers", "audit"]),
+               "state-foreign": (7, 7, 7, 14, ["answers", "audit"])},
+}
+# the pair's audit compared these many digests by the end of each cell (cumulative)
+COMPARED = {"misrouted": 2688, "key-collision": 4992, "lost-write": 7296, "bit-flip": 9600,
+            "bit-flip-unread": 11904, "state-unrestored": 14208, "state-foreign": 16512}
+
+
+def _service(report: Report) -> list[Check]:
+    return checks(report, "service_regression")
+
+
+def _asked(report: Report) -> list[str]:
+    """The classes the run chose, from its recorded option."""
+    return [c.name for c in catalogue.chosen(report.data["environment"]["settings"]
+                                             ["fault_catalogue"])]
+
+
+def _finished(report: Report) -> set[str]:
+    return {r.nodeid for r in run_log(report).tests.values() if r.outcome is not None}
+
+
+@pytest.mark.parametrize(("name", "allocator", "cost"), [(LAZY, "lazy", 5.67),
+                                                         (FALLBACK, "mixed", 5.20)])
+def test_the_killed_catalogue_runs_passed_and_say_the_catalogue_was_interrupted(
+        name: str, allocator: str, cost: float) -> None:
+    """The pass is exact (200/200 in every step, gate proven, audit 22,014 digests with the
+    gate's 8 only) on both kernel paths; the catalogue's test has no outcome, so the run is
+    INCOMPLETE and its line says the delayed producer, the class it was in, never ran."""
+    report = read(LMCACHE_H200 / f"{name}.json")
+    service = _service(report)
+    assert verdict(run_log(report)) == "INCOMPLETE"
+    assert exact_pair(service, allocator) == (200, 200)
+    audit = next(c for c in service if c.key.get("size") == "audit")
+    assert (audit.status, audit.detail["compared"], audit.detail["unmatched_state"]) == (
+        "pass", 22014, 30)
+    assert round(audit.detail["cost_us_per_token"], 2) == cost
+    said = catalogue.line(service, allocator, _asked(report), _finished(report))
+    assert said is not None and said.startswith(
+        f"CATALOGUE {allocator}: interrupted after 8 of 9 classes (not run: "
+        "delayed-producer); of those, 7 of 7 fault classes seen as expected"), said
+
+
+@pytest.mark.parametrize("name", [LAZY, FALLBACK])
+def test_each_fault_class_was_caught_by_what_can_see_it_on_both_kernel_paths(
+        name: str) -> None:
+    """Misrouted chunks, key collisions, lost writes and a bit flip in read KV are caught by
+    the audit alone (every answer exact); the unread flip by nothing (the control); a state
+    not restored or foreign by answers and audit; the hit accounting sees none. The L2
+    load failure does not apply to the shared topology. Each cell's progress line is its
+    record's message."""
+    report = read(LMCACHE_H200 / f"{name}.json")
+    cells = {str(c.key["step"]): c for c in _service(report) if c.kind == "fault-catalogue"}
+    assert cells.pop("l2-load-failure").status == "info"
+    found = {k: (c.detail["applications"], c.detail["faulted_requests"], c.detail["wrong"],
+                 c.detail["mismatches"], c.detail["caught_by"]) for k, c in cells.items()}
+    assert found == CELLS[name]
+    assert {k: c.detail["compared"] for k, c in cells.items()} == COMPARED
+    assert {c.status for c in cells.values()} == {"pass"}
+    assert all(c.trials == 24 and c.passed == 24 - c.detail["wrong"] for c in cells.values())
+    log = (LMCACHE_H200 / f"{name}.log").read_text()
+    for step, cell in cells.items():
+        assert f"catalogue {step}: {cell.message} (" in log, step
+    rows = [line for line in catalogue.matrix(_service(report)) if line.startswith("| ")][1:]
+    assert [[x.strip() for x in row.strip("|").split("|")][1:7] for row in rows][:7] == [
+        [step, str(CELLS[name][step][0]),
+         *("caught" if d in CELLS[name][step][4] else "missed"
+           for d in ("answers", "audit", "hits")), "seen"] for step in CELLS[name]]
+
+
+def test_on_the_fallbacks_lazy_pair_one_in_flight_leaves_the_fault_blocking_launches_removes_it(
+        ) -> None:
+    """The pass: 9 of 48 wrong after cross-replica hits, the gate VOID (0 of 4 answers
+    copying from the zeroed chunk changed), the audit 6,840 of 7,424 digests mismatching.
+    Two triage cells finished before the kill: one request in flight left 5 of 48 wrong and
+    4,473 of 12,032 digests mismatching; CUDA_LAUNCH_BLOCKING=1 in the server and both
+    replicas left 0 of 48 wrong and 0 of 4,992."""
+    report = read(LMCACHE_H200 / f"{TRIAGE}.json")
+    service = _service(report)
+    assert verdict(run_log(report)) == "INCOMPLETE"
+    assert report.data["environment"]["settings"]["triage"] is True
+    gate = next(c for c in service if c.key.get("size") == "gate")
+    assert (gate.status, gate.passed, gate.trials) == ("void", 0, 4)
+    audit = next(c for c in service if c.key.get("size") == "audit")
+    assert (audit.status, audit.passed, audit.trials) == ("fail", 592, 7424)
+    [line] = [x for x in verdicts(service) if x.startswith("VERDICT")]
+    assert line.startswith("VERDICT lazy: 9 of 48 requests answered wrong after "
+                           "cross-replica pool hits"), line
+    assert "the 39 exact answers prove nothing: VOID" in line
+    cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
+    assert {k: (c.status, c.passed, c.trials, c.detail["mismatches"], c.detail["compared"])
+            for k, c in cells.items()} == {
+        "one-in-flight": ("fail", 43, 48, 4473, 12032),
+        "launch-blocking-all": ("pass", 48, 48, 0, 4992)}
+    rows = [r for r in triage_table(service) if r.startswith("| lazy")]
+    assert [[x.strip() for x in r.strip("|").split("|")][4:7] for r in rows] == [
+        ["43/48", "4,473", "persists"], ["48/48", "0", "removed"]]
+    log = (LMCACHE_H200 / f"{TRIAGE}.log").read_text()
+    assert "triage one-in-flight: 5 of 48 wrong, 4,473 mismatching digests of 12,032" in log
+    assert "triage launch-blocking-all: 0 of 48 wrong, 0 mismatching digests of 4,992" in log
+
+
+def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_lazy_pair(
+        ) -> None:
+    """The delayed producer's cell alone: 18 delays in 8 requests, 0 of 8 answers wrong and
+    0 of 768 digests mismatching, so no race shows on the compiled kernels; the run, pass
+    included (200/200, audit at 6.4 us an audited token), is a PASS of 429 tests."""
+    report = read(LMCACHE_H200 / f"{DELAY}.json")
+    service = _service(report)
+    log = run_log(report)
+    assert verdict(log) == "PASS" and log.counts()["passed"] == 429
+    assert exact_pair(service, "lazy") == (200, 200)
+    [cell] = [c for c in service if c.kind == "fault-catalogue"]
+    assert (cell.key["step"], cell.status, cell.passed, cell.trials) == (
+        "delayed-producer", "pass", 8, 8)
+    assert (cell.detail["applications"], cell.detail["faulted_requests"],
+            cell.detail["wrong"], cell.detail["mismatches"], cell.detail["compared"],
+            cell.detail["race_probe"]) == (18, 8, 0, 0, 768, True)
+    assert cell.message.startswith("delayed-producer: no race shows with a delayed producer "
+                                   "before every KV transfer (18 applications in 8 requests; "
+                                   "0 of 8 answers wrong, 0 mismatching digests (of 768")
+    assert catalogue.line(service, "lazy", _asked(report), _finished(report)) == (
+        "CATALOGUE lazy: 1 of 1 fault classes seen as expected (128 s in its cells)")
+    audit = next(c for c in service if c.key.get("size") == "audit")
+    assert (audit.status, audit.passed, round(audit.detail["cost_us_per_token"], 2)) == (
+        "pass", 22014, 6.42)
