@@ -127,7 +127,7 @@ def test_on_the_fallbacks_lazy_pair_one_in_flight_leaves_the_fault_blocking_laun
     [line] = [x for x in verdicts(service) if x.startswith("VERDICT")]
     assert line.startswith("VERDICT lazy: 9 of 48 requests answered wrong after "
                            "cross-replica pool hits"), line
-    assert "the 39 exact answers prove nothing: VOID" in line
+    assert line.endswith("the 39 exact answers prove nothing (GATE lazy: VOID)"), line
     cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
     assert {k: (c.status, c.passed, c.trials, c.detail["mismatches"], c.detail["compared"])
             for k, c in cells.items()} == {
@@ -165,3 +165,23 @@ def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_
     audit = next(c for c in service if c.key.get("size") == "audit")
     assert (audit.status, audit.passed, round(audit.detail["cost_us_per_token"], 2)) == (
         "pass", 22014, 6.42)
+
+
+def test_on_24_requests_the_fallbacks_lazy_fault_shows_and_the_same_two_cells_judge_it(
+        ) -> None:
+    """A third run of the fallback's lazy triage, 24 requests, stopped by its time limit in
+    the third cell (CUDA_LAUNCH_BLOCKING=1 in the server only): the pass 5 of 24 wrong (B's
+    receiver-local step too: its prefix cache held what the cross step loaded), one request
+    in flight 4 of 24 wrong, blocking launches everywhere 0 of 24: what the 48-request run
+    measured."""
+    report = read(LMCACHE_H200 / "service-0.5.6-fallback-lazy-triage24-cut.json")
+    service = _service(report)
+    assert verdict(run_log(report)) == "INCOMPLETE"
+    [line] = [x for x in verdicts(service) if x.startswith("VERDICT")]
+    assert line.startswith("VERDICT lazy: 5 of 24 requests answered wrong after "
+                           "cross-replica pool hits"), line
+    assert "wrong where the replica's own caches served them: 3k receiver-local 5 of 24" \
+        in line, line
+    cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
+    assert {k: (c.status, c.passed, c.trials) for k, c in cells.items()} == {
+        "one-in-flight": ("fail", 20, 24), "launch-blocking-all": ("pass", 24, 24)}

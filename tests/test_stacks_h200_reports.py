@@ -21,7 +21,7 @@ import pytest
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.terminal import verdict
 from pytest_sharedkv.service.summary import boundary_verdicts, verdicts
-from pytest_sharedkv.stack.native_offload import boundary_cached
+from pytest_sharedkv.stack.native_offload import STATE_ALIGNED, boundary_cached
 from tests.h200_logs import sections
 from tests.recorded import LMCACHE_H200, Report, checks, read, run_log
 
@@ -72,7 +72,7 @@ def test_native_offload_reloaded_nothing_for_a_prompt_of_whole_blocks_as_the_rul
     blocks of 16) reloaded 0 tokens from the replica's CPU tier, their neighbours whole
     blocks of all but the last token, every answer exact. The cell failed under the rule
     of its day (1,008 and 2,032 expected); what it measured is
-    ``boundary_cached(n, 16, state_aligned=True)``, the rule the product expects now."""
+    ``boundary_cached(n, 16, STATE_ALIGNED)``, the rule the product expects now."""
     report = read(LMCACHE_H200 / f"{name}.json")
     stack = _fact(report, "stack")
     assert (stack["connector"], stack["block_size"], stack["mamba_cache_mode"]) == (
@@ -82,7 +82,7 @@ def test_native_offload_reloaded_nothing_for_a_prompt_of_whole_blocks_as_the_rul
     assert cell.detail["cached_each"] == {
         "boundary-1023": 1008, "boundary-1024": 0, "boundary-1025": 1024,
         "boundary-2047": 2032, "boundary-2048": 0, "boundary-2049": 2048}
-    assert cell.detail["cached_each"] == {k: boundary_cached(n, 16, state_aligned=True)
+    assert cell.detail["cached_each"] == {k: boundary_cached(n, 16, STATE_ALIGNED)
                                           for k, n in lengths.items()}
     assert cell.detail["expected_cached"] == {k: boundary_cached(n, 16)
                                               for k, n in lengths.items()}
@@ -261,3 +261,86 @@ def test_refused_l2_writes_left_every_later_answer_exact_and_no_hit_past_what_th
         "L2 WRITE mixed: 66 L2 write(s) refused while both replicas stored the same prompts "
         "(a Redis at its memory limit): 8/8 later answers from that L2 exact, no hit past "
         "what it held, the audit clean"]
+
+
+NATIVE_CA = "native-offloading-ca-vllm-0.26.0"
+NATIVE_2 = "native-offloading-vllm-0.26.0-2-cut"
+SIMPLE_2 = "native-simple-vllm-0.26.0-2-cut"
+SIMPLE_3 = "native-simple-vllm-0.26.0-3"
+
+
+def _boundary(name: str) -> Check:
+    [cell] = [c for c in _service(read(LMCACHE_H200 / f"{name}.json"))
+              if c.key.get("size") == "boundary"]
+    return cell
+
+
+def test_on_the_attention_only_model_a_prompt_of_whole_blocks_reloaded_whole() -> None:
+    """The OffloadingConnector on the attention-only copy model (no recurrent group): the
+    1,024- and 2,048-token prompts reloaded every token (9,184 in all), which the rule of
+    that run's code (whole blocks of all but the last token) failed; ``hit_rule`` now
+    gives WHOLE_PROMPT for this stack, and its cached tokens are what was measured. Every
+    other check of the run passed but the copy model's corruption matrix (a user model)."""
+    from pytest_sharedkv.stack.native_offload import WHOLE_PROMPT, hit_rule
+
+    report = read(LMCACHE_H200 / f"{NATIVE_CA}.json")
+    stack = _fact(report, "stack")
+    assert (stack["connector"], stack["mamba_cache_mode"]) == ("OffloadingConnector", None)
+    assert hit_rule(stack) == WHOLE_PROMPT
+    cell = _boundary(NATIVE_CA)
+    assert cell.detail["cached_each"] == {
+        k: boundary_cached(n, 16, WHOLE_PROMPT) for k, n in cell.detail["lengths"].items()}
+    assert cell.detail["cached"] == 9184 and (cell.passed, cell.trials) == (6, 6)
+    assert _failed(report) == ["test_offload_block_boundaries[native]",
+                               "test_the_served_model_sees_corrupted_kv"]
+    assert _steps(report) == {"cold": (200, 200, 0, 0, 0),
+                              "local": (200, 200, 601600, 0, 601600),
+                              "cross": (200, 200, 0, 0, 0),
+                              "receiver-local": (200, 200, 601600, 0, 601600)}
+
+
+@pytest.mark.parametrize("name", [NATIVE_2, SIMPLE_3])
+def test_with_the_rule_in_place_the_boundary_stage_passes_on_the_copy_model(name: str) -> None:
+    """The runs made with ``hit_rule`` in the code: both connectors' boundary cells pass,
+    every answer exact, 0 tokens for the prompts of whole blocks."""
+    cell = _boundary(name)
+    assert (cell.status, cell.passed, cell.trials) == ("pass", 6, 6)
+    assert cell.detail["cached_each"]["boundary-1024"] == 0
+    assert cell.detail["cached_each"] == {
+        k: boundary_cached(n, 16, STATE_ALIGNED) for k, n in cell.detail["lengths"].items()}
+
+
+def test_the_simple_connector_answered_one_session_turn_wrong_in_each_of_three_runs() -> None:
+    """vLLM's SimpleCPUOffloadConnector (vLLM #45704's path) on the copy model: in each of
+    three runs one session turn on B answered wrong, every other step exact (session-06
+    turn 5, then session-00 turn 3 twice); the OffloadingConnector answered every session
+    turn exactly in its three runs (two on the copy model, one on the attention-only)."""
+    def wrong_turns(name: str) -> dict[str, int]:
+        service = _service(read(LMCACHE_H200 / f"{name}.json"))
+        sessions = [c for c in service if c.key.get("size") == "session"]
+        assert len(sessions) == 8 and {c.trials for c in sessions} == {6}, name
+        return {str(c.detail["session"]): c.trials - c.passed for c in sessions
+                if c.passed < c.trials}
+
+    assert wrong_turns(SIMPLE) == {"session-06": 1}
+    assert wrong_turns(SIMPLE_2) == wrong_turns(SIMPLE_3) == {"session-00": 1}
+    failed = {r.nodeid.split("::")[1]: r.message for r in
+              run_log(read(LMCACHE_H200 / f"{SIMPLE_3}.json")).tests.values()
+              if r.outcome == "failed"}
+    assert list(failed) == ["test_session_turns[session-00-native]"]
+    assert "session-00 turn 3 on B (source chunk 63): answered ' <miss> <miss>" in \
+        failed["test_session_turns[session-00-native]"]
+    for name in (NATIVE, NATIVE_2, NATIVE_CA):
+        assert wrong_turns(name) == {}, name
+
+
+def test_the_verdict_counts_the_wrong_answers_of_the_replicas_own_steps() -> None:
+    """#4463's configuration answered every LMCache-served request wrong on the replicas'
+    own steps and had nothing to share across them: the VERDICT says so, not a hit
+    accounting failure."""
+    [line] = [x for x in verdicts(_service(read(LMCACHE_H200 / f"{LOCAL}.json")))
+              if x.startswith("VERDICT")]
+    assert line.startswith("VERDICT in-process (none (each replica alone)): 400 answers "
+                           "wrong where the replica's own caches served them (3k local 200 "
+                           "of 200, 3k receiver-local 200 of 200); cross-replica 200/200 "
+                           "exact"), line
