@@ -450,10 +450,10 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     lines = [report.summary(label), *kv_audit.correlation(faults, diverged, cases)]
     void = report.void
     if void is None and controls and run.gate is not None and run.gate.zeroed_chunks_logged:
-        caught = len(gate_ok)
+        caught = len({m.request for m in gate_ok})  # a request's layers count once
         lines.append(f"KV AUDIT {label} positive control: the gate's zeroed chunk {zeroed} "
                      f"showed as a mismatch in {caught} of {len(run.cases.by_role('control'))}"
-                     " control requests")
+                     f" control requests ({len(gate_ok)} digests)")
         if caught == 0:
             void = (f"{kv_audit.VOID}: the gate zeroed chunk {zeroed} in B's retrieves and "
                     "the audit saw no mismatch there: it cannot see corrupted KV")
