@@ -48,7 +48,7 @@ def test_a_clean_audit_passes_with_its_positive_control(pytester: pytest.Pyteste
     assert len(audit["detail"]["chunks_per_request"]) == 30
     # prose only: the positive control's count is in the note's words, not a record field
     assert ("KV AUDIT n/a positive control: the gate's zeroed chunk 47 showed as a mismatch "
-            "in 8 of 8 control requests") in notes
+            "in 8 of 8 control requests (8 digests)") in notes
     assert not _stubs_left(process_tag)
 
 

@@ -1,7 +1,10 @@
 #!/bin/bash
 # (From ../shared/gpu-host; see README.md beside this file.) Build what an offline H200 host needs to run vLLM 0.26.0 + LMCache 0.5.6 (it has torch 2.11.0+cu130,
 # Python 3.12, no network, and takes at most 64 MiB per transfer). Output (default: .stage/ in the repo root; git-ignore it):
-#   a.tar.xz, b.tar.xz  - vLLM 0.26.0 split in two parts (< 60 MiB each), unpack both into one site dir
+#   vllm.tar.xz.part-00..02 - vLLM 0.26.0 (two xz tar streams, 112 MB) cut into 40 MiB parts:
+#                         each leaves the repository's tracked files room within one
+#                         64 MiB transfer; there, append each to /tmp/vllm.tar.xz and
+#                         unpack it once (tar -xJif: -i reads past the first stream's end)
 #   deps/               - wheels vLLM and LMCache import there that the image lacks (< 50 MiB)
 # Seen working on an H200 on 2026-11-29: three transfers, then vLLM served a local Qwen3Next-family
 # model and two replicas shared one LMCache MP server (see README.md beside this file).
@@ -31,9 +34,9 @@ pip download -q --no-deps "${P[@]}" -d "$OUT/deps" \
 # redis (redis-py, py3-none-any, no dependencies on Python 3.12): the suite's client for the Redis it
 # starts (in-process stack, resp/valkey L2), and LMCache's own requirement, which --no-deps skips
 ls -la "$OUT"; du -sh "$OUT/deps"
-for f in "$OUT/a.tar.xz" "$OUT/b.tar.xz"; do
-  [ "$(stat -c %s "$f")" -lt $((62 << 20)) ] || { echo "$f is over the transfer limit"; exit 1; }
-done
+cat "$OUT/a.tar.xz" "$OUT/b.tar.xz" | split -b 40M -d - "$OUT/vllm.tar.xz.part-" \
+  && rm "$OUT/a.tar.xz" "$OUT/b.tar.xz"
+ls -la "$OUT"/vllm.tar.xz.part-*
 # LMCache in a folder of its own (lmcache-site.sh install 0.5.6 OUT/lmcache56): deps/, it and
 # the repo together stay under one transfer's 64 MiB
 mkdir -p "$OUT/lmcache56" && mv "$OUT"/deps/lmcache-0.5.6-*.whl "$OUT/lmcache56/"

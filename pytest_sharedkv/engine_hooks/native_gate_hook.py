@@ -3,7 +3,8 @@ the control file names chunk K, the GPU blocks that a load from B's own CPU tier
 with tokens [K * chunk, (K + 1) * chunk) of a request are zeroed once that load's copy is
 done.
 
-Read from vLLM 0.26.0's source; not yet run on a GPU. The functions it depends on:
+Read from vLLM 0.26.0's source; the gate proven with it on the H200
+(``fixtures/lmcache/h200/native-offloading-vllm-0.26.0*``). The functions it depends on:
 
 * ``vllm/v1/kv_offload/cpu/gpu_worker.py``: ``SingleDirectionOffloadingHandler.
   transfer_async(self, job_id, src_spec, dst_spec)``, the copy itself. The CPU -> GPU

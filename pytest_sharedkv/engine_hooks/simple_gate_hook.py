@@ -7,8 +7,9 @@ file names chunk K, the GPU blocks that a load from B's own CPU tier fills with 
 with each group's first block index. This connector's worker gets flat block lists and no
 request (its metadata says so), so the tokens a loaded block holds come from the scheduler
 side of the same process: a sibling hook, sharing ``corrupt_hook.arm``, the log and
-``native_gate_hook``'s groups. Read from vLLM 0.26.0's source; NEVER RUN ON A GPU (proven
-on stand-ins of these classes only: ``tests/test_simple_gate_hook.py``).
+``native_gate_hook``'s groups. Read from vLLM 0.26.0's source; on stand-ins of these classes in
+``tests/test_simple_gate_hook.py``, and on the H200 (the gate proven in three runs,
+``fixtures/lmcache/h200/native-simple-vllm-0.26.0*``).
 
 What it depends on (vLLM 0.26.0; ``v1/simple_kv_offload/`` is absent from the reference
 checkout here, so its lines are those of the public copy whose lines match the field
