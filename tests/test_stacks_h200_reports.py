@@ -344,3 +344,24 @@ def test_the_verdict_counts_the_wrong_answers_of_the_replicas_own_steps() -> Non
                            "wrong where the replica's own caches served them (3k local 200 "
                            "of 200, 3k receiver-local 200 of 200); cross-replica 200/200 "
                            "exact"), line
+
+
+def test_each_wrong_simple_turn_hit_one_block_more_than_the_offloading_connectors_turn(
+        ) -> None:
+    """Per session turn, the cached tokens of each simple-connector run against the first
+    OffloadingConnector run: 16-18 of 48 turns one block (16 tokens) more, at most one
+    turn less, and the wrong turn of each run among the +16 ones; the two
+    OffloadingConnector runs themselves differ on 8 turns."""
+    def turns(name: str) -> dict[tuple[str, int], tuple[int, str]]:
+        return {(str(c.detail["session"]), i): (int(t["cached"]), str(t["text"]))
+                for c in _service(read(LMCACHE_H200 / f"{name}.json"))
+                if c.key.get("size") == "session" for i, t in enumerate(c.detail["turns"])}
+
+    first = turns(NATIVE)
+    assert sum(first[k][0] != v[0] for k, v in turns(NATIVE_2).items()) == 8
+    for name in (SIMPLE, SIMPLE_2, SIMPLE_3):
+        mine = turns(name)
+        more = {k for k, v in mine.items() if v[0] - first[k][0] == 16}
+        wrong = {k for k, v in mine.items() if "<miss>" in v[1]}
+        assert 16 <= len(more) <= 18 and len(wrong) == 1 and wrong <= more, name
+        assert sum(v[0] < first[k][0] for k, v in mine.items()) <= 1, name
