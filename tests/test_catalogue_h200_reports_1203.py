@@ -185,3 +185,20 @@ def test_on_24_requests_the_fallbacks_lazy_fault_shows_and_the_same_two_cells_ju
     cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
     assert {k: (c.status, c.passed, c.trials) for k, c in cells.items()} == {
         "one-in-flight": ("fail", 20, 24), "launch-blocking-all": ("pass", 24, 24)}
+
+
+def test_a_triage_cut_short_says_what_its_judged_cells_showed_and_names_no_class() -> None:
+    """The 24-request triage recorded two cells and no verdict: the summary's TRIAGE line
+    says INCOMPLETE, the cells not judged, which cell removed the fault and which left it
+    (with their counts), and names no class of fault."""
+    from tests.recorded import summary
+
+    report = read(LMCACHE_H200 / "service-0.5.6-fallback-lazy-triage24-cut.json")
+    [line] = [x for x in summary(report) if x.strip().startswith("TRIAGE")]
+    assert line.strip() == (
+        "TRIAGE lazy: INCOMPLETE (2 of 7 cells judged; not judged: launch-blocking-server, "
+        "sync-transfers, current-stream, wait-producer, other-allocator): removed by "
+        "CUDA_LAUNCH_BLOCKING=1 in the LMCache server and both replicas (0 of 24 wrong, 0 "
+        "mismatching digests of 2,688); persists under one request in flight (no store "
+        "overlapping a retrieve) (4 of 24 wrong, 2,244 mismatching digests of 7,422); no "
+        "class of fault is named until every cell is judged")

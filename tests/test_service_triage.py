@@ -373,3 +373,21 @@ def test_a_verdict_counts_requests_without_an_answer_apart_from_wrong_answers() 
     assert line.endswith("; 4 got no answer")
     [older] = summary.verdicts([cross(5, None)])  # a report without the count: as before
     assert older.startswith("VERDICT external: 5 of 10 requests answered wrong")
+
+
+def test_a_finished_triage_has_no_incomplete_line() -> None:
+    """Where the run recorded the triage's verdict note, the summary shows it alone: the
+    INCOMPLETE line is only for a triage with cells and no verdict."""
+    from pytest_sharedkv.report.records import Check
+    from pytest_sharedkv.service.summary import triage_unfinished
+
+    cell = Check("service_regression", {"provider": "stub", "allocator": "lazy",
+                                        "delay": "0", "size": "triage",
+                                        "step": "one-in-flight"}, 20, 24, kind="triage",
+                 status="fail", detail={"control": "one request in flight",
+                                        "counts": "4 of 24 wrong"})
+    assert triage_unfinished([cell], {"lazy"}) == []
+    [line] = triage_unfinished([cell], set())
+    assert line.startswith("TRIAGE lazy: INCOMPLETE (1 of 7 cells judged; not judged: "
+                           "launch-blocking-all, "), line
+    assert "persists under one request in flight (4 of 24 wrong)" in line

@@ -28,6 +28,7 @@ from pytest_sharedkv.service.execute import WRITE_GROUP as WRITE_STEP
 from pytest_sharedkv.service.triage import (
     ALLOCATOR_REMEDY,
     OTHER_ALLOCATOR,
+    controls_for,
     proven_line,
     suggestion_line,
 )
@@ -168,6 +169,35 @@ def triage_table(checks: list[Check]) -> list[str]:
             "KV audit on):",
             *markdown_table(["allocator", "cell", "control", "group", "exact",
                              "mismatching digests", "fault", "wall s"], rows)]
+
+
+def triage_unfinished(checks: list[Check], decided: Set[str]) -> list[str]:
+    """A TRIAGE line for each allocator whose triage recorded cells but no verdict (a run
+    cut short): which cells removed the fault and which left it, with their counts, and the
+    cells not judged; no class of fault is named until every cell is. DECIDED: the
+    allocators whose verdict note the run recorded."""
+    lines = []
+    cells = [c for c in checks if c.key.get("size") == "triage"]
+    for allocator in dict.fromkeys(str(c.key.get("allocator", "")) for c in cells):
+        if allocator in decided:
+            continue
+        mine = {str(c.key.get("step")): c for c in cells
+                if str(c.key.get("allocator", "")) == allocator}
+        missing = [c.name for c in controls_for(allocator) if c.name not in mine]
+
+        def said(status: str) -> str:
+            return "; ".join(f"{c.detail.get('control')} ({c.detail.get('counts')})"
+                             for c in mine.values() if c.status == status)
+
+        parts = [f"{verb} {words}" for verb, words in (
+            ("removed by", said("pass")), ("persists under", said("fail")),
+            ("undecided under", said("unknown"))) if words]
+        lines.append(f"TRIAGE {allocator}: INCOMPLETE ({len(mine)} of "
+                     f"{len(mine) + len(missing)} cells judged"
+                     + (f"; not judged: {', '.join(missing)}" if missing else "") + ")"
+                     + (": " + "; ".join(parts) if parts else "")
+                     + "; no class of fault is named until every cell is judged")
+    return lines
 
 
 def verdicts(checks: list[Check], baseline: Baseline | None = None,
@@ -425,7 +455,11 @@ def summary_lines(log: RunLog, baseline: Baseline | None = None,
     lines: list[str] = []  # the triage's verdict is a note: the summary shows notes first
     from pytest_sharedkv.service.catalogue import matrix
 
-    for block in (model_table(checks), table(checks), triage_table(checks),
+    decided = {line.split(":", 1)[0].removeprefix("TRIAGE ") for line in (
+        n.text for n in log.bundle.notes if n.tier == TIER
+        and n.kind == Kind.TRIAGE_VERDICT)}
+    for block in (model_table(checks), table(checks),
+                  triage_table(checks) + triage_unfinished(checks, decided),
                   verdicts(checks, baseline, kernel_path, catalogue, finished),
                   matrix(checks)):
         if block:
