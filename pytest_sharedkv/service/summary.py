@@ -185,13 +185,12 @@ def triage_unfinished(checks: list[Check], decided: Set[str]) -> list[str]:
                 if str(c.key.get("allocator", "")) == allocator}
         missing = [c.name for c in controls_for(allocator) if c.name not in mine]
 
-        def said(status: str) -> str:
-            return "; ".join(f"{c.detail.get('control')} ({c.detail.get('counts')})"
-                             for c in mine.values() if c.status == status)
-
-        parts = [f"{verb} {words}" for verb, words in (
-            ("removed by", said("pass")), ("persists under", said("fail")),
-            ("undecided under", said("unknown"))) if words]
+        said = {status: "; ".join(f"{c.detail.get('control')} ({c.detail.get('counts')})"
+                                  for c in mine.values() if c.status == status)
+                for status in ("pass", "fail", "unknown")}
+        parts = [f"{verb} {said[status]}" for verb, status in (
+            ("removed by", "pass"), ("persists under", "fail"), ("undecided under", "unknown"))
+            if said[status]]
         lines.append(f"TRIAGE {allocator}: INCOMPLETE ({len(mine)} of "
                      f"{len(mine) + len(missing)} cells judged"
                      + (f"; not judged: {', '.join(missing)}" if missing else "") + ")"
