@@ -425,9 +425,10 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     matched against the chunks the audit caught."""
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
-    from pytest_sharedkv.service.checks import chain_failures
+    from pytest_sharedkv.service.checks import step_problems
     from pytest_sharedkv.service.execute import SESSIONS
     from pytest_sharedkv.stack import kv_audit
+    from pytest_sharedkv.stack.steps import step as step_named
 
     if not sharedkv_settings.kv_audit:
         skip_not_asked(request.node, "the in-engine KV audit is off "
@@ -446,7 +447,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     gate_ok, faults = kv_audit.split_gate(report, cases, zeroed)
     controls = [c for c in run.cases.cases if c.role == "control" and c.source_chunk == zeroed]
     diverged = sorted(c.id for c in run.cases.cases if c.role == "measured"
-                      and any("step cross" in f for f in chain_failures(run, c)))
+                      and step_problems(run, c, step_named("cross")))
     lines = [report.summary(label), *kv_audit.correlation(faults, diverged, cases)]
     void = report.void
     if void is None and controls and run.gate is not None and run.gate.zeroed_chunks_logged:
