@@ -202,3 +202,25 @@ def test_a_triage_cut_short_says_what_its_judged_cells_showed_and_names_no_class
         "mismatching digests of 2,688); persists under one request in flight (no store "
         "overlapping a retrieve) (4 of 24 wrong, 2,244 mismatching digests of 7,422); no "
         "class of fault is named until every cell is judged")
+
+
+def test_a_second_48_request_triage_and_the_fallbacks_mixed_delay_run_as_the_findings_say(
+        ) -> None:
+    """The second 48-request triage (its machine lost in the second cell's run): the pass 11
+    of 48 wrong, one request in flight 5 of 48 (4,379 of 12,030 digests mismatching),
+    blocking launches everywhere 0 of 48 (0 of 4,992). The fallback's mixed run for the
+    delayed producer: the pass 200/200 in every step, 427 passed, and the catalogue's test
+    without an outcome (its pair still starting at the time limit)."""
+    report = read(LMCACHE_H200 / "service-0.5.6-fallback-lazy-triage48-2-cut.json")
+    service = _service(report)
+    [line] = [x for x in verdicts(service) if x.startswith("VERDICT")]
+    assert line.startswith("VERDICT lazy: 11 of 48 requests answered wrong"), line
+    cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
+    assert {k: (c.passed, c.trials, c.detail["mismatches"], c.detail["compared"])
+            for k, c in cells.items()} == {"one-in-flight": (43, 48, 4379, 12030),
+                                           "launch-blocking-all": (48, 48, 0, 4992)}
+    delay = read(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-cut.json")
+    assert verdict(run_log(delay)) == "INCOMPLETE"
+    assert exact_pair(_service(delay), "mixed") == (200, 200)
+    assert run_log(delay).counts()["passed"] == 427
+    assert not [c for c in _service(delay) if c.kind == "fault-catalogue"]

@@ -39,7 +39,8 @@ KILLED = frozenset({"service-0.5.6-compiled-lazy-catalogue-cut.json",
                     "service-0.5.6-fallback-mixed-catalogue-cut.json",
                     "service-0.5.6-fallback-lazy-triage48-cut.json",
                     "native-offloading-vllm-0.26.0-2-cut.json",
-                    "native-simple-vllm-0.26.0-2-cut.json"})
+                    "native-simple-vllm-0.26.0-2-cut.json",
+                    "service-0.5.6-fallback-lazy-triage48-2-cut.json"})
 
 
 def _logged(path: Path) -> list[str]:
