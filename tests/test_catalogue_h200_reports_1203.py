@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.terminal import verdict
 from pytest_sharedkv.service import catalogue
 from pytest_sharedkv.service.baseline import exact_pair
 from pytest_sharedkv.service.summary import triage_table, verdicts
-from tests.recorded import LMCACHE_H200, Report, checks, read, run_log
+from tests.recorded import LMCACHE_H200, checks, read, run_log
 
 LAZY = "service-0.5.6-compiled-lazy-catalogue-cut"
 FALLBACK = "service-0.5.6-fallback-mixed-catalogue-cut"

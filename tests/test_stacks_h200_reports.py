@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.terminal import verdict
 from pytest_sharedkv.service.summary import boundary_verdicts, verdicts
 from pytest_sharedkv.stack.native_offload import STATE_ALIGNED, boundary_cached
 from tests.h200_logs import sections
-from tests.recorded import LMCACHE_H200, Report, checks, read, run_log
+from tests.recorded import LMCACHE_H200, checks, read, run_log
 
 NATIVE = "native-offloading-vllm-0.26.0"
 SIMPLE = "native-simple-vllm-0.26.0"
