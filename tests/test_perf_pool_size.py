@@ -195,3 +195,51 @@ def test_a_dropped_size_leaves_the_screening_as_if_never_asked(
         seen.append((sent.digest, pool.gb, pool.native_gb, pool.one_by_one, pool.dropped))
     assert seen == [("9ff4939af819ef29", 64.0, 32.0, ("128k",), ()),
                     ("9ff4939af819ef29", 64.0, 32.0, ("128k",), ("256k",))]
+
+
+def test_the_hosts_arm_gives_each_server_half_the_cap_and_drops_what_one_cannot_hold() -> None:
+    """The OFF-HOSTS session on the one-GPU H200 (128 GiB host, 64 GB cap): two LMCache
+    servers on one host may pin 32 GB each, not the ON pool's 64 GB each (128 GB pinned
+    would be all of the host). One 128k request stores 34.4 GB, more than a server's 32
+    GB: 128k is dropped, said why; 8k and 32k keep 32 GB a server, together."""
+    sizes = {**SCREENING, "128k": [131_041] * 3}
+    pool = pool_size_gb(QWEN35_27B_GEOMETRY, sizes, host_bytes=H200, hosts_arm=True)
+    assert (pool.hosts_gb, pool.dropped, pool.one_by_one) == (32.0, ("128k",), ()), pool
+    assert ("128k dropped (one request stores 34.4 GB, more than the 32 GB each of the HOSTS "
+            "arm's two LMCache servers may pin, two on this host under the 64 GB cap") \
+        in pool.why
+    assert "PARTIAL" not in pool.why
+    on = pool_size_gb(QWEN35_27B_GEOMETRY, sizes, host_bytes=H200)  # no HOSTS arm: as before
+    assert (on.gb, on.dropped, on.one_by_one) == (64.0, (), ("128k",))
+    big = pool_size_gb(QWEN35_27B_GEOMETRY, sizes, host_bytes=H200_X2, hosts_arm=True)
+    assert (big.hosts_gb, big.dropped, big.one_by_one) == (64.0, (), ("128k",)), big
+    assert "the cap of each HOSTS server is 64 GB" in big.why
+
+
+def test_the_hosts_arm_drops_what_the_l2_directory_cannot_hold() -> None:
+    """8k and 32k store 32.1 GB together (6.2 + 25.9); a directory L2 with 20 GB free
+    keeps 8k and drops 32k by name; unknown free space drops nothing."""
+    free = 20 * 10**9
+    pool = pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2, hosts_arm=True,
+                        l2_free_bytes=free)
+    assert pool.dropped == ("32k",) and pool.hosts_gb == MINIMUM_GB, pool
+    assert ("32k dropped (the HOSTS arm's L2 would hold 32.1 GB with it, more than the "
+            "20.0 GB free where the L2 writes)") in pool.why
+    assert pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2,
+                        hosts_arm=True).dropped == ()
+    assert pool_size_gb(QWEN35_27B_GEOMETRY, SCREENING, host_bytes=H200_X2,
+                        l2_free_bytes=free).dropped == ()  # no HOSTS arm: the L2 unused
+
+
+def test_the_pool_note_names_each_hosts_servers_own_l1(tmp_path: Path) -> None:
+    from pytest_sharedkv.perf.fixtures import _l2_free_bytes, _pool_note
+    from pytest_sharedkv.perf.pool_size import PoolSize
+    from pytest_sharedkv.stack.l2 import DirectoryL2
+
+    pool = PoolSize(64.0, "the largest size", hosts_gb=32.0)
+    note = _pool_note(pool, ("OFF", "HOSTS"))
+    assert note.startswith("pool: the HOSTS arm's two LMCache servers (one per replica, "
+                           "sharing the L2) 32 GB of L1 each"), note
+    free = _l2_free_bytes(DirectoryL2(tmp_path / "not" / "yet" / "l2"))
+    assert isinstance(free, int) and free > 0  # the nearest folder that exists
+    assert _l2_free_bytes(None) is None

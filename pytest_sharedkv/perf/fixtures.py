@@ -262,6 +262,7 @@ class _Setup:
     l1_size_gb: float = 8.0  # the ON arm's pool; vllm: sized to the payloads (pool_size_gb)
     one_by_one: tuple[str, ...] = ()  # sizes run request by request (the pool holds one)
     native_gb: float = 8.0  # the NATIVE arm's offload on each replica
+    hosts_gb: float = 8.0  # the HOSTS arm's L1 on each of its two servers
     settle_s: float = 0.5
     store_s_per_token: float | None = None  # None: LMCache's store time (blocks.py)
     extra: dict[str, Any] = field(default_factory=lambda: {"ignore_eos": True})
@@ -439,7 +440,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
             hosts=hosts if arm == "HOSTS" else None,
             # the context and the pools are set once the payloads are known
             max_model_len=setup.max_model_len,
-            l1_size_gb=setup.native_gb if arm == "NATIVE" else setup.l1_size_gb,
+            l1_size_gb={"NATIVE": setup.native_gb, "HOSTS": setup.hosts_gb}.get(
+                arm, setup.l1_size_gb),
             engine=engine, compile_cache=log_root / "vllm-cache"))
 
     # VLLM_MAX_TOKENS: enough decode intervals for a decode rate, few enough that decoding
@@ -508,12 +510,13 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
     if provider is Provider.VLLM and setup.model is not None:
-        pool = _pool_size(setup.model, payload_set)
+        pool = _pool_size(setup.model, payload_set, hosts_arm="HOSTS" in arms,
+                          l2_free_bytes=_l2_free_bytes(l2))
         if pool.dropped:  # the report says which and why (pool.why, in the notes)
             payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                                     setup.max_tokens, without=pool.dropped)
         setup.l1_size_gb, setup.one_by_one = pool.gb, pool.one_by_one
-        setup.native_gb = pool.native_gb
+        setup.native_gb, setup.hosts_gb = pool.native_gb, pool.hosts_gb
         setup.notes.append(_pool_note(pool, setup.arms))
     setup.max_model_len = max_model_len(_longest(payload_set), setup.max_tokens, setup.model)
     settle, per_token = setup.settle_s, setup.store_s_per_token
@@ -538,8 +541,28 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     return runner
 
 
-def _pool_size(model: Path, payload_set: PayloadSet) -> PoolSize:
-    """The ON arm's pool for these payloads (pool_size.pool_size_gb)."""
+def _l2_free_bytes(l2: L2 | None) -> int | None:
+    """Free bytes where a directory L2 writes (its nearest existing folder); None for an L2
+    that keeps its entries elsewhere (a Redis: its memory, not sized here)."""
+    import shutil
+
+    from pytest_sharedkv.stack.l2 import DirectoryL2
+
+    if not isinstance(l2, DirectoryL2):
+        return None
+    where = l2.path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def _pool_size(model: Path, payload_set: PayloadSet, *, hosts_arm: bool = False,
+               l2_free_bytes: int | None = None) -> PoolSize:
+    """The ON arm's pool for these payloads, and NATIVE's and HOSTS's per-replica pools
+    (pool_size.pool_size_gb)."""
     from pytest_sharedkv.corpus.cases import prompt_size
     from pytest_sharedkv.models.config_file import ModelConfigError, read_config
     from pytest_sharedkv.perf.pool_size import MINIMUM_GB, PoolSize, pool_size_gb
@@ -550,7 +573,7 @@ def _pool_size(model: Path, payload_set: PayloadSet) -> PoolSize:
         return PoolSize(MINIMUM_GB, f"no config.json to size it from ({exc}): the minimum")
     tokens = {size: [prompt_size(p.prompt_tokens, p.text) for p in payload_set.of_size(size)]
               for size in payload_set.sizes()}
-    return pool_size_gb(config, tokens)
+    return pool_size_gb(config, tokens, hosts_arm=hosts_arm, l2_free_bytes=l2_free_bytes)
 
 
 def _pool_note(pool: PoolSize, arms: Sequence[str]) -> str:
@@ -559,7 +582,7 @@ def _pool_note(pool: PoolSize, arms: Sequence[str]) -> str:
     native = (f"the NATIVE arm offloads to {pool.native_gb:g} GB on each replica (vLLM's "
               "own, not shared; both replicas' on this host stay under its cap)")
     hosts = ("the HOSTS arm's two LMCache servers (one per replica, sharing the L2) "
-             f"{pool.gb:g} GB of L1 each")
+             f"{pool.hosts_gb:g} GB of L1 each")
     if "ON" not in arms:
         sized = f"sized as the ON arm's {pool.gb:g} GB would be ({pool.why})"
         return "pool: " + "; ".join([*([hosts] if "HOSTS" in arms else []),
