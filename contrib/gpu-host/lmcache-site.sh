@@ -11,7 +11,7 @@ set -euo pipefail
 BASE=${SHAREDKV_BASE_SITE:-/tmp/site}
 here=$(cd "$(dirname "$0")" && pwd)
 
-site_of() { echo "/tmp/site-lmcache-$1"; }
+site_of() { echo "${SHAREDKV_SITES:-/tmp}/site-lmcache-$1"; }
 
 cmd=${1:-}
 [ $# -ge 2 ] || { echo "usage: $0 install|compile|run VERSION ..." >&2; exit 2; }

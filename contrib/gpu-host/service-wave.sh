@@ -37,7 +37,8 @@ compile() {  # VERSION: LMCache's cuda_ops against this torch, for the lanes aft
 }
 
 fallback() {  # VERSION NAME: the wheel's site as released, copied before compile
-  cp -a "/tmp/site-lmcache-$1" "/tmp/site-lmcache-$2" && stamp "fallback $2 from $1"
+  local sites=${SHAREDKV_SITES:-/tmp}  # where lmcache-site.sh keeps each release's site
+  cp -a "$sites/site-lmcache-$1" "$sites/site-lmcache-$2" && stamp "fallback $2 from $1"
 }
 
 lane() {  # NAME LIMIT_S SITE SUITE-ARGS...
