@@ -407,7 +407,13 @@ def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path
 def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, together, vllm_argv
+    from pytest_sharedkv.stack.providers import (
+        PERF_ENGINE,
+        EngineSettings,
+        LaunchSpec,
+        together,
+        vllm_argv,
+    )
 
     engine = replace(PERF_ENGINE, kv_cache_bytes=38 << 30, load_format="dummy",
                      quantization="fp8", extra_args=("--max-num-seqs", "32", "--foo", "a b"))
@@ -421,6 +427,13 @@ def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: P
     assert together(spec)  # one GPU, a fixed cache each: both start at once
     assert not together(LaunchSpec(log_dir=tmp_path, devices=("0",)))  # one after the other
     assert together(LaunchSpec(log_dir=tmp_path, devices=("0", "1")))
+    # the user's own fixed cache (--sharedkv-vllm-args, as the H200 waves ran): the H200's
+    # service pairs started A, then B 57 s later, each relaunch of a triage cell as well
+    for flags in (("--kv-cache-memory-bytes", "4294967296"), ("--kv-cache-memory-bytes=4G",)):
+        assert together(LaunchSpec(log_dir=tmp_path, devices=("0",),
+                                   engine=EngineSettings(extra_args=flags)))
+    assert not together(LaunchSpec(log_dir=tmp_path, devices=("0",), engine=EngineSettings(
+        extra_args=("--gpu-memory-utilization", "0.05"))))
 
 
 @pytest.mark.parametrize(("devices", "placed"), [

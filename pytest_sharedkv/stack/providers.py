@@ -433,8 +433,14 @@ def gpu_kv_capacity(replicas: Mapping[str, Replica]) -> dict[str, int | None]:
 def together(spec: LaunchSpec) -> bool:
     """Whether the two replicas start at once: each on its own GPU, or both on one GPU with
     an explicit KV cache each (``--kv-cache-memory-bytes``: vLLM then does not size its
-    cache from free memory the other engine is still taking)."""
-    return len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
+    cache from free memory the other engine is still taking), the suite's or the user's
+    own (``--sharedkv-vllm-args``, which come last and win)."""
+    return (len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
+            or any(arg == KV_CACHE_FLAG or arg.startswith(KV_CACHE_FLAG + "=")
+                   for arg in spec.engine.extra_args))
+
+
+KV_CACHE_FLAG = "--kv-cache-memory-bytes"
 
 
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
