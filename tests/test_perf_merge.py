@@ -188,9 +188,10 @@ def _change(field: str, data: dict[str, Any]) -> str:
     if field == "an arm twice":
         perf["blocks"], perf["block_pairs"] = ["OFF", "OFF"], [0, 0]
         return "perf.blocks: block pair 0 (OFF-OFF) is not a whole block pair"
-    if field == "sizes":
-        perf["observations"] = [o for o in perf["observations"] if o["size"] != "128k"]
-        return "perf.observations (sizes)"
+    if field == "sizes":  # no size in common (fewer sizes merge: a host that dropped one)
+        for o in perf["observations"]:
+            o["size"] = "256k"
+        return "perf.observations (sizes: none in common)"
     if field == "whole pairs":
         perf["blocks"] = ["OFF", "ON", "ON"]
         return "perf.blocks: 3 blocks (OFF-ON-ON) are not whole block pairs of 2"
@@ -583,3 +584,36 @@ def test_a_merged_report_that_holds_one_run_twice_is_refused(
     err = capsys.readouterr().err
     assert f"run 3 of IN.json #1 {path} (from {halves[1]})" in err
     assert f"as run 2 of IN.json #1 {path} (from {halves[1]})" in err
+
+
+def test_a_hosts_session_without_128k_merges_on_the_sizes_both_screened(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The OFF-HOSTS session on the one-GPU H200 drops 128k (one request's 34.4 GB over a
+    HOSTS server's 32 GB): its corpus digest is that of 8k and 32k. Beside the three OFF-ON
+    sessions it merges on 8k and 32k, request by request, and the note says which runs
+    hold 128k; HOSTS gets its ratios at 8k and 32k from its one pair, ON keeps its
+    interval at every size. (The HOSTS run here is the third ON session relabelled, its
+    cross TTFTs 1.5x: no HOSTS session has run on a GPU yet.)"""
+    hosts = relabel(load(SESSIONS[2]), "ON", "HOSTS", factor=1.5)
+    perf = hosts["perf"]
+    perf["observations"] = [o for o in perf["observations"] if o["size"] != "128k"]
+    perf["corpus_digest"] = "8k-and-32k-only"
+    out = tmp_path / "merged.json"
+    assert main([str(out), *map(str, SESSIONS), str(write(tmp_path, "hosts.json", hosts))]) == 0
+    merged = merged_analysis(out)
+    assert merged.pairing.ok
+    assert any(n.startswith("sizes differ between runs: 128k in runs 1, 2, 3; each size's "
+                            "ratios use the block pairs that screened it")
+               for n in merged.run.notes), merged.run.notes
+    cross = {(r.size, r.arms): r for r in merged.ratios if r.step == "cross"}
+    assert {size for size, arms in cross if arms == "HOSTS/OFF"} == {"8k", "32k"}
+    assert all(cross[size, "HOSTS/OFF"].block_pairs == 1 for size in ("8k", "32k"))
+    assert all(cross[size, "ON/OFF"].block_pairs == 3 and cross[size, "ON/OFF"].interval
+               is not None for size in ("8k", "32k", "128k"))
+    # a shared size whose payloads differ is still refused, naming the request
+    wrong = copy.deepcopy(hosts)
+    next(o for o in wrong["perf"]["observations"] if o["size"] == "8k")["payload_sha256"] = \
+        "0" * 64
+    assert main([str(tmp_path / "no.json"), str(SESSIONS[0]),
+                 str(write(tmp_path, "wrong.json", wrong))]) == 2
+    assert "payload_sha256 (corpus, request" in capsys.readouterr().err

@@ -7,12 +7,14 @@ merge the reports. The runs may screen different treatments against OFF (three O
 and one OFF-NATIVE run, where a GPU session holds two blocks a pair but not three): every
 block pair of every input must hold OFF, the control its treatments are paired with. The
 merge refuses, naming the file and the field, inputs that did not measure the same thing:
-another perf schema, model digest, corpus (its digest or any request's payload sha256),
-engine (versions, chunk, KV geometry), engine flags (the argv recorded per block, where
-both recorded it), replica placement (both replicas on one GPU or one per GPU, where both
-recorded it) or sizes; and an input that is not whole block pairs with OFF. Blocks
-keep their own run: block and pair numbers continue from the run before and
-``perf.block_pairs`` says which blocks form each pair, so ``perf.pairing`` pairs only
+another perf schema, model digest, corpus (its digest where both screened the same sizes,
+any request's payload sha256), engine (versions, chunk, KV geometry), engine flags (the
+argv recorded per block, where both recorded it), replica placement (both replicas on one
+GPU or one per GPU, where both recorded it), no size in common (a run that screened fewer
+sizes, where its host dropped one, merges on the sizes both hold, said in a note); and an
+input that is not whole block pairs with OFF. Blocks keep their own run: block and pair
+numbers continue from the run before and ``perf.block_pairs`` says which blocks form each
+pair, so ``perf.pairing`` pairs only
 within one run's blocks, whatever each pair's size, and ``perf.runs`` says which blocks
 came from which file, host and time. The tests, checks and notes of every input are kept
 (a failure anywhere still fails ``compare``).
@@ -106,9 +108,13 @@ def check_mergeable(first: Report, other: Report) -> None:
     a, b = first.perf, other.perf
     assert a is not None and b is not None
     x, y = a.run, b.run
-    for name in ("schema", "model_digest", "corpus_digest", "chunk_tokens"):
+    for name in ("schema", "model_digest", "chunk_tokens"):
         if getattr(x, name) != getattr(y, name):
             _refuse(other, f"perf.{name}", getattr(y, name), first, getattr(x, name))
+    # the corpus's digest covers every size it holds: where a run screened other sizes (a
+    # size its host dropped), the sizes both screened are compared request by request below
+    if sizes(x) == sizes(y) and x.corpus_digest != y.corpus_digest:
+        _refuse(other, "perf.corpus_digest", y.corpus_digest, first, x.corpus_digest)
     for key in sorted(set(x.engine) | set(y.engine)):
         if x.engine.get(key) != y.engine.get(key):
             _refuse(other, f"perf.engine.{key}", y.engine.get(key), first, x.engine.get(key))
@@ -120,8 +126,8 @@ def check_mergeable(first: Report, other: Report) -> None:
     mine, theirs = _kernel_path(first), _kernel_path(other)
     if mine is not None and theirs is not None and mine != theirs:  # compiled vs fallback
         _refuse(other, "environment.lmcache.kernel_path", theirs, first, mine)
-    if sizes(x) != sizes(y):
-        _refuse(other, "perf.observations (sizes)", sizes(y), first, sizes(x))
+    if not set(sizes(x)) & set(sizes(y)):
+        _refuse(other, "perf.observations (sizes: none in common)", sizes(y), first, sizes(x))
     if (x.floor is None) != (y.floor is None):
         _refuse(other, "perf.floor", y.floor, first, x.floor)
     if x.floor is not None and y.floor is not None:
@@ -234,6 +240,24 @@ def describe(run: RunSource, index: int, blocks: Sequence[str]) -> str:
     return (f"run {index + 1}: {run.source} ({run.host}, {run.created}): blocks "
             f"{run.first_block}-{last_block}, block pairs {run.first_pair}-{last_pair}, "
             f"arms {arms}, {run.wall_s:.1f} s; {run.engine_flags}")
+
+
+def _sizes_note(merged: PerfRun) -> list[str]:
+    """Where the runs screened different sizes (a host that dropped one): which runs hold
+    each size that not all of them hold (a size's ratios use the block pairs that screened
+    it)."""
+    held = []
+    for run in merged.runs:
+        blocks = range(run.first_block, run.first_block + run.blocks)
+        held.append({o.size for o in merged.observations if o.block in blocks and not o.warmup})
+    every = set.intersection(*held) if held else set()
+    partial = sorted(set().union(*held) - every, key=size_order)
+    if not partial:
+        return []
+    return ["sizes differ between runs: " + "; ".join(
+        f"{size} in run{'s' if sum(size in h for h in held) != 1 else ''} "
+        + ", ".join(str(i + 1) for i, h in enumerate(held) if size in h)
+        for size in partial) + "; each size's ratios use the block pairs that screened it"]
 
 
 def _arms_note(merged: PerfRun) -> list[str]:
@@ -360,6 +384,7 @@ def merge_runs(reports: Sequence[Report]) -> PerfRun:
                     + "; ".join(describe(r, i, merged.blocks)
                                 for i, r in enumerate(merged.runs)),
                     *_arms_note(merged),
+                    *_sizes_note(merged),
                     *([f"{NOT_RECORDED} in every run, so they were not compared"]
                       if flags == {NOT_RECORDED} else
                       [f"{NOT_RECORDED} in some runs, so they were compared only where "
