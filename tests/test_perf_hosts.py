@@ -112,3 +112,18 @@ def test_compare_judges_the_hosts_arm(capsys: pytest.CaptureFixture[str],
     assert ("ARMS DIFFER: ON only in BEFORE (3 block pairs); HOSTS only in AFTER (3 block "
             "pairs): their cells are not compared; judged: the arms both screened (OFF)") \
         in out and "MISSING" not in out, out
+
+
+def test_the_l2_wait_grows_with_the_bytes_a_token_stores() -> None:
+    """The perf tier's 32k step on the 27B geometry stores 3 x 32,929 tokens at 262,144 B
+    (25.9 GB) into the L2: a deadline of 60 s + 20 µs a token (62 s) would end the wait
+    while an fs L2 at CPU's measured 176 MB/s still writes (147 s); at the slowest rate
+    counted (60 MB/s) it waits up to 60 + 431.6 s. A model without known bytes keeps the
+    token rate."""
+    from pytest_sharedkv.stack.topology import l2_deadline_s
+
+    tokens = 3 * 32_929
+    assert l2_deadline_s(tokens) == pytest.approx(60 + 20e-6 * tokens)
+    assert l2_deadline_s(tokens, 262_144) == pytest.approx(60 + tokens * 262_144 / 60e6)
+    assert l2_deadline_s(tokens, 262_144) > tokens * 262_144 / 176e6
+    assert l2_deadline_s(tokens, 64) == l2_deadline_s(tokens)  # the token rate is the floor

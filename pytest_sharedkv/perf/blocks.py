@@ -259,9 +259,11 @@ class BlockRunner:
         if topology is None or not topology.hosts or not chunk:
             return
         tokens = {p.id: prompt_size(p.prompt_tokens, p.text) for p in batch}
+        floor = self.run_record.floor
         wait = topology.wait_l2({self.salt(f"block-{block}/{p.id}"):
                                  max(tokens[p.id] - 1, 0) // chunk for p in batch},
-                                sum(tokens.values()))
+                                sum(tokens.values()), bytes_per_token=(
+                                    floor.stored_or_kv_bytes_per_token if floor else None))
         self.accounting.settle_s += wait.seconds
         if wait.missing:
             self.run_record.notes.append("L2 wait: " + "; ".join(wait.missing))

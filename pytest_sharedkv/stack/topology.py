@@ -30,8 +30,20 @@ SHARED, HOSTS = "shared", "hosts"
 EVICTED = "lmcache_mp_l1_evicted_chunks"  # OTel counter "lmcache_mp.l1_evicted", unit chunks
 WRITTEN = "lmcache_mp_l1_write_chunks"  # present once the server counted anything
 L2_DEADLINE_S = 60.0  # the wait for the L2 after A's step: its floor
-L2_DEADLINE_S_PER_TOKEN = 20e-6  # and what it grows by per prompt token stored
+L2_DEADLINE_S_PER_TOKEN = 20e-6  # and what it grows by per prompt token stored, at least
+# the stored bytes at this rate: a third of the slowest fs L2 write measured on CPU (64 MiB
+# complete in 0.38 s), so a model storing 262,144 B a token gets a deadline its size
+L2_SLOWEST_BYTES_PER_S = 60e6
 POLL_S = 0.01
+
+
+def l2_deadline_s(tokens: int, bytes_per_token: int | None = None) -> float:
+    """How long the L2 may take to hold what A stored: L2_DEADLINE_S, and per token
+    L2_DEADLINE_S_PER_TOKEN or its bytes at L2_SLOWEST_BYTES_PER_S, whichever is longer."""
+    per_token = L2_DEADLINE_S_PER_TOKEN
+    if bytes_per_token:
+        per_token = max(per_token, bytes_per_token / L2_SLOWEST_BYTES_PER_S)
+    return L2_DEADLINE_S + per_token * tokens
 
 
 @dataclass(frozen=True)
@@ -153,12 +165,13 @@ class Topology:
         return f"hosts (one LMCache server per replica, sharing {where}{cell})"
 
     def wait_l2(self, chunks: Mapping[str, int], tokens: int,
-                alive: Callable[[], bool] = lambda: True) -> L2Wait:
+                alive: Callable[[], bool] = lambda: True,
+                bytes_per_token: int | None = None) -> L2Wait:
         """Poll until the L2 holds CHUNKS[salt] whole chunks of each salt (the deadline:
-        L2_DEADLINE_S plus L2_DEADLINE_S_PER_TOKEN for the TOKENS stored); L2Wait says what
-        was missing when it passed. ``listed`` False where the L2 cannot be listed."""
+        l2_deadline_s of the TOKENS stored, at BYTES_PER_TOKEN where known); L2Wait says
+        what was missing when it passed. ``listed`` False where the L2 cannot be listed."""
         started = time.monotonic()
-        deadline = L2_DEADLINE_S + L2_DEADLINE_S_PER_TOKEN * tokens
+        deadline = l2_deadline_s(tokens, bytes_per_token)
         if self.l2 is None:
             return L2Wait(0.0, listed=False)
         waiting = {salt: need for salt, need in chunks.items() if need > 0}
