@@ -366,3 +366,31 @@ def test_each_wrong_simple_turn_hit_one_block_more_than_the_offloading_connector
         wrong = {k for k, v in mine.items() if "<miss>" in v[1]}
         assert 16 <= len(more) <= 18 and len(wrong) == 1 and wrong <= more, name
         assert sum(v[0] < first[k][0] for k, v in mine.items()) <= 1, name
+
+
+def test_the_readmes_audit_cost_is_the_span_the_h200_runs_measured() -> None:
+    """README.md gives the KV audit's cost as the span its H200 runs on LMCache 0.5.6
+    measured: the copy model (hybrid: recurrent state digested too) and the attention-only
+    variant (every layer attention KV, more digests a token) apart."""
+    import re
+
+    copy: list[float] = []
+    attention_only: list[float] = []
+    for path in sorted(LMCACHE_H200.glob("*.json")):
+        report = read(path)
+        lmcache = (report.data.get("environment") or {}).get("lmcache") or {}
+        if not str(lmcache.get("version", "")).startswith("0.5.6"):
+            continue
+        for check in checks(report, "service_regression"):
+            cost = check.detail.get("cost_us_per_token") if check.key.get("size") == "audit" \
+                else None
+            if cost is not None:  # --sharedkv-model /tmp/ca: the attention-only variant
+                settings = report.data["environment"].get("settings") or {}
+                model = attention_only if settings.get("model") == "/tmp/ca" else copy
+                model.append(round(cost, 1))
+    readme = (LMCACHE_H200.parents[2] / "README.md").read_text()
+    low, high, other = re.search(r"([\d.]+)-([\d.]+) µs an audited token for the copy model "
+                                 r"on an H200, ([\d.]+) µs for its attention-only",
+                                 readme).groups()
+    assert (float(low), float(high)) == (min(copy), max(copy)), repr(sorted(copy))
+    assert [float(other)] == [round(c) for c in attention_only], attention_only
