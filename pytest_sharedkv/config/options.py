@@ -643,6 +643,14 @@ class Settings:
         "--no-sharedkv-kv-audit turns it off (its cost per audited token is in the report; "
         "VOID when the hook finds nothing to audit; external endpoints have none)",
         parse_bool, flag=True)
+    gate: bool = setting(
+        True,
+        "service tier: the sensitivity gate, a hook in the launched stack that zeroes one "
+        "chunk in replica B's loads of the control requests, so a run shows its answers "
+        "change when KV is corrupted: on by default; --no-sharedkv-gate launches no hook "
+        "(a diagnostic: whether the hook itself changes a stack's behaviour); the run's "
+        "exact answers are then unproven, as GATE and VERDICT say",
+        parse_bool, flag=True)
     triage: bool = setting(
         False,
         "service tier: when a launched pair answers wrong after cross-replica hits, run the "

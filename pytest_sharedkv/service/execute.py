@@ -20,7 +20,7 @@ from pytest_sharedkv.report.records import Problem, kinds_of, worst_kind
 from pytest_sharedkv.service.answers import Answer, ServiceRun
 from pytest_sharedkv.service.protocol import run_protocol
 from pytest_sharedkv.service.runner import Runner, Salts
-from pytest_sharedkv.service.sensitivity import run_gate
+from pytest_sharedkv.service.sensitivity import GATE_OFF, UNPROVEN, GateResult, run_gate
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.native_offload import ALL_BUT_LAST, STATE_ALIGNED, WHOLE_PROMPT
 from pytest_sharedkv.stack.pair import ReplicaPair
@@ -41,8 +41,9 @@ class Pass:
     def __init__(self, pair: ReplicaPair, cases: CaseSet, salts: Salts, settle_s: float,
                  concurrency: int = 8, log: Callable[[str], None] | None = None,
                  store_s_per_token: float = STORE_S_PER_TOKEN,
-                 identical: int = IDENTICAL_K) -> None:
+                 identical: int = IDENTICAL_K, gate: bool = True) -> None:
         self.pair = pair
+        self.gate = gate  # False: --no-sharedkv-gate, no hook launched and no gate stage
         self.runner = Runner(pair, cases, salts, settle_s, concurrency, log,
                              store_s_per_token)
         self.identical = identical
@@ -72,8 +73,9 @@ class Pass:
             warmups = cases.by_role("warmup")
             if warmups:
                 runner.chain("warm-up", warmups)
-            runner.run.gate = run_gate(runner, self.pair.gate_control, self.pair.gate_log,
-                                       self.pair.record.stack)
+            runner.run.gate = (run_gate(runner, self.pair.gate_control, self.pair.gate_log,
+                                        self.pair.record.stack) if self.gate else
+                               GateResult(UNPROVEN, GATE_OFF))
         elif name == IDENTICAL:
             runner.run.twins = identical_cell(runner, self.identical)
         elif name == BOUNDARY:

@@ -78,7 +78,8 @@ def sharedkv_service_pass(request: pytest.FixtureRequest, pytestconfig: pytest.C
     service_pass = Pass(pair, sharedkv_case_set, lambda key: namespaces(key).salt,
                         settings.settle_for(pair.delay_cycles),
                         concurrency=settings.concurrency, log=progress,
-                        store_s_per_token=per_token, identical=settings.identical_requests)
+                        store_s_per_token=per_token, identical=settings.identical_requests,
+                        gate=settings.gate)
     from pytest_sharedkv.service.gpu_fit import header_line
 
     fits = header_line(service_pass.run, launched_engines=pair.record.provider == "vllm")

@@ -37,6 +37,9 @@ from pytest_sharedkv.service.runner import Runner
 from pytest_sharedkv.stack.steps import step
 
 PROVEN, VOID, UNPROVEN, CONFOUNDED = "proven", "VOID", "unproven", "CONFOUNDED"
+GATE_OFF = ("sensitivity unproven: the gate was not run (--no-sharedkv-gate): no hook zeroed "
+            "a chunk in B's loads, so nothing shows that this run's answers would change "
+            "with corrupted KV")
 
 
 def record_status(status: str) -> str:

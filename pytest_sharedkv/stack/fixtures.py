@@ -420,7 +420,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
         assert cases is not None
         if provider.provider is Provider.STUB:
             spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
-                              kv_audit=settings.kv_audit, engine=engine,
+                              kv_audit=settings.kv_audit, engine=engine, gate=settings.gate,
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
                               l1_size_gb=l1)
             if settings.stack != "mp":  # the double models the stack, and says so
@@ -442,7 +442,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
             kv_audit=settings.kv_audit, engine=engine, hosts=hosts, count_evictions=counts,
-            l1_size_gb=l1)
+            l1_size_gb=l1, gate=settings.gate)
         if settings.stack != "mp":  # --sharedkv-stack inprocess|native
             from pytest_sharedkv.stack.stack_launch import (
                 StackUnavailable,

@@ -482,7 +482,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         if blocks is not None and spec.arm == "ON":  # the last --pool-blocks wins: the least
             argv += ["--pool-blocks", str(min(blocks, faults.pool_blocks or blocks))]
         argv += stub_hook_flags(dict(spec.server_env), delayed)  # it stands in for the server
-        if name == "B" and not faults.no_gate:
+        if name == "B" and not faults.no_gate and spec.gate:
             argv += ["--corrupt-control", str(control), "--corrupt-log", str(log)]
         if spec.kv_audit:  # the audit's records, written by the stub (a test double)
             argv += ["--kv-audit", str(audit_dir(spec.log_dir))]
@@ -500,7 +500,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         allocator={"ON": "n/a", "NATIVE": "native (own pool)"}.get(spec.arm, "none (no pool)"),
         arm=spec.arm, processes=tuple(processes),
         engine=spec.engine,  # what a vllm pair would have run with (the stub runs none)
-        paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control, gate_log=log,
+        paths=LaunchPaths(log_dir=spec.log_dir, gate_control=control if spec.gate else None,
+                          gate_log=log if spec.gate else None,
                           kv_audit_dir=audit_dir(spec.log_dir) if spec.kv_audit else None,
                           inject_log=delayed),
         topology=HOSTS if hosts else SHARED, l2=hosts.l2 if hosts else None)

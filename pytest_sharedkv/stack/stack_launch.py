@@ -406,5 +406,10 @@ def stub_stack(stack: str, native_connector: str = OFFLOADING,
 
 def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING,
               tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
+    """SPEC on the stub's model of STACK; without the gate (--no-sharedkv-gate) its record
+    says "gate": "off", as a launched stack's does."""
+    modelled = stub_stack(stack, native_connector, tiers)
+    if not spec.gate and modelled.record.get("gate") != "none":
+        modelled = replace(modelled, record={**modelled.record, "gate": "off"})
     return replace(spec, arm=STUB_ARMS[stack], kv_audit=spec.kv_audit and stack != INPROCESS,
-                   stack=stub_stack(stack, native_connector, tiers))
+                   stack=modelled)
