@@ -12,3 +12,9 @@ lane c-mixed-delay 700 0.5.6 -m service_regression --sharedkv-service-sizes 3k \
 lane fb-mixed-delay 700 0.5.6fb -m service_regression --sharedkv-service-sizes 3k \
   --sharedkv-allocators mixed --sharedkv-fault-catalogue delayed-producer \
   --sharedkv-require-gpu --sharedkv-vllm-args "$VA"
+# Beside them (no LMCache): vLLM's SimpleCPUOffloadConnector without the gate hook in B,
+# the control for the one wrong session turn each of its three runs answered with the hook
+# loaded (docs/field-reports.md, #45704); 517 s alone beside two other runs on 2026-12-03.
+lane native-simple-no-gate 700 0.5.6 -m service_regression --sharedkv-service-sizes 3k \
+  --sharedkv-stack native --sharedkv-native-connector simple --no-sharedkv-gate \
+  --sharedkv-require-gpu --sharedkv-vllm-args '--gpu-memory-utilization 0.05'
