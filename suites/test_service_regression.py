@@ -81,7 +81,8 @@ def _case(service_pass: Pass, case_id: str) -> Case:
     return case
 
 
-def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_results: ResultSink) -> None:
+def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_results: ResultSink,
+                          request: pytest.FixtureRequest) -> None:
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import GATE
@@ -97,6 +98,8 @@ def test_sensitivity_gate(sharedkv_service_pass: Pass, sharedkv_results: ResultS
                 "others_exact": gate.others_exact, "others": gate.others,
                 "zeroed_chunks_logged": gate.zeroed_chunks_logged, "wrapped": gate.wrapped,
                 "evict_failed": gate.evict_failed, "controls": gate.details})
+    if gate.status == UNPROVEN and not sharedkv_service_pass.gate:  # --no-sharedkv-gate
+        skip_not_asked(request.node, gate.message)
     if gate.status == UNPROVEN:
         pytest.skip(gate.message)
     if gate.status != PROVEN:
