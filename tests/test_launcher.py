@@ -8,6 +8,7 @@ import json
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -74,20 +75,37 @@ def test_process_that_dies_at_start_is_named(tmp_path: Path) -> None:
     assert proc.stop() == []
 
 
+def _says_up(proc: ManagedProcess) -> bool:
+    return "up" in proc.log_text()
+
+
 def test_whole_group_is_killed_even_if_the_leader_ignores_sigterm(tmp_path: Path) -> None:
     code = ("import signal, subprocess, sys, time\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
             "print('up', flush=True)\n"
             "time.sleep(600)\n")
-    proc = ManagedProcess("stubborn", [sys.executable, "-c", code], tmp_path / "s.log")
-    proc.start()
-    proc.wait_ready(lambda: "up" in proc.log_text(), 30, "up")
-    deadline = time.monotonic() + 30  # the child may take a while to appear on a loaded host
-    while (len([p for p in group_members(proc.pid) if not is_watchdog(p)]) < 2
-           and time.monotonic() < deadline):
-        time.sleep(0.1)
-    assert len([p for p in group_members(proc.pid) if not is_watchdog(p)]) == 2
+    def members(proc: ManagedProcess) -> list[int]:
+        return [p for p in group_members(proc.pid) if not is_watchdog(p)]
+
+    # The group must hold the leader and its child before stop() is asked to end it. In
+    # one CI run (2026-12-03) the child was gone before it was counted, with nothing in its
+    # log and stop() not yet called: a group that lost its child before the test began is
+    # started again, once, and a second such start fails naming it.
+    seen = []
+    for attempt in range(2):
+        proc = ManagedProcess("stubborn", [sys.executable, "-c", code],
+                              tmp_path / f"s{attempt}.log")
+        proc.start()
+        proc.wait_ready(partial(_says_up, proc), 30, "up")
+        deadline = time.monotonic() + 30  # the child may take a while to appear when loaded
+        while len(members(proc)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen.append(members(proc))
+        if len(seen[-1]) == 2:
+            break
+        assert proc.stop(grace=1.0) == []
+    assert len(seen[-1]) == 2, f"the leader's child was gone before stop() in both starts: {seen}"
     assert proc.stop(grace=1.0) == []
     # the leader ignored SIGTERM: only the SIGKILL after the grace ended it (how long stop
     # takes is benchmarks/processes.py's to say)
