@@ -385,8 +385,9 @@ def test_a_finished_triage_has_no_incomplete_line() -> None:
                                         "delay": "0", "size": "triage",
                                         "step": "one-in-flight"}, 20, 24, kind="triage",
                  status="fail", detail={"control": "one request in flight",
-                                        "counts": "4 of 24 wrong"})
-    assert triage_unfinished([cell], {"lazy"}) == []
+                                        "counts": "4 of 24 wrong"},
+                 nodeid="suites/test_service_regression.py::test_triage[lazy]")
+    assert triage_unfinished([cell], {cell.nodeid}) == []
     [line] = triage_unfinished([cell], set())
     assert line.startswith("TRIAGE lazy: INCOMPLETE (1 of 7 cells judged; not judged: "
                            "launch-blocking-all, "), line

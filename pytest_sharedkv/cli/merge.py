@@ -108,12 +108,13 @@ def check_mergeable(first: Report, other: Report) -> None:
     a, b = first.perf, other.perf
     assert a is not None and b is not None
     x, y = a.run, b.run
+    x_sizes, y_sizes = sizes(x), sizes(y)
     for name in ("schema", "model_digest", "chunk_tokens"):
         if getattr(x, name) != getattr(y, name):
             _refuse(other, f"perf.{name}", getattr(y, name), first, getattr(x, name))
     # the corpus's digest covers every size it holds: where a run screened other sizes (a
     # size its host dropped), the sizes both screened are compared request by request below
-    if sizes(x) == sizes(y) and x.corpus_digest != y.corpus_digest:
+    if x_sizes == y_sizes and x.corpus_digest != y.corpus_digest:
         _refuse(other, "perf.corpus_digest", y.corpus_digest, first, x.corpus_digest)
     for key in sorted(set(x.engine) | set(y.engine)):
         if x.engine.get(key) != y.engine.get(key):
@@ -126,8 +127,8 @@ def check_mergeable(first: Report, other: Report) -> None:
     mine, theirs = _kernel_path(first), _kernel_path(other)
     if mine is not None and theirs is not None and mine != theirs:  # compiled vs fallback
         _refuse(other, "environment.lmcache.kernel_path", theirs, first, mine)
-    if not set(sizes(x)) & set(sizes(y)):
-        _refuse(other, "perf.observations (sizes: none in common)", sizes(y), first, sizes(x))
+    if not set(x_sizes) & set(y_sizes):
+        _refuse(other, "perf.observations (sizes: none in common)", y_sizes, first, x_sizes)
     if (x.floor is None) != (y.floor is None):
         _refuse(other, "perf.floor", y.floor, first, x.floor)
     if x.floor is not None and y.floor is not None:

@@ -32,6 +32,7 @@ from pytest_sharedkv.service.triage import (
     proven_line,
     suggestion_line,
 )
+from pytest_sharedkv.stack.native_offload import STATE_ALIGNED, WHOLE_PROMPT
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")
@@ -174,15 +175,15 @@ def triage_table(checks: list[Check]) -> list[str]:
 def triage_unfinished(checks: list[Check], decided: Set[str]) -> list[str]:
     """A TRIAGE line for each allocator whose triage recorded cells but no verdict (a run
     cut short): which cells removed the fault and which left it, with their counts, and the
-    cells not judged; no class of fault is named until every cell is. DECIDED: the
-    allocators whose verdict note the run recorded."""
+    cells not judged; no class of fault is named until every cell is. DECIDED: the nodeids
+    of the triage tests that recorded their verdict note (its cells carry the same)."""
     lines = []
     cells = [c for c in checks if c.key.get("size") == "triage"]
     for allocator in dict.fromkeys(str(c.key.get("allocator", "")) for c in cells):
-        if allocator in decided:
-            continue
         mine = {str(c.key.get("step")): c for c in cells
                 if str(c.key.get("allocator", "")) == allocator}
+        if any(c.nodeid in decided for c in mine.values()):
+            continue
         missing = [c.name for c in controls_for(allocator) if c.name not in mine]
 
         said = {status: "; ".join(f"{c.detail.get('control')} ({c.detail.get('counts')})"
@@ -231,8 +232,9 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
         elsewhere = [(f"{c.key.get('size')} {c.key.get('step')}", n, c.trials)
                      for c in steps if c.key.get("step") != "cross"
                      and (n := c.trials - c.passed - int(c.detail.get("errors") or 0)) > 0]
-        own = ("; wrong where the replica's own caches served them: " + ", ".join(
-            f"{where} {n} of {trials}" for where, n, trials in elsewhere)) if elsewhere else ""
+        where_wrong = ", ".join(f"{where} {n} of {trials}" for where, n, trials in elsewhere)
+        own = f"; wrong where the replica's own caches served them: {where_wrong}" \
+            if elsewhere else ""
         chains = [c for c in mine if c.key.get("step") == "chain"]
         all_ok = all(c.ok for c in steps) and not chains
         sessions, protocol = _tally(mine, "session"), _tally(mine, "protocol")
@@ -275,9 +277,8 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                          + voids)
         elif elsewhere:
             lines.append(f"VERDICT {name}: {sum(n for _, n, _ in elsewhere)} answers wrong "
-                         f"where the replica's own caches served them ("
-                         + ", ".join(f"{where} {n} of {trials}" for where, n, trials in elsewhere)
-                         + f"); cross-replica {total - failed}/{total} exact"
+                         f"where the replica's own caches served them ({where_wrong}); "
+                         f"cross-replica {total - failed}/{total} exact"
                          + (f"; {extra}" if extra else ""))
         elif failed:
             lines.append(f"VERDICT {name}: {failed} of {total} cross-replica requests got no "
@@ -333,10 +334,10 @@ def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
 
     def passing(detail: Mapping[str, Any]) -> str:
         rule = detail.get("hit_rule")
-        if rule == "whole-prompt":
+        if rule == WHOLE_PROMPT:
             return "exact, each hit its whole blocks from its CPU tier"
         words = "exact, each hit whole blocks of all but its last token from its CPU tier"
-        if rule == "state-aligned":
+        if rule == STATE_ALIGNED:
             words += (" (a prompt of whole blocks none: mamba_cache_mode align keeps its "
                       "recurrent state only at its end)")
         return words
@@ -454,9 +455,8 @@ def summary_lines(log: RunLog, baseline: Baseline | None = None,
     lines: list[str] = []  # the triage's verdict is a note: the summary shows notes first
     from pytest_sharedkv.service.catalogue import matrix
 
-    decided = {line.split(":", 1)[0].removeprefix("TRIAGE ") for line in (
-        n.text for n in log.bundle.notes if n.tier == TIER
-        and n.kind == Kind.TRIAGE_VERDICT)}
+    decided = {n.nodeid for n in log.bundle.notes
+               if n.tier == TIER and n.kind == Kind.TRIAGE_VERDICT}
     for block in (model_table(checks), table(checks),
                   triage_table(checks) + triage_unfinished(checks, decided),
                   verdicts(checks, baseline, kernel_path, catalogue, finished),

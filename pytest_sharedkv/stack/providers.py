@@ -53,6 +53,7 @@ SERVED_NAME = "sharedkv-model"
 LAUNCH_ARMS = ("ON", "OFF", "NATIVE")
 
 
+KV_CACHE_FLAG = "--kv-cache-memory-bytes"  # a fixed GPU KV cache per engine
 SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # set unless the user's environment has it
 GDN_PREFILL = {"gdn_prefill_backend": "triton"}
 
@@ -87,7 +88,7 @@ class EngineSettings:
         if self.enforce_eager:
             argv.append("--enforce-eager")
         if self.kv_cache_bytes is not None:  # the utilization is then a start check only
-            argv += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+            argv += [KV_CACHE_FLAG, str(self.kv_cache_bytes)]
         argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.load_format is not None:
             argv += ["--load-format", self.load_format]
@@ -438,9 +439,6 @@ def together(spec: LaunchSpec) -> bool:
     return (len(spec.devices) > 1 or spec.engine.kv_cache_bytes is not None
             or any(arg == KV_CACHE_FLAG or arg.startswith(KV_CACHE_FLAG + "=")
                    for arg in spec.engine.extra_args))
-
-
-KV_CACHE_FLAG = "--kv-cache-memory-bytes"
 
 
 def stub_pair(spec: LaunchSpec) -> ReplicaPair:
