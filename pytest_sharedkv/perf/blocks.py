@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import CONTROL, pair_layout
 from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
+from pytest_sharedkv.processes.thread_pool import map_concurrently, thread_pool
 from pytest_sharedkv.stack.completions import request_body
 from pytest_sharedkv.stack.engine_start import describe
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
@@ -289,9 +289,8 @@ class BlockRunner:
         jobs = [(("A", "B")[i % 2], warm[i % len(warm)], i) for i in range(width)]
         salts = [self.salt(f"block-{block}/warm-burst-{i}") for i in range(width)]
         started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=width) as pool:
-            timings = list(pool.map(lambda job: self._timed(job[0], job[1], salts[job[2]]),
-                                    jobs))
+        timings = map_concurrently(lambda job: self._timed(job[0], job[1], salts[job[2]]),
+                                   jobs, width)
         self.accounting.busy_s += time.perf_counter() - started
         for (_replica, payload, i), timing in zip(jobs, timings, strict=True):
             self._record(timing, block, arm, "cold", payload, f"{payload.id}/burst-{i}",
@@ -329,7 +328,7 @@ class BlockRunner:
         salts = [self.salt(f"block-{block}/{prefix}{placement}/{s.id}") for s in sessions]
         walls = [0.0] * len(sessions)
         group = 0.0
-        with ThreadPoolExecutor(max_workers=max(len(sessions), 1)) as pool:
+        with thread_pool(len(sessions)) as pool:
             for t in range(min((len(s.turns) for s in sessions), default=0)):
                 if t and order[t % len(order)] != order[(t - 1) % len(order)]:
                     self._settle(max(s.turns[t - 1].prompt_tokens or 0 for s in sessions))

@@ -548,10 +548,10 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
     fresh one (empty L1s) answers them on B: every answer exact, no hit past what the L2
     holds, server 2's split all from L2, and with the KV audit on, every chunk B loaded
     equal to what A or B stored (either may have written it). No write refused: VOID."""
-    from concurrent.futures import ThreadPoolExecutor
     from dataclasses import replace
 
     from pytest_sharedkv.corpus.cases import prompt_size
+    from pytest_sharedkv.processes.thread_pool import map_concurrently
     from pytest_sharedkv.service.checks import diverged
     from pytest_sharedkv.stack import l2 as l2_module
     from pytest_sharedkv.stack import redis_server
@@ -637,8 +637,7 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
                        "bytes each)")
             # the same prompts reach both replicas cold, at once
             steps = (Step("cold", "A", "none"), Step("cold-b", "B", "none"))
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                list(pool.map(lambda s: mine.step(WRITE_GROUP, s, cases), steps))
+            map_concurrently(lambda s: mine.step(WRITE_GROUP, s, cases), steps, 2)
             salts = {mine.salt(c.id): need[c.id] for c in cases}
             started, pending = time.monotonic(), dict(salts)
             held: dict[str, int | None] = {}

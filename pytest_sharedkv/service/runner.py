@@ -22,12 +22,13 @@ counted so far, where they count them.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.corpus.cases import Case, CaseSet, prompt_size
+from pytest_sharedkv.corpus.cases import Case, CaseSet, SessionCase, prompt_size
+from pytest_sharedkv.processes.thread_pool import map_concurrently
 from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
 from pytest_sharedkv.service.expected_hits import prefix_caching_of, remote_of, stack_of
 from pytest_sharedkv.stack.completions import read_usage, request_body
@@ -120,10 +121,9 @@ class Runner:
     def step(self, group: str, step: Step, cases: Sequence[Case]) -> StepTotals:
         before = self.counters()
         started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            answers = list(pool.map(
-                lambda c: self.send(step.replica, c.id, step.name, c.text, self.salt(c.id)),
-                cases))
+        answers = map_concurrently(
+            lambda c: self.send(step.replica, c.id, step.name, c.text, self.salt(c.id)),
+            cases, self.concurrency)
         wall = time.perf_counter() - started
         after = self.counters()
         for answer in answers:
@@ -158,10 +158,9 @@ class Runner:
         sends = [(case, i) for case in cases for i in range(1, k + 1)]
         before = self.counters()
         started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(sends)) as pool:
-            answers = list(pool.map(
-                lambda sent: self.send(step.replica, sent[0].id, f"{step.name}-{sent[1]}",
-                                       sent[0].text, self.salt(sent[0].id)), sends))
+        answers = map_concurrently(
+            lambda sent: self.send(step.replica, sent[0].id, f"{step.name}-{sent[1]}",
+                                   sent[0].text, self.salt(sent[0].id)), sends, len(sends))
         wall = time.perf_counter() - started
         totals = step_totals(group, step, answers, before, self.counters(), wall)
         found: dict[str, list[Answer]] = {}
@@ -262,13 +261,16 @@ class Runner:
                     time.sleep(self.settle_s)
             elif t:
                 time.sleep(self.settle_s)
-            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                answers = list(pool.map(
-                    lambda s, t=t: self.send(s.turns[t].replica, s.id, f"turn-{t}",
-                                             s.turns[t].text, self.salt(s.id)), live))
+            answers = map_concurrently(functools.partial(self._turn, t), live,
+                                       self.concurrency)
             for session, answer in zip(live, answers, strict=True):
                 self.run.sessions.setdefault(session.id, []).append(answer)
             self.log(f"sessions turn {t}: {len(live)} requests")
+
+    def _turn(self, t: int, session: SessionCase) -> Answer:
+        turn = session.turns[t]
+        return self.send(turn.replica, session.id, f"turn-{t}", turn.text,
+                         self.salt(session.id))
 
 
 def step_totals(group: str, step: Step, answers: Sequence[Answer],

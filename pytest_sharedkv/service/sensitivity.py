@@ -100,19 +100,18 @@ def evict(runner: Runner, replica: str, controls: list[Any], stack: Mapping[str,
     where the record gives no block size); the requests sent, tagged and logged as GROUP's
     (the gate's, or the block-boundary stage's). Their salts keep to
     ``namespaces.UNSAFE_SALT``'s characters (no "/": the stub, as LMCache, refuses one)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from pytest_sharedkv.corpus.cases import prompt_size
+    from pytest_sharedkv.processes.thread_pool import map_concurrently
 
     block = int(stack.get("block_size") or runner.cases.chunk or 0)
     gpu_tokens = int(stack.get("gpu_blocks") or 0) * block
     passes = evictor_passes(gpu_tokens, sum(prompt_size(c.prompt_tokens, c.text)
                                             for c in controls))
     sends = [(c, p) for p in range(passes) for c in controls]
-    with ThreadPoolExecutor(max_workers=runner.concurrency) as pool:
-        answers = list(pool.map(
-            lambda cp: runner.send(replica, cp[0].id, f"{group}-evict-{cp[1]}", cp[0].text,
-                                   f"{runner.salt(cp[0].id)}.evict-{cp[1]}"), sends))
+    answers = map_concurrently(
+        lambda cp: runner.send(replica, cp[0].id, f"{group}-evict-{cp[1]}", cp[0].text,
+                               f"{runner.salt(cp[0].id)}.evict-{cp[1]}"), sends,
+        runner.concurrency)
     evicted = Evicted(len(sends), [a.error for a in answers if a.error])
     runner.log(f"{group}: {len(sends)} requests on {replica} pushed the prompts off its GPU "
                f"cache ({gpu_tokens} tokens)"

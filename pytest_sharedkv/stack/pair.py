@@ -387,9 +387,9 @@ def start_all(pair: ReplicaPair, together: bool = False) -> None:
     launched = [r for r in pair.replicas.values() if r.process is not None]
     try:
         if together and len(launched) > 1:
-            from concurrent.futures import ThreadPoolExecutor
+            from pytest_sharedkv.processes.thread_pool import thread_pool
 
-            with ThreadPoolExecutor(max_workers=len(launched)) as pool:
+            with thread_pool(len(launched)) as pool:
                 for future in [pool.submit(r.start) for r in launched]:
                     future.result()
         else:
