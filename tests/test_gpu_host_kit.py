@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,23 @@ def test_the_plans_the_readme_names_are_there_and_run_as_waves(tmp_path: Path) -
         logs = sorted(res.glob("*.log"))
         assert logs and all("--sharedkv-require-gpu" in p.read_text() for p in logs
                             if not p.name.startswith("compile")), name
+
+
+@pytest.mark.parametrize("last", ["1796293889 done", "1796294619 alldone"])
+def test_a_poll_returns_once_the_run_is_done_and_brings_its_results(tmp_path: Path,
+                                                                     last: str) -> None:
+    """wave-poll.sh ends its wait at a perf session's "done" as at a wave's "alldone"
+    (within seconds of a 60 s limit), and puts the progress and results in $OUT."""
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    out.mkdir()
+    (res / "progress.txt").write_text(f"1796292964 start\n{last}\n")
+    (res / "run.json").write_text("{}")
+    begun = time.monotonic()
+    done = subprocess.run(["bash", str(KIT / "wave-poll.sh"), "60"], capture_output=True,
+                          text=True, check=False, timeout=90,
+                          env={**os.environ, "SHAREDKV_RESULTS": str(res), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - begun < 20
+    assert (out / "progress.txt").read_text().endswith(f"{last}\n")
+    assert (out / "res.tar.gz").stat().st_size > 0
