@@ -11,6 +11,8 @@ catalogue cell and triage cell was recorded when judged, so the reports hold the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pytest_sharedkv.cli.compare.reading import Report
@@ -211,7 +213,8 @@ def test_a_second_48_request_triage_and_the_fallbacks_mixed_delay_run_as_the_fin
     of 48 wrong, one request in flight 5 of 48 (4,379 of 12,030 digests mismatching),
     blocking launches everywhere 0 of 48 (0 of 4,992). The fallback's mixed run for the
     delayed producer: the pass 200/200 in every step, 427 passed, and the catalogue's test
-    without an outcome (its pair still starting at the time limit)."""
+    without an outcome (its cell's cold step done, its cross step not, at the machine's
+    loss)."""
     report = read(LMCACHE_H200 / "service-0.5.6-fallback-lazy-triage48-2-cut.json")
     service = _service(report)
     [line] = [x for x in verdicts(service) if x.startswith("VERDICT")]
@@ -225,3 +228,52 @@ def test_a_second_48_request_triage_and_the_fallbacks_mixed_delay_run_as_the_fin
     assert exact_pair(_service(delay), "mixed") == (200, 200)
     assert run_log(delay).counts()["passed"] == 427
     assert not [c for c in _service(delay) if c.kind == "fault-catalogue"]
+
+
+def test_on_the_fallback_the_delayed_producer_delays_every_layer_so_its_cell_needs_minutes(
+        ) -> None:
+    """The fallback's mixed run again (2026-12-03, a lane limit of 470 s): the pass exact,
+    427 passed, and the delayed producer's cell cut again after its cold step. Its server
+    shows why: on the torch fallback the delay hook also wraps the per-layer kernels and
+    the D2H/H2D helpers (3,193 delayed calls in 19 transfers), so each 3,008-token store
+    took 19.2 s, and the cell's eight prompts need minutes where the compiled path's cell
+    (18 delayed calls) took 128 s in all: a lane for it needs about 15 minutes, not the
+    470 s this one had."""
+    from tests.h200_logs import sections
+
+    delay = read(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-2-cut.json")
+    assert verdict(run_log(delay)) == "INCOMPLETE"
+    assert exact_pair(_service(delay), "mixed") == (200, 200)
+    assert run_log(delay).counts()["passed"] == 427
+    assert not [c for c in _service(delay) if c.kind == "fault-catalogue"]
+    logs = sections(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-2-cut-engine.log")
+    server = logs["catalogue-delay0/lmcache-server-39893.log"]
+    stores = [float(m[1]) for m in re.finditer(r"Stored 3008 tokens in ([0-9.]+) seconds",
+                                               server)]
+    assert len(stores) == 6 and all(19.1 < s < 19.3 for s in stores), stores
+    counts = {line.split()[1]: int(line.split()[0]) for line in logs[
+        "catalogue-delay0/inject-delay.log (its lines counted by target: uniq -c of the "
+        "third field)"].splitlines() if line.strip()}
+    assert sum(counts.values()) == 3193
+    assert counts["lmcache.v1.multiprocess.object_group_transfer:"
+                  "transfer_kv_per_object_group"] == 19
+
+
+def test_that_runs_teardown_waited_for_its_requests_in_flight() -> None:
+    """The same lane's SIGTERM (its start + 470 s) came 78 s before its server began to
+    shut down: the server stored and retrieved on, for requests the interrupted step's
+    thread pool waited on (processes/thread_pool.py now leaves such a pool at once;
+    tests/test_thread_pool.py)."""
+    from datetime import datetime, timezone
+
+    from tests.h200_logs import sections
+
+    logs = sections(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-2-cut-engine.log")
+    progress = logs["progress.txt (service-wave.sh; the lane's limit 470 s, timeout -s TERM)"]
+    start = int(next(line.split()[0] for line in progress.splitlines()
+                     if line.endswith("fb-mixed-delay start")))
+    shutdown = re.search(r"\[([0-9-]+ [0-9:]+),\d+\] LMCache INFO: Shutting down LMCache HTTP",
+                         logs["catalogue-delay0/lmcache-server-39893.log"])
+    assert shutdown is not None
+    began = datetime.strptime(shutdown[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+    assert 75 <= began.timestamp() - (start + 470) <= 80

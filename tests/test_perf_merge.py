@@ -593,7 +593,7 @@ def test_a_hosts_session_without_128k_merges_on_the_sizes_both_screened(
     sessions it merges on 8k and 32k, request by request, and the note says which runs
     hold 128k; HOSTS gets its ratios at 8k and 32k from its one pair, ON keeps its
     interval at every size. (The HOSTS run here is the third ON session relabelled, its
-    cross TTFTs 1.5x: no HOSTS session has run on a GPU yet.)"""
+    cross TTFTs 1.5x; the H200's own HOSTS session: tests/test_perf_hosts_h200.py.)"""
     hosts = relabel(load(SESSIONS[2]), "ON", "HOSTS", factor=1.5)
     perf = hosts["perf"]
     perf["observations"] = [o for o in perf["observations"] if o["size"] != "128k"]

@@ -395,3 +395,30 @@ def test_the_readmes_audit_cost_is_the_span_the_h200_runs_measured() -> None:
     low, high, other = said.groups()
     assert (float(low), float(high)) == (min(copy), max(copy)), repr(sorted(copy))
     assert [float(other)] == [round(c) for c in attention_only], attention_only
+
+
+SIMPLE_NO_GATE = "native-simple-vllm-0.26.0-no-gate"
+
+
+def test_without_the_gate_hook_the_simple_connector_answered_the_same_turn_wrong() -> None:
+    """The control (2026-12-03, ``--no-sharedkv-gate``): B's vLLM ran without the simple
+    connector's gate hook (none of its variables in B's launch, the stack recorded with
+    gate "off") and still answered session-00 turn 3 wrong with ``<miss>`` from the first
+    word, every other step exact: the wrong turn is not the hook's. The gate's skip says
+    the run proves no sensitivity, and the VERDICT says so."""
+    report = read(LMCACHE_H200 / f"{SIMPLE_NO_GATE}.json")
+    assert _fact(report, "stack")["gate"] == "off"
+    launches = [json.loads(f["value"]) for f in report.data["facts"] if f["name"] == "launch"]
+    b = next(launch for launch in launches if launch["name"] == "vllm replica B")
+    assert b["env"]["VLLM_USE_SIMPLE_KV_OFFLOAD"] == "1"
+    assert not [k for k in b["env"] if k.startswith("SHAREDKV_SIMPLE_GATE")]
+    assert _failed(report) == ["test_session_turns[session-00-native]"]
+    [message] = [r.message for r in run_log(report).tests.values() if r.outcome == "failed"]
+    assert "session-00 turn 3 on B (source chunk 63): answered ' <miss> <miss>" in message
+    assert _steps(report) == {"cold": (200, 200, 0, 0, 0),
+                              "local": (200, 200, 601600, 0, 601600),
+                              "cross": (200, 200, 0, 0, 0),
+                              "receiver-local": (200, 200, 601600, 0, 601600)}
+    [line] = [x for x in verdicts(_service(report)) if x.startswith("VERDICT")]
+    assert line.endswith("sessions 47/48 turns, protocol 15/15; sensitivity unproven, so no "
+                         "proof of integrity"), line
