@@ -73,14 +73,14 @@ def test_a_class_nothing_caught_fails_the_run_saying_the_suite_cannot_see_it(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the audit off, a misroute the copy model's answers cannot see is seen by nothing:
     the catalogue says so and fails; foreign state still changes answers."""
-    result, cells = _run(pytester, monkeypatch, 4, "--no-sharedkv-kv-audit",
+    result, cells = _run(pytester, monkeypatch, 8, "--no-sharedkv-kv-audit",
                          "--sharedkv-fault-catalogue=misrouted,state-foreign")
     result.assert_outcomes(failed=1)
     assert {k: c["status"] for k, c in cells.items()} == {"misrouted": "fail",
                                                           "state-foreign": "pass"}
     assert cells["misrouted"]["detail"]["detections"]["audit"] == "off"
     result.stdout.fnmatch_lines(["*this suite cannot see misrouted on this stack (* "
-                                 "applications in * requests; 0 of 4 answers wrong, audit "
+                                 "applications in * requests; 0 of 8 answers wrong, audit "
                                  "off, hits as expected)*",
                                  "*| n/a *| misrouted *| * | missed *| off *| missed *| "
                                  "NOT SEEN *|*"])

@@ -247,6 +247,24 @@ def test_foreign_state_restores_another_requests_last_state(tmp_path: Path,
     pair.release(objs_1 + objs_2)
 
 
+
+def test_a_chosen_request_that_came_first_is_the_donor_of_the_next(tmp_path: Path,
+                                                                  pair: Pair) -> None:
+    """Every request selected: the first retrieve finds no other request's state (skipped,
+    saying so), and its own bytes, kept before anything was placed, serve the second; so a
+    cell whose selected requests arrive first is not left without a donor."""
+    armed = Armed(tmp_path, {"class": "state-foreign"})
+    ids_1, objs_1 = stored(pair, "reqR1")
+    ids_2, objs_2 = stored(pair, "reqR2")
+    pair.transfer(armed.transfer, "b", pair.take("b", CHUNKS), objs_1, "H2D", "reqR1")
+    ids_b = pair.take("b", CHUNKS)
+    pair.transfer(armed.transfer, "b", ids_b, objs_2, "H2D", "reqR2")
+    assert [same(pair, g, ids_1, ids_b, CHUNKS - 1) for g in (GDN0, GDN1)] == [True, True]
+    (record,) = armed.records("applied")
+    assert (record["request"], record["donor"]) == ("reqR2",
+                                                    {"request": "reqR1", "chunk": CHUNKS - 1})
+    pair.release(objs_1 + objs_2)
+
 # -- the control, the selection, the log, never raising -------------------------------------
 
 

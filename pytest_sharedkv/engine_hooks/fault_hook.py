@@ -294,7 +294,9 @@ class FaultHook:
             self.ordinal += 1
             request = call.request or f"op {self.ordinal}"
             chosen = control.selects(request)
-            if control.fault in ("key-collision", "state-foreign") and not chosen:
+            if control.fault in ("key-collision", "state-foreign"):
+                # every retrieve's own bytes, before anything is placed in them: a chosen
+                # request that comes first still serves those after it
                 self.remember(call, request)
             if not chosen:
                 return None
