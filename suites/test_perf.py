@@ -28,8 +28,9 @@ OVERHEAD_LIMIT = 1.3  # screening wall time / (request latencies + restarts), on
 
 
 def _refusals(run: PerfRun, runner: BlockRunner) -> list[str]:
-    """Token counts that differ from the payload's or across blocks, and (with two arms to
-    pair) every observation without exactly one partner in its block pair."""
+    """Token counts that differ from the payload's or across blocks, HOSTS cross-replica
+    requests B's server did not serve from its L2, and (with two arms to pair) every
+    observation without exactly one partner in its block pair."""
     from pytest_sharedkv.perf.pairing import pair_run
 
     found = list(runner.refusals)

@@ -37,7 +37,16 @@ def test_hosts_is_screened_against_off_through_the_l2(
     assert pair_observations(run.observations, run.blocks, run.block_pairs).ok
     assert hit_verdict(analysis) == ("VERDICT hits: all 3 HOSTS cross-replica requests were "
                                      "full pool hits (every whole chunk of the prompt from "
-                                     "a cache)")
+                                     "a cache); HOSTS: 3 of 3 from B's server's L2 by its "
+                                     "own log (144 keys from the L2, 0 from its L1)")
+    # each HOSTS request on B carries B's server's account; nothing else does
+    hosts_b = [o for o in run.observations if o.arm == "HOSTS" and o.replica == "B"
+               and not o.warmup]
+    assert hosts_b and all(o.l2_keys is not None for o in hosts_b if o.step == "cross")
+    assert all(o.l1_keys is None and o.l2_keys is None for o in run.observations
+               if o.arm == "OFF" or o.replica == "A")
+    assert not [o for o in report["perf"]["observations"] if o["arm"] == "OFF"
+                and "l2_keys" in o]  # left out where not read
     # the HOSTS block: two stubs, each its own L1, sharing only the session's fs L2
     argv = [p["argv"] for p in run.launches[1]["processes"]]
     pools = [Path(a[a.index("--pool") + 1]).name for a in argv]
@@ -46,6 +55,22 @@ def test_hosts_is_screened_against_off_through_the_l2(
     assert all("--l2-adapter" not in a for p in run.launches[0]["processes"]
                for a in p["argv"])  # OFF: no L2
     result.stdout.fnmatch_lines(["*HOSTS/OFF*"])
+
+
+def test_a_hosts_cross_request_served_from_bs_own_l1_is_refused(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stub's two "hosts" keeping one L1 (B's server saw A's KV): B's server logs its
+    cross-replica keys from its L1, so the HOSTS TTFT timed no L2 hop, and the perf test
+    fails naming the request and the split."""
+    from tests.launch_faults import LaunchFaults, Planted, StubFaults
+
+    result = pytester.runpytest(
+        *small_plan(pytester, monkeypatch, TTFT_PLAN), "--sharedkv-provider=stub",
+        "--sharedkv-json=r.json", "--sharedkv-blocks=1", "--sharedkv-perf-arms=HOSTS",
+        plugins=[Planted(LaunchFaults(stub=StubFaults(hosts_share_l1=True)))])
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*HOSTS cross on B): B's server took * keys from its L1 "
+                                 "and 0 from the L2, so this TTFT did not time the L2*"])
 
 
 def test_the_l2_read_rate_and_its_floor(tmp_path: Path) -> None:
@@ -127,3 +152,33 @@ def test_the_l2_wait_grows_with_the_bytes_a_token_stores() -> None:
     assert l2_deadline_s(tokens, 262_144) == pytest.approx(60 + tokens * 262_144 / 60e6)
     assert l2_deadline_s(tokens, 262_144) > tokens * 262_144 / 176e6
     assert l2_deadline_s(tokens, 64) == l2_deadline_s(tokens)  # the token rate is the floor
+
+
+def test_what_bs_server_said_reads_as_origin_reloads_and_unknown() -> None:
+    """l2_origin counts the HOSTS cross requests B's server served from its L2 and says
+    which it logged nothing for (unknown, not zero); l2_reloads names the receiver-local
+    requests that waited for the L2 again (the H200's 32k receiver-local step: 21 keys
+    each); a report from before the fields reads with both None."""
+    from pytest_sharedkv.perf.hits import l2_origin, l2_reloads, not_from_l2
+    from pytest_sharedkv.perf.observations import Observation
+
+    def obs(step: str, l1: int | None, l2: int | None, request: str = "32k-00") -> Observation:
+        return Observation("HOSTS", 1, 0, "32k", step, request, "0" * 64, "B", 32929, 16,
+                           1.3, 95.0, 1.5, cached_tokens=32928, l1_keys=l1, l2_keys=l2)
+
+    cross = [obs("cross", 0, 21), obs("cross", None, None, "32k-01")]
+    assert l2_origin(cross) == ("HOSTS: 1 of 2 from B's server's L2 by its own log (21 keys "
+                                "from the L2, 0 from its L1); 1 with no lookup logged "
+                                "(unknown)")
+    assert not_from_l2(cross) == []
+    assert l2_origin([obs("cross", None, None)]).startswith(  # type: ignore[union-attr]
+        "HOSTS: where B's server took the keys is unknown")
+    assert l2_reloads([obs("receiver-local", 0, 21)] * 3) == (
+        "NOTE hits: 3 HOSTS receiver-local request(s) waited for B's server to load 63 keys "
+        "from the L2 again (its own log), after the cross-replica step had loaded them: "
+        "their TTFT holds that load")
+    assert l2_reloads([obs("receiver-local", 21, 0)]) is None
+    recorded = from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "perf"
+                                     / "h200" / "perf-27b-compiled-hosts1.json").read_text())
+                         ["perf"])
+    assert {(o.l1_keys, o.l2_keys) for o in recorded.observations} == {(None, None)}

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_sharedkv.corpus.cases import prompt_size
+from pytest_sharedkv.perf.hits import not_from_l2
 from pytest_sharedkv.perf.observations import (
     PERF_SCHEMA,
     Floor,
@@ -42,6 +43,7 @@ from pytest_sharedkv.stack.engine_start import describe
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.offload_traffic import logged_traffic
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
+from pytest_sharedkv.stack.request_tags import request_tag
 from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
 
 Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
@@ -147,6 +149,7 @@ class BlockRunner:
             record.wall_s = time.perf_counter() - started
             self._close()
         self.refusals += check_tokens(record.observations, self.payloads)
+        self.refusals += not_from_l2(record.observations)
         record.notes += [*self._hit_notes(), *self._window_notes()]
         return record
 
@@ -297,19 +300,35 @@ class BlockRunner:
                          warmup=True)
         return width
 
-    def _timed(self, replica: str, payload: Payload, salt: str) -> Timing:
+    def _timed(self, replica: str, payload: Payload, salt: str,
+               request_id: str | None = None) -> Timing:
         assert self.pair is not None
         return stream_timing(self.pair[replica], self._body(payload, salt),
-                             self.plan.timeout_s)
+                             self.plan.timeout_s, request_id)
 
     def _request(self, block: int, arm: str, step: str, replica: str, payload: Payload,
                  request: str, warmup: bool = False, salt_key: str | None = None) -> None:
         salt = self.salt(f"block-{block}/{salt_key or payload.id}")
-        timing = self._timed(replica, payload, salt)
+        tag = None if warmup else request_tag(f"b{block}-{payload.id}", step, replica)
+        timing = self._timed(replica, payload, salt, tag)
         self.accounting.busy_s += timing.e2e_s
         if not warmup:
             self.accounting.hit(arm, step, timing)
         self._record(timing, block, arm, step, payload, request, warmup=warmup)
+        if tag is not None and arm == "HOSTS" and replica == "B":
+            self._read_split(tag, replica)
+
+    def _read_split(self, tag: str, replica: str) -> None:
+        """Where B's server says the keys of the request just recorded came from (its log;
+        nothing where the pair has no hosts topology or logged no lookup for it)."""
+        topology = self.pair.topology if self.pair is not None else None
+        if topology is None or not topology.hosts:
+            return
+        split = topology.split(tag, replica)
+        if split.known:
+            last = self.run_record.observations[-1]
+            self.run_record.observations[-1] = replace(last, l1_keys=split.l1,
+                                                       l2_keys=split.l2)
 
     def _record(self, timing: Timing, block: int, arm: str, step: str, payload: Payload,
                 request: str, warmup: bool) -> None:

@@ -54,3 +54,50 @@ def cached_share(observations: Iterable[Observation]) -> float | None:
 
 def counted(observations: Iterable[Observation]) -> list[Observation]:
     return [o for o in observations if o.cached_tokens is not None]
+
+
+def hosts_steps(observations: Iterable[Observation], step: str) -> list[Observation]:
+    """Measured HOSTS observations of STEP on B (whose server's log was read)."""
+    return [o for o in observations
+            if o.arm == "HOSTS" and o.step == step and o.replica == "B" and not o.warmup]
+
+
+def l2_origin(observations: Iterable[Observation]) -> str | None:
+    """What B's server said of the HOSTS cross-replica lookups: each from its L2, or which
+    were not (None: no HOSTS cross-replica requests)."""
+    cross = hosts_steps(observations, "cross")
+    if not cross:
+        return None
+    known = [o for o in cross if o.l2_keys is not None]
+    unknown = len(cross) - len(known)
+    from_l1 = [o for o in known if (o.l1_keys or 0) > 0 or not o.l2_keys]
+    if not known:
+        return ("HOSTS: where B's server took the keys is unknown (it logged no lookup of "
+                "these requests)")
+    text = (f"HOSTS: {len(known) - len(from_l1)} of {len(cross)} from B's server's L2 by "
+            f"its own log ({sum(o.l2_keys or 0 for o in known)} keys from the L2, "
+            f"{sum(o.l1_keys or 0 for o in known)} from its L1)")
+    if unknown:
+        text += f"; {unknown} with no lookup logged (unknown)"
+    return text
+
+
+def not_from_l2(observations: Iterable[Observation]) -> list[str]:
+    """Refusals: a HOSTS cross-replica request whose keys B's server took from its own L1
+    (or none from the L2): its TTFT did not time the hop the arm measures."""
+    return [f"request {o.request} (block {o.block}, HOSTS cross on B): B's server took "
+            f"{o.l1_keys} keys from its L1 and {o.l2_keys} from the L2, so this TTFT did not "
+            "time the L2"
+            for o in hosts_steps(observations, "cross")
+            if o.l2_keys is not None and ((o.l1_keys or 0) > 0 or not o.l2_keys)]
+
+
+def l2_reloads(observations: Iterable[Observation]) -> str | None:
+    """The HOSTS receiver-local requests whose keys B's server loaded from the L2 again
+    (None: none known to)."""
+    again = [o for o in hosts_steps(observations, "receiver-local") if o.l2_keys]
+    if not again:
+        return None
+    return (f"NOTE hits: {len(again)} HOSTS receiver-local request(s) waited for B's server "
+            f"to load {sum(o.l2_keys or 0 for o in again)} keys from the L2 again (its own "
+            "log), after the cross-replica step had loaded them: their TTFT holds that load")

@@ -41,7 +41,10 @@ class Observation:
     stable across blocks; ``ttft_s`` is client-side, to the first token event
     (streaming); ``decode_tok_s`` is (N_out - 1) / (t_last - t_first), None when N_out < 2;
     ``cached_tokens`` is the engine's count of prompt tokens served from a cache (its own
-    prefix cache or the pool; None where the engine reports none).
+    prefix cache or the pool; None where the engine reports none); ``l1_keys`` and
+    ``l2_keys``: where the receiving LMCache server said the lookup's keys came from (its
+    log's ``retained keys (a L1, b L2)``), read for the HOSTS arm's steps on B; None where
+    not read or not logged (unknown, not zero).
     """
 
     arm: str
@@ -59,6 +62,8 @@ class Observation:
     e2e_s: float
     warmup: bool = False
     cached_tokens: int | None = None
+    l1_keys: int | None = None
+    l2_keys: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,10 @@ def to_json(run: PerfRun) -> dict[str, Any]:
     for name in ("stored_bytes_per_token", "l2_gb_s"):
         if data.get("floor") is not None and data["floor"].get(name) is None:
             del data["floor"][name]
+    for o in data["observations"]:
+        for name in _UNREAD:
+            if o.get(name) is None:
+                o.pop(name, None)
     return data
 
 
@@ -248,7 +257,7 @@ _OBSERVATION = {"arm": "str", "block": "int", "pair": "int", "size": "str", "ste
                 "request": "str", "payload_sha256": "str", "replica": "str",
                 "prompt_tokens": "int", "output_tokens": "int", "ttft_s": "float",
                 "decode_tok_s": "float?", "e2e_s": "float", "warmup": "bool",
-                "cached_tokens": "int?"}
+                "cached_tokens": "int?", "l1_keys": "int?", "l2_keys": "int?"}
 _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "placement": "str",
             "turns": "int", "wall_s": "float", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
@@ -258,7 +267,9 @@ _RUN_SOURCE = {"source": "str", "host": "str", "created": "str", "first_block": 
                "blocks": "int", "first_pair": "int", "pairs": "int", "wall_s": "float",
                "engine_flags": "str"}
 # older reports lack them
-_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token", "l2_gb_s"}
+_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token", "l2_gb_s", "l1_keys",
+             "l2_keys"}
+_UNREAD = ("l1_keys", "l2_keys")  # left out of an observation's JSON while not read
 
 
 def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:

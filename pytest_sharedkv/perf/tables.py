@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_sharedkv.perf.floor import floor_ratio, invalid
-from pytest_sharedkv.perf.hits import cached_share, counted, partial_hits, pooled_cross
+from pytest_sharedkv.perf.hits import (
+    cached_share,
+    counted,
+    l2_origin,
+    l2_reloads,
+    partial_hits,
+    pooled_cross,
+)
 from pytest_sharedkv.perf.observations import STEPS, Observation, arm_order, size_order
 from pytest_sharedkv.perf.statistics import (
     MIN_PAIRS,
@@ -224,9 +231,11 @@ def hit_verdict(analysis: Analysis) -> str | None:
         return (f"NOTE hits: {why}, so no {named} cross-replica request was checked for a "
                 "full pool hit")
     bad = partial_hits(pooled, chunk)
+    origin = l2_origin(pooled)
     if not bad:
         return (f"VERDICT hits: all {len(known)} {named} cross-replica requests were full pool "
-                "hits (every whole chunk of the prompt from a cache)")
+                "hits (every whole chunk of the prompt from a cache)"
+                + (f"; {origin}" if origin else ""))
     parts = []
     for size in sorted({o.size for o in bad}, key=size_order):
         mine = [o for o in known if o.size == size]
@@ -272,7 +281,8 @@ def report_lines(analysis: Analysis) -> list[str]:
         [*median_table(analysis), *([""] if analysis.ratios else []), *ratio_table(analysis),
          ttft_verdict(analysis)],
         [*floor_table(analysis), floor_verdict(analysis),
-         *[line for line in [hit_verdict(analysis)] if line]],
+         *[line for line in [hit_verdict(analysis), l2_reloads(
+             o for c in analysis.cells for o in c.observations)] if line]],
         [*session_table(analysis), session_verdict(analysis)],
         decode_table(analysis),
     ]

@@ -51,13 +51,17 @@ def _failure(replica: Replica, why: str) -> ReplicaError:
                         f"{replica.process.tail()}")
 
 
-def stream_timing(replica: Replica, body: dict[str, Any], timeout: float = 600.0) -> Timing:
-    """POST BODY to REPLICA's /v1/completions as a stream and time it."""
+def stream_timing(replica: Replica, body: dict[str, Any], timeout: float = 600.0,
+                  request_id: str | None = None) -> Timing:
+    """POST BODY to REPLICA's /v1/completions as a stream and time it; REQUEST_ID goes as
+    X-Request-Id (vLLM names its engine request after it, so a server's log can be read
+    for this request)."""
     payload = {"model": replica.served_model(), **body, "stream": True,
                "stream_options": {"include_usage": True}}
+    headers = {"Content-Type": "application/json",
+               **({"X-Request-Id": request_id} if request_id else {})}
     request = urllib.request.Request(replica.base_url + "/v1/completions",
-                                     data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     data=json.dumps(payload).encode(), headers=headers)
     first = last = None
     chunks = 0
     usage: dict[str, Any] = {}
