@@ -255,7 +255,7 @@ def test_a_chosen_request_that_came_first_is_the_donor_of_the_next(tmp_path: Pat
     cell whose selected requests arrive first is not left without a donor."""
     armed = Armed(tmp_path, {"class": "state-foreign"})
     ids_1, objs_1 = stored(pair, "reqR1")
-    ids_2, objs_2 = stored(pair, "reqR2")
+    _, objs_2 = stored(pair, "reqR2")
     pair.transfer(armed.transfer, "b", pair.take("b", CHUNKS), objs_1, "H2D", "reqR1")
     ids_b = pair.take("b", CHUNKS)
     pair.transfer(armed.transfer, "b", ids_b, objs_2, "H2D", "reqR2")

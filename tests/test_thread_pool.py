@@ -48,6 +48,11 @@ def test_an_interrupt_leaves_without_joining_the_threads_still_waiting() -> None
 
 def test_a_block_that_ends_normally_joins_its_threads() -> None:
     done: list[int] = []
+
+    def slow() -> None:
+        time.sleep(0.1)
+        done.append(1)
+
     with thread_pool(2) as pool:
-        pool.submit(lambda: (time.sleep(0.1), done.append(1)))
+        pool.submit(slow)
     assert done == [1]
