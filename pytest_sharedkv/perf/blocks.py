@@ -44,7 +44,7 @@ from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.offload_traffic import logged_traffic
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.request_tags import request_tag
-from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS
+from pytest_sharedkv.stack.steps import STEP_NAMES, STEPS, Step
 
 Launch = Callable[[str], ReplicaPair]  # arm -> a started pair in that arm
 Salts = Callable[[str], str]  # namespace key -> a fresh cache_salt
@@ -192,6 +192,7 @@ class BlockRunner:
                     for payload in batch:
                         self._request(block, arm, step.name, step.replica, payload,
                                       payload.id)
+                    self._read_splits(block, arm, step, batch)
                     done(len(batch))
         for placement in PLACEMENTS:
             sessions = self.payloads.sessions[:self.plan.sessions_per_placement]
@@ -309,26 +310,29 @@ class BlockRunner:
     def _request(self, block: int, arm: str, step: str, replica: str, payload: Payload,
                  request: str, warmup: bool = False, salt_key: str | None = None) -> None:
         salt = self.salt(f"block-{block}/{salt_key or payload.id}")
-        tag = None if warmup else request_tag(f"b{block}-{payload.id}", step, replica)
+        tag = None if warmup else request_tag(_case_id(block, payload), step, replica)
         timing = self._timed(replica, payload, salt, tag)
         self.accounting.busy_s += timing.e2e_s
         if not warmup:
             self.accounting.hit(arm, step, timing)
         self._record(timing, block, arm, step, payload, request, warmup=warmup)
-        if tag is not None and arm == "HOSTS" and replica == "B":
-            self._read_split(tag, replica)
 
-    def _read_split(self, tag: str, replica: str) -> None:
-        """Where B's server says the keys of the request just recorded came from (its log;
-        nothing where the pair has no hosts topology or logged no lookup for it)."""
+    def _read_splits(self, block: int, arm: str, step: Step, batch: Sequence[Payload]
+                     ) -> None:
+        """Where B's server says the keys of each request of the step just recorded came
+        from (its log, read once for the step; nothing outside the HOSTS arm's steps on B,
+        and nothing for a request whose lookup it did not log)."""
         topology = self.pair.topology if self.pair is not None else None
-        if topology is None or not topology.hosts:
+        if arm != "HOSTS" or step.replica != "B" or topology is None or not topology.hosts:
             return
-        split = topology.split(tag, replica)
-        if split.known:
-            last = self.run_record.observations[-1]
-            self.run_record.observations[-1] = replace(last, l1_keys=split.l1,
-                                                       l2_keys=split.l2)
+        found = topology.splits(step.replica)
+        observations = self.run_record.observations
+        first = len(observations) - len(batch)  # the batch's, recorded in its order
+        for i, payload in enumerate(batch, first):
+            split = found.get((_case_id(block, payload), step.name, step.replica))
+            if split is not None:
+                observations[i] = replace(observations[i], l1_keys=split.l1,
+                                          l2_keys=split.l2)
 
     def _record(self, timing: Timing, block: int, arm: str, step: str, payload: Payload,
                 request: str, warmup: bool) -> None:
@@ -405,6 +409,11 @@ class BlockRunner:
             return []
         return ["concurrency windows, alternating sessions at once (median wall per block, "
                 "settles aside; their sessions are recorded as w<N>/...): " + "; ".join(parts)]
+
+
+def _case_id(block: int, payload: Payload) -> str:
+    """A measured request's case in its X-Request-Id (request_tags): its block and payload."""
+    return f"b{block}-{payload.id}"
 
 
 def check_tokens(observations: Sequence[Observation], payloads: PayloadSet) -> list[str]:

@@ -62,6 +62,12 @@ def hosts_steps(observations: Iterable[Observation], step: str) -> list[Observat
             if o.arm == "HOSTS" and o.step == step and o.replica == "B" and not o.warmup]
 
 
+def _hop_untimed(o: Observation) -> bool:
+    """Whether B's server, by its own account, took some of the keys from its L1 or none
+    from the L2 (False where its account is unknown)."""
+    return o.l2_keys is not None and ((o.l1_keys or 0) > 0 or not o.l2_keys)
+
+
 def l2_origin(observations: Iterable[Observation]) -> str | None:
     """What B's server said of the HOSTS cross-replica lookups: each from its L2, or which
     were not (None: no HOSTS cross-replica requests)."""
@@ -70,7 +76,7 @@ def l2_origin(observations: Iterable[Observation]) -> str | None:
         return None
     known = [o for o in cross if o.l2_keys is not None]
     unknown = len(cross) - len(known)
-    from_l1 = [o for o in known if (o.l1_keys or 0) > 0 or not o.l2_keys]
+    from_l1 = [o for o in known if _hop_untimed(o)]
     if not known:
         return ("HOSTS: where B's server took the keys is unknown (it logged no lookup of "
                 "these requests)")
@@ -88,8 +94,7 @@ def not_from_l2(observations: Iterable[Observation]) -> list[str]:
     return [f"request {o.request} (block {o.block}, HOSTS cross on B): B's server took "
             f"{o.l1_keys} keys from its L1 and {o.l2_keys} from the L2, so this TTFT did not "
             "time the L2"
-            for o in hosts_steps(observations, "cross")
-            if o.l2_keys is not None and ((o.l1_keys or 0) > 0 or not o.l2_keys)]
+            for o in hosts_steps(observations, "cross") if _hop_untimed(o)]
 
 
 def l2_reloads(observations: Iterable[Observation]) -> str | None:

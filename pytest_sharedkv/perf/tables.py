@@ -131,8 +131,7 @@ def refusal_line(analysis: Analysis) -> str:
 
 
 def _partial(analysis: Analysis) -> list[Observation]:
-    return partial_hits((o for c in analysis.cells for o in c.observations),
-                        analysis.run.chunk_tokens)
+    return partial_hits(_observed(analysis), analysis.run.chunk_tokens)
 
 
 def ttft_verdict(analysis: Analysis) -> str:
@@ -217,10 +216,15 @@ def floor_verdict(analysis: Analysis) -> str:
             f"{low.size} {low.arm})")
 
 
+def _observed(analysis: Analysis) -> list[Observation]:
+    """Every observation the analysis's cells hold."""
+    return [o for c in analysis.cells for o in c.observations]
+
+
 def hit_verdict(analysis: Analysis) -> str | None:
     """Whether the ON arm's cross-replica requests came from the pool whole (None: no such
     requests, e.g. external endpoints or a run without an ON block)."""
-    pooled = pooled_cross(o for c in analysis.cells for o in c.observations)
+    pooled = pooled_cross(_observed(analysis))
     if not pooled:
         return None
     chunk, known = analysis.run.chunk_tokens, counted(pooled)
@@ -281,8 +285,8 @@ def report_lines(analysis: Analysis) -> list[str]:
         [*median_table(analysis), *([""] if analysis.ratios else []), *ratio_table(analysis),
          ttft_verdict(analysis)],
         [*floor_table(analysis), floor_verdict(analysis),
-         *[line for line in [hit_verdict(analysis), l2_reloads(
-             o for c in analysis.cells for o in c.observations)] if line]],
+         *[line for line in [hit_verdict(analysis), l2_reloads(_observed(analysis))]
+           if line]],
         [*session_table(analysis), session_verdict(analysis)],
         decode_table(analysis),
     ]
