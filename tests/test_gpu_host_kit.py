@@ -74,10 +74,34 @@ def _fake_host(tmp_path: Path) -> dict[str, str]:
     fake.parent.mkdir()
     fake.write_text('#!/bin/sh\necho "ARGS=$*"\n')
     fake.chmod(0o755)
+    staged = tmp_path / "site" / "vllm"  # what the staging transfers unpack
+    staged.mkdir(parents=True)
+    (staged / "__init__.py").write_text("")
     env = {**os.environ, "PATH": f"{fake.parent}:/usr/bin:/bin",
-           "SHAREDKV_RESULTS": str(tmp_path / "res"), "SDIST": str(tmp_path / "missing.tgz")}
+           "SHAREDKV_RESULTS": str(tmp_path / "res"), "SDIST": str(tmp_path / "missing.tgz"),
+           "SHAREDKV_BASE_SITE": str(staged.parent)}
     env.pop("PYTHONPATH", None)
     return env
+
+
+@pytest.mark.parametrize(("script", "last"), [("service-wave.sh", "alldone"),
+                                              ("perf-session.sh", "done")])
+def test_with_no_vllm_staged_a_wave_or_session_runs_nothing_and_says_why(
+        tmp_path: Path, script: str, last: str) -> None:
+    """A staging transfer refused leaves no vLLM in the base site while the calls after it
+    still run (2026-12-03: a wave's two lanes failed 80 tests for want of vLLM): the wave
+    and the perf session stop before any run, their progress saying why."""
+    env = {**_fake_host(tmp_path), "SHAREDKV_BASE_SITE": str(tmp_path / "empty")}
+    plan = tmp_path / "plan.sh"
+    plan.write_text("lane one 60 0.5.6 -m service_regression\n")
+    out = subprocess.run(["bash", str(KIT / script), str(plan)], env=env,
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 3, out.stderr
+    progress = [line.split(" ", 1)[1] for line in
+                (tmp_path / "res" / "progress.txt").read_text().splitlines()]
+    assert progress[1].startswith(f"no vLLM in {tmp_path}/empty (a staging transfer did not "
+                                  "land)") and progress[-1] == last, progress
+    assert [p.name for p in (tmp_path / "res").iterdir()] == ["progress.txt"]
 
 
 def test_a_perf_session_stops_when_cuda_ops_does_not_build(tmp_path: Path) -> None:

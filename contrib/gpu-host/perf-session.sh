@@ -17,6 +17,11 @@ SDIST=${SDIST:-$here/../../.stage/sdist/lmcache-0.5.6.tar.gz}
 export PYTHONUNBUFFERED=1
 stamp() { echo "$(date +%s) $*" >> "$R/progress.txt"; }
 stamp start
+base=${SHAREDKV_BASE_SITE:-/tmp/site}  # a staging transfer refused leaves no vLLM there
+if [ ! -f "$base/vllm/__init__.py" ]; then
+  stamp "no vLLM in $base (a staging transfer did not land): nothing run"; stamp "done"
+  exit 3
+fi
 t0=$(date +%s)
 # without the built cuda_ops LMCache runs its torch fallback: another stack, which
 # merge-screenings refuses beside compiled sessions; stop here instead
