@@ -7,7 +7,10 @@ torch fallback, mixed, the same. ``service-0.5.6-fallback-lazy-triage48-cut``: t
 fallback, lazy, 48 measured requests (``SHAREDKV_SERVICE_MEASURED``), ``--sharedkv-triage``.
 A time limit killed each before pytest's summary (the logs end in the progress lines); each
 catalogue cell and triage cell was recorded when judged, so the reports hold them.
-``service-0.5.6-compiled-lazy-delay``: compiled, lazy, the delayed producer's cell alone."""
+``service-0.5.6-compiled-lazy-delay``: compiled, lazy, the delayed producer's cell alone.
+``service-0.5.6-fallback-lazy-triage``: the fallback, lazy, 24 measured requests, the
+triage to its verdict, beside ``service-0.5.6-compiled-mixed-delay`` (compiled, mixed, the
+delayed producer's cell) on one GPU (``plans/triage-beside-mixed-delay.sh``)."""
 
 from __future__ import annotations
 
@@ -277,3 +280,130 @@ def test_that_runs_teardown_waited_for_its_requests_in_flight() -> None:
     assert shutdown is not None
     began = datetime.strptime(shutdown[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
     assert 75 <= began.timestamp() - (start + 470) <= 80
+
+
+COMPLETE = "service-0.5.6-fallback-lazy-triage"
+MIXED_DELAY = "service-0.5.6-compiled-mixed-delay"
+# cell -> (exact of 24, mismatching digests, compared, fault), in the order the cells ran
+TRIAGE_CELLS = {"one-in-flight": (20, 2171, 7423, "persists"),
+                "launch-blocking-all": (24, 0, 2688, "removed"),
+                "launch-blocking-server": (24, 0, 2688, "removed"),
+                "sync-transfers": (24, 0, 2688, "removed"),
+                "current-stream": (24, 0, 2688, "removed"),
+                "wait-producer": (24, 0, 2688, "removed"),
+                "other-allocator": (24, 0, 2688, "removed")}
+
+
+def test_the_fallbacks_lazy_triage_judged_every_cell_and_both_code_remedies_removed_the_fault(
+        ) -> None:
+    """The whole triage, all seven cells judged (a relaunched cell 71-84 s): one request in
+    flight left 4 of 24 wrong; CUDA_LAUNCH_BLOCKING=1, the synchronize, the fallback's copy
+    on the current stream, the copy waiting for its producer and the mixed allocator each
+    left 0 of 24 and 0 of 2,688 digests. The TRIAGE line names a stream-ordering race and
+    both code remedies; the run FAILs on the pass's own wrong answers."""
+    report = read(LMCACHE_H200 / f"{COMPLETE}.json")
+    service = _service(report)
+    log = run_log(report)
+    assert verdict(log) == "FAIL"
+    assert (log.counts()["passed"], log.counts()["failed"]) == (41, 36)
+    cells = {str(c.key["step"]): c for c in service if c.key.get("size") == "triage"}
+    assert list(cells) == list(TRIAGE_CELLS)
+    assert {k: (c.passed, c.detail["mismatches"], c.detail["compared"]) for k, c in
+            cells.items()} == {k: v[:3] for k, v in TRIAGE_CELLS.items()}
+    assert {k: c.detail["stream_remedy"] for k, c in cells.items()
+            if c.detail["stream_remedy"]} == {"current-stream": "current-stream",
+                                              "wait-producer": "wait-producer"}
+    relaunched = [c.detail["wall_s"] for k, c in cells.items() if k != "one-in-flight"]
+    assert min(relaunched) >= 71 and max(relaunched) <= 84, relaunched
+    rows = [r for r in triage_table(service) if r.startswith("| lazy")]
+    assert [[x.strip() for x in r.strip("|").split("|")][1] for r in rows] == list(cells)
+    assert [[x.strip() for x in r.strip("|").split("|")][6] for r in rows] == [
+        v[3] for v in TRIAGE_CELLS.values()]
+
+
+def test_the_triage_and_verdict_lines_of_the_complete_triage_are_what_its_terminal_said(
+        ) -> None:
+    """The summary rendered from the report says, word for word, the TRIAGE and VERDICT
+    lines the run printed: the two code remedies proven by their cells, CUDA_LAUNCH_BLOCKING
+    in the server and the mixed allocator too; the synchronize a suggestion (a control,
+    not a change one could ship)."""
+    from tests.recorded import summary
+
+    report = read(LMCACHE_H200 / f"{COMPLETE}.json")
+    printed = (LMCACHE_H200 / f"{COMPLETE}.log").read_text().splitlines()
+    rendered = [x.strip() for x in summary(report)]
+    for word in ("TRIAGE lazy:", "VERDICT lazy:"):
+        [said] = [x.strip() for x in printed if x.strip().startswith(word)]
+        assert said in rendered, word
+    [triage] = [x for x in rendered if x.startswith("TRIAGE lazy:")]
+    assert triage.startswith("TRIAGE lazy: stream-ordering race (removed by "), triage
+    assert ("code remedies: current-stream removed it (0 of 24 wrong, 0 mismatching digests "
+            "of 2,688); wait-producer removed it (0 of 24 wrong, 0 mismatching digests of "
+            "2,688) (the pass: 2 of 24 3k cross-replica answers wrong, 1,931 mismatching "
+            "digests)") in triage, triage
+    [line] = [x for x in verdicts(_service(report)) if x.startswith("VERDICT")]
+    for cell in ("launch-blocking-server", "current-stream", "wait-producer",
+                 "other-allocator"):
+        assert f"(proven by the triage cell {cell}: 24/24 exact, 0 mismatching digests)" \
+            in line, cell
+    assert ("suggestion (not a proven remedy): make LMCache's KV transfers wait for the "
+            "streams that produce and read their buffers (a code change) (the triage cell "
+            "sync-transfers removed the fault; as a remedy untested)") in line, line
+
+
+def test_each_code_remedy_ran_in_its_cells_server_and_what_its_transfers_took() -> None:
+    """Each code remedy's server printed its hook's lines (the wrapped function named), and
+    the cells' servers logged their stores and retrieves of whole 3,008-token prompts: the
+    medians the findings page gives (one cell each; the four after the compiled lane ended
+    ran alone on the GPU)."""
+    from statistics import median
+
+    from tests.h200_logs import sections
+
+    logs = sections(LMCACHE_H200 / f"{COMPLETE}-servers.log")
+    by_cell = {k.split("/")[0]: v for k, v in logs.items() if "-server-" in k}
+    for remedy in ("current-stream", "wait-producer"):
+        text = by_cell[f"triage-{remedy}0"]
+        assert (f"sharedkv-remedy: {remedy} remedy in lmcache.v1.platform.torch_ops."
+                "mem_kernels:lmcache_memcpy_async") in text, remedy
+
+    def medians(text: str) -> tuple[float, float]:
+        return tuple(round(median(float(m) for m in re.findall(
+            rf"{verb} 3008 tokens in ([0-9.]+) seconds", text)), 3)
+            for verb in ("Stored", "Retrieved"))  # type: ignore[return-value]
+
+    assert {k: medians(v) for k, v in by_cell.items()} == {
+        "replicas-vllm-lazy-00": (0.131, 0.056),
+        "triage-launch-blocking-all0": (0.152, 0.121),
+        "triage-launch-blocking-server0": (0.110, 0.145),
+        "triage-sync-transfers0": (0.207, 0.095),
+        "triage-current-stream0": (0.128, 0.070),
+        "triage-wait-producer0": (0.096, 0.052),
+        "triage-other-allocator0": (0.107, 0.061)}
+    progress = logs["progress.txt (service-wave.sh, plans/triage-beside-mixed-delay.sh)"]
+    assert progress.splitlines()[-2:] == ["1796303888 fb-lazy-triage rc=1 wall=794",
+                                          "1796303888 alldone"]
+
+
+def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_mixed_pair(
+        ) -> None:
+    """The compiled mixed pair's delayed-producer cell: 18 delays in 8 requests, 0 of 8
+    answers wrong and 0 of 768 digests mismatching, the race probe on: no race shows, as
+    on compiled lazy. The run, pass included (200/200, gate proven, audit at 3.5 us an
+    audited token), is a PASS of 429 tests."""
+    report = read(LMCACHE_H200 / f"{MIXED_DELAY}.json")
+    service = _service(report)
+    log = run_log(report)
+    assert verdict(log) == "PASS" and log.counts()["passed"] == 429
+    assert exact_pair(service, "mixed") == (200, 200)
+    [cell] = [c for c in service if c.kind == "fault-catalogue"]
+    assert (cell.key["step"], cell.status, cell.passed, cell.trials) == (
+        "delayed-producer", "pass", 8, 8)
+    assert (cell.detail["applications"], cell.detail["faulted_requests"],
+            cell.detail["wrong"], cell.detail["mismatches"], cell.detail["compared"],
+            cell.detail["race_probe"]) == (18, 8, 0, 0, 768, True)
+    assert catalogue.line(service, "mixed", _asked(report), _finished(report)) == (
+        "CATALOGUE mixed: 1 of 1 fault classes seen as expected (99 s in its cells)")
+    audit = next(c for c in service if c.key.get("size") == "audit")
+    assert (audit.status, audit.passed, round(audit.detail["cost_us_per_token"], 2)) == (
+        "pass", 22014, 3.47)
