@@ -147,16 +147,20 @@ def test_on_the_fallbacks_lazy_pair_one_in_flight_leaves_the_fault_blocking_laun
     assert "triage launch-blocking-all: 0 of 48 wrong, 0 mismatching digests of 4,992" in log
 
 
-def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_lazy_pair(
-        ) -> None:
-    """The delayed producer's cell alone: 18 delays in 8 requests, 0 of 8 answers wrong and
-    0 of 768 digests mismatching, so no race shows on the compiled kernels; the run, pass
-    included (200/200, audit at 6.4 us an audited token), is a PASS of 429 tests."""
-    report = read(LMCACHE_H200 / f"{DELAY}.json")
+@pytest.mark.parametrize(("name", "allocator", "seconds", "cost"), [
+    (DELAY, "lazy", 128, 6.42), ("service-0.5.6-compiled-mixed-delay", "mixed", 99, 3.47)])
+def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_kernels(
+        name: str, allocator: str, seconds: int, cost: float) -> None:
+    """The delayed producer's cell alone, on compiled lazy and (a later session, beside the
+    fallback's triage) compiled mixed: 18 delays in 8 requests, 0 of 8 answers wrong and 0
+    of 768 digests mismatching, the race probe on, so no race shows on the compiled
+    kernels; each run, pass included (200/200, audit at 6.4 and 3.5 us an audited token), is
+    a PASS of 429 tests."""
+    report = read(LMCACHE_H200 / f"{name}.json")
     service = _service(report)
     log = run_log(report)
     assert verdict(log) == "PASS" and log.counts()["passed"] == 429
-    assert exact_pair(service, "lazy") == (200, 200)
+    assert exact_pair(service, allocator) == (200, 200)
     [cell] = [c for c in service if c.kind == "fault-catalogue"]
     assert (cell.key["step"], cell.status, cell.passed, cell.trials) == (
         "delayed-producer", "pass", 8, 8)
@@ -166,11 +170,12 @@ def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_
     assert cell.message.startswith("delayed-producer: no race shows with a delayed producer "
                                    "before every KV transfer (18 applications in 8 requests; "
                                    "0 of 8 answers wrong, 0 mismatching digests (of 768")
-    assert catalogue.line(service, "lazy", _asked(report), _finished(report)) == (
-        "CATALOGUE lazy: 1 of 1 fault classes seen as expected (128 s in its cells)")
+    assert catalogue.line(service, allocator, _asked(report), _finished(report)) == (
+        f"CATALOGUE {allocator}: 1 of 1 fault classes seen as expected ({seconds} s in its "
+        "cells)")
     audit = next(c for c in service if c.key.get("size") == "audit")
     assert (audit.status, audit.passed, round(audit.detail["cost_us_per_token"], 2)) == (
-        "pass", 22014, 6.42)
+        "pass", 22014, cost)
 
 
 def test_on_24_requests_the_fallbacks_lazy_fault_shows_and_the_same_two_cells_judge_it(
@@ -283,7 +288,6 @@ def test_that_runs_teardown_waited_for_its_requests_in_flight() -> None:
 
 
 COMPLETE = "service-0.5.6-fallback-lazy-triage"
-MIXED_DELAY = "service-0.5.6-compiled-mixed-delay"
 # cell -> (exact of 24, mismatching digests, compared, fault), in the order the cells ran
 TRIAGE_CELLS = {"one-in-flight": (20, 2171, 7423, "persists"),
                 "launch-blocking-all": (24, 0, 2688, "removed"),
@@ -383,27 +387,3 @@ def test_each_code_remedy_ran_in_its_cells_server_and_what_its_transfers_took() 
     progress = logs["progress.txt (service-wave.sh, plans/triage-beside-mixed-delay.sh)"]
     assert progress.splitlines()[-2:] == ["1796303888 fb-lazy-triage rc=1 wall=794",
                                           "1796303888 alldone"]
-
-
-def test_a_delayed_producer_before_every_transfer_shows_no_race_on_the_compiled_mixed_pair(
-        ) -> None:
-    """The compiled mixed pair's delayed-producer cell: 18 delays in 8 requests, 0 of 8
-    answers wrong and 0 of 768 digests mismatching, the race probe on: no race shows, as
-    on compiled lazy. The run, pass included (200/200, gate proven, audit at 3.5 us an
-    audited token), is a PASS of 429 tests."""
-    report = read(LMCACHE_H200 / f"{MIXED_DELAY}.json")
-    service = _service(report)
-    log = run_log(report)
-    assert verdict(log) == "PASS" and log.counts()["passed"] == 429
-    assert exact_pair(service, "mixed") == (200, 200)
-    [cell] = [c for c in service if c.kind == "fault-catalogue"]
-    assert (cell.key["step"], cell.status, cell.passed, cell.trials) == (
-        "delayed-producer", "pass", 8, 8)
-    assert (cell.detail["applications"], cell.detail["faulted_requests"],
-            cell.detail["wrong"], cell.detail["mismatches"], cell.detail["compared"],
-            cell.detail["race_probe"]) == (18, 8, 0, 0, 768, True)
-    assert catalogue.line(service, "mixed", _asked(report), _finished(report)) == (
-        "CATALOGUE mixed: 1 of 1 fault classes seen as expected (99 s in its cells)")
-    audit = next(c for c in service if c.key.get("size") == "audit")
-    assert (audit.status, audit.passed, round(audit.detail["cost_us_per_token"], 2)) == (
-        "pass", 22014, 3.47)
