@@ -387,3 +387,41 @@ def test_each_code_remedy_ran_in_its_cells_server_and_what_its_transfers_took() 
     progress = logs["progress.txt (service-wave.sh, plans/triage-beside-mixed-delay.sh)"]
     assert progress.splitlines()[-2:] == ["1796303888 fb-lazy-triage rc=1 wall=794",
                                           "1796303888 alldone"]
+
+
+def test_on_the_fallbacks_mixed_pair_a_tenth_of_the_delay_shows_no_race() -> None:
+    """The fallback's mixed pair in what the session had left: the catalogue's test alone
+    (its pass the gate and 3k at 24 requests) with ``--sharedkv-delay-cycles 10000000``, a
+    tenth of the default. The cell: 4,353 delays in 8 requests (about 256 a transfer: every
+    per-layer kernel and copy helper), 0 of 8 answers wrong, 0 of 768 digests mismatching:
+    no race shows. Each 3,008-token store took 2.0 s (19.2 s at the default)."""
+    from statistics import median
+
+    from tests.h200_logs import sections
+
+    name = "service-0.5.6-fallback-mixed-delay-short"
+    report = read(LMCACHE_H200 / f"{name}.json")
+    assert report.data["environment"]["settings"]["delay_cycles"] == 10_000_000
+    assert "NOT loaded" in (LMCACHE_H200 / f"{name}.log").read_text()
+    log = run_log(report)
+    assert verdict(log) == "PASS" and log.counts()["passed"] == 1
+    service = _service(report)
+    [cell] = [c for c in service if c.kind == "fault-catalogue"]
+    assert (cell.key["step"], cell.key["allocator"], cell.status, cell.passed, cell.trials) \
+        == ("delayed-producer", "mixed", "pass", 8, 8)
+    assert (cell.detail["applications"], cell.detail["faulted_requests"],
+            cell.detail["wrong"], cell.detail["mismatches"], cell.detail["compared"]) == (
+        4353, 8, 0, 0, 768)
+    assert catalogue.line(service, "mixed", _asked(report), _finished(report)) == (
+        "CATALOGUE mixed: 1 of 1 fault classes seen as expected (96 s in its cells)")
+    logs = sections(LMCACHE_H200 / f"{name}-engine.log")
+    server = logs["catalogue-delay0/lmcache-server-47253.log (its sharedkv lines, stores and "
+                  "retrieves)"]
+    assert "fault-sensitivity mode, 10000000 cycles before each KV transfer" in server
+    stores = [float(s) for s in re.findall(r"Stored 3008 tokens in ([0-9.]+) seconds", server)]
+    assert len(stores) == 7 and round(median(stores), 1) == 2.0, stores
+    counts = {line.split()[2]: int(line.split()[0]) for line in logs[
+        "catalogue-delay0/inject-delay.log (its lines counted by role and target)"].splitlines()}
+    assert sum(counts.values()) == 4353
+    assert counts["lmcache.v1.multiprocess.object_group_transfer:"
+                  "transfer_kv_per_object_group"] == 17
