@@ -3,6 +3,7 @@ that hold several processes' logs, each after a ``== <block dir>/<log name>`` li
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "perf" / "h200"
@@ -19,3 +20,16 @@ def sections(path: Path) -> dict[str, str]:
         else:
             found[name].append(line)
     return {k: "\n".join(v) for k, v in found.items()}
+
+
+def transfer_seconds(log: str, verb: str, tokens: int = 3008) -> list[float]:
+    """The seconds of each of an LMCache server's ``<VERB> <TOKENS> tokens in S seconds``
+    lines in LOG (VERB: Stored or Retrieved)."""
+    return [float(s) for s in re.findall(rf"{verb} {tokens} tokens in ([0-9.]+) seconds", log)]
+
+
+def delayed_calls(counted: str) -> dict[str, int]:
+    """Delayed calls per target from a section of counted inject-delay lines (``COUNT
+    [ROLE] TARGET`` each: the count first, the target last)."""
+    return {line.split()[-1]: int(line.split()[0]) for line in counted.splitlines()
+            if line.strip()}

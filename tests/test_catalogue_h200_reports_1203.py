@@ -247,7 +247,7 @@ def test_on_the_fallback_the_delayed_producer_delays_every_layer_so_its_cell_nee
     took 19.2 s, and the cell's eight prompts need minutes where the compiled path's cell
     (18 delayed calls) took 128 s in all: a lane for it needs about 15 minutes, not the
     470 s this one had."""
-    from tests.h200_logs import sections
+    from tests.h200_logs import delayed_calls, sections, transfer_seconds
 
     delay = read(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-2-cut.json")
     assert verdict(run_log(delay)) == "INCOMPLETE"
@@ -256,12 +256,10 @@ def test_on_the_fallback_the_delayed_producer_delays_every_layer_so_its_cell_nee
     assert not [c for c in _service(delay) if c.kind == "fault-catalogue"]
     logs = sections(LMCACHE_H200 / "service-0.5.6-fallback-mixed-delay-2-cut-engine.log")
     server = logs["catalogue-delay0/lmcache-server-39893.log"]
-    stores = [float(m[1]) for m in re.finditer(r"Stored 3008 tokens in ([0-9.]+) seconds",
-                                               server)]
+    stores = transfer_seconds(server, "Stored")
     assert len(stores) == 6 and all(19.1 < s < 19.3 for s in stores), stores
-    counts = {line.split()[1]: int(line.split()[0]) for line in logs[
-        "catalogue-delay0/inject-delay.log (its lines counted by target: uniq -c of the "
-        "third field)"].splitlines() if line.strip()}
+    counts = delayed_calls(logs["catalogue-delay0/inject-delay.log (its lines counted by "
+                                "target: uniq -c of the third field)"])
     assert sum(counts.values()) == 3193
     assert counts["lmcache.v1.multiprocess.object_group_transfer:"
                   "transfer_kv_per_object_group"] == 19
@@ -362,7 +360,7 @@ def test_each_code_remedy_ran_in_its_cells_server_and_what_its_transfers_took() 
     ran alone on the GPU)."""
     from statistics import median
 
-    from tests.h200_logs import sections
+    from tests.h200_logs import sections, transfer_seconds
 
     logs = sections(LMCACHE_H200 / f"{COMPLETE}-servers.log")
     by_cell = {k.split("/")[0]: v for k, v in logs.items() if "-server-" in k}
@@ -371,10 +369,9 @@ def test_each_code_remedy_ran_in_its_cells_server_and_what_its_transfers_took() 
         assert (f"sharedkv-remedy: {remedy} remedy in lmcache.v1.platform.torch_ops."
                 "mem_kernels:lmcache_memcpy_async") in text, remedy
 
-    def medians(text: str) -> tuple[float, float]:
-        return tuple(round(median(float(m) for m in re.findall(
-            rf"{verb} 3008 tokens in ([0-9.]+) seconds", text)), 3)
-            for verb in ("Stored", "Retrieved"))  # type: ignore[return-value]
+    def medians(text: str) -> tuple[float, ...]:
+        return tuple(round(median(transfer_seconds(text, verb)), 3)
+                     for verb in ("Stored", "Retrieved"))
 
     assert {k: medians(v) for k, v in by_cell.items()} == {
         "replicas-vllm-lazy-00": (0.131, 0.056),
@@ -397,7 +394,7 @@ def test_on_the_fallbacks_mixed_pair_a_tenth_of_the_delay_shows_no_race() -> Non
     no race shows. Each 3,008-token store took 2.0 s (19.2 s at the default)."""
     from statistics import median
 
-    from tests.h200_logs import sections
+    from tests.h200_logs import delayed_calls, sections, transfer_seconds
 
     name = "service-0.5.6-fallback-mixed-delay-short"
     report = read(LMCACHE_H200 / f"{name}.json")
@@ -418,10 +415,10 @@ def test_on_the_fallbacks_mixed_pair_a_tenth_of_the_delay_shows_no_race() -> Non
     server = logs["catalogue-delay0/lmcache-server-47253.log (its sharedkv lines, stores and "
                   "retrieves)"]
     assert "fault-sensitivity mode, 10000000 cycles before each KV transfer" in server
-    stores = [float(s) for s in re.findall(r"Stored 3008 tokens in ([0-9.]+) seconds", server)]
+    stores = transfer_seconds(server, "Stored")
     assert len(stores) == 7 and round(median(stores), 1) == 2.0, stores
-    counts = {line.split()[2]: int(line.split()[0]) for line in logs[
-        "catalogue-delay0/inject-delay.log (its lines counted by role and target)"].splitlines()}
+    counts = delayed_calls(logs["catalogue-delay0/inject-delay.log (its lines counted by role "
+                                "and target)"])
     assert sum(counts.values()) == 4353
     assert counts["lmcache.v1.multiprocess.object_group_transfer:"
                   "transfer_kv_per_object_group"] == 17

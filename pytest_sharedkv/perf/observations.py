@@ -266,10 +266,9 @@ _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
 _RUN_SOURCE = {"source": "str", "host": "str", "created": "str", "first_block": "int",
                "blocks": "int", "first_pair": "int", "pairs": "int", "wall_s": "float",
                "engine_flags": "str"}
-# older reports lack them
-_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token", "l2_gb_s", "l1_keys",
-             "l2_keys"}
 _UNREAD = ("l1_keys", "l2_keys")  # left out of an observation's JSON while not read
+# older reports lack them
+_OPTIONAL = {"warmup", "cached_tokens", "stored_bytes_per_token", "l2_gb_s", *_UNREAD}
 
 
 def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]:
