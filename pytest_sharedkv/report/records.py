@@ -46,6 +46,8 @@ class Kind(Word):
     GATE = "gate"  # the service tier's sensitivity gate (the negative control of a launched run)
     DIVERGENCE = "divergence"  # an answer that is not the right one
     LEAK = "leak"  # a cold request that hit a cache: namespaces are not separate
+    # a hit across tenants (another cache_salt): a security failure whatever the answers
+    ISOLATION = "isolation"
     HITS = "hits"  # hits that are not the kind or number a step may have
     HITS_UNKNOWN = "hits-unknown"  # the engine reports no hit counter: hits cannot be counted
     AUDIT_MISMATCH = "audit-mismatch"  # KV bytes B loaded differ from what A stored
@@ -88,7 +90,7 @@ ROLES = tuple(r.value for r in Role)
 KINDS = tuple(k.value for k in Kind)
 STATUSES = tuple(s.value for s in Status)
 # When one record found several things, the kind it carries (the first here wins).
-PRECEDENCE = ("leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
+PRECEDENCE = ("isolation", "leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
 W = TypeVar("W", bound=Word)
 
 
