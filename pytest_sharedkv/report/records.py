@@ -48,6 +48,9 @@ class Kind(Word):
     LEAK = "leak"  # a cold request that hit a cache: namespaces are not separate
     # a hit across tenants (another cache_salt): a security failure whatever the answers
     ISOLATION = "isolation"
+    # a hit across model identities (adapter, weights, RoPE, kv dtype, chunk, release, a
+    # restart's changed configuration) that answered wrong: the identity tier's failure
+    IDENTITY = "identity"
     HITS = "hits"  # hits that are not the kind or number a step may have
     HITS_UNKNOWN = "hits-unknown"  # the engine reports no hit counter: hits cannot be counted
     AUDIT_MISMATCH = "audit-mismatch"  # KV bytes B loaded differ from what A stored
@@ -90,7 +93,8 @@ ROLES = tuple(r.value for r in Role)
 KINDS = tuple(k.value for k in Kind)
 STATUSES = tuple(s.value for s in Status)
 # When one record found several things, the kind it carries (the first here wins).
-PRECEDENCE = ("isolation", "leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
+PRECEDENCE = ("isolation", "leak", "identity", "divergence", "audit-mismatch", "hits-unknown",
+              "hits", "error")
 W = TypeVar("W", bound=Word)
 
 
