@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_sharedkv.identity.judge import SideResult, Verdict, judge, pair_status
-from pytest_sharedkv.identity.table import Dimension, IdentityCell, IdentityStack
+from pytest_sharedkv.identity.table import Dimension, IdentityCell, IdentityStack, Side
 from pytest_sharedkv.report.records import Status
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ def _record(sink: ResultSink, cell: IdentityCell, verdicts: tuple[Verdict, Verdi
                    detail={"hit_tokens": result.hit, "exact": result.exact,
                            "detail": result.detail[:300], "error": result.error[:500],
                            "cold_hit_tokens": result.cold_hit,
-                           **({"direction_verdict": word} if word else {}),
+                           **({"direction_verdict": word}
+                              if word and result.side is Side.OTHER else {}),
                            **({"servers": servers} if servers else {})})
     status = pair_status(verdicts)
     where = f"{cell.id}" + (f" ({direction})" if direction else "")
