@@ -66,6 +66,16 @@ def release_lines(checks: list[Check]) -> list[str]:
     return lines
 
 
+def gpu_lines(checks: list[Check]) -> list[str]:
+    """The GPU stacks' rows of the same table, said where the CPU ones ran."""
+    from pytest_sharedkv.identity.table import NOT_BUILT, IdentityStack
+
+    if not checks:
+        return []
+    gpu = ", ".join(str(s) for s in IdentityStack if s.gpu)
+    return [f"TABLE {gpu}: the same dimensions, not collected here: {NOT_BUILT}"]
+
+
 def summary_lines(log: RunLog) -> list[str]:
     checks = [c for c in log.bundle.checks if c.tier == TIER]
-    return verdict_lines(checks) + release_lines(checks)
+    return verdict_lines(checks) + release_lines(checks) + gpu_lines(checks)
