@@ -71,6 +71,7 @@ TIER_PLUGINS = (
     "pytest_sharedkv.replica_pair.fixtures",
     "pytest_sharedkv.service.fixtures",
     "pytest_sharedkv.perf.fixtures",
+    "pytest_sharedkv.identity.fixtures",
 )
 TIERS_LOADED = pytest.StashKey[bool]()
 # A tier's configure refused the run while collection registered the tiers; said as the

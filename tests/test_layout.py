@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_sharedkv"
-TIERS = {"ordering", "packed_page", "pinned_pool", "replica_pair", "service", "perf"}
+TIERS = {"ordering", "packed_page", "pinned_pool", "replica_pair", "service", "perf",
+         "identity"}
 # Each shared layer and the packages it may import (besides itself). Tiers may import any
 # shared layer; top-level modules (plugin wiring) and cli/ sit above everything.
 SHARED = {

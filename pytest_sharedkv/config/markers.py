@@ -18,6 +18,9 @@ TIER_MARKERS: dict[str, str] = {
     "pinned_pool": "the full host pool is really pinned, with the size that was asked",
     "replica_pair": "two replicas over one shared LMCache pool (launcher, hits, teardown)",
     "service_regression": "exact answers and hit accounting: cold / local / cross / receiver-local",
+    "identity": "everything that changes KV partitions the key: per stack and dimension "
+                "(salt, adapter, weights, RoPE, kv dtype, chunk, release, restart) the same "
+                "identity hits and another does not, or answers exactly",
     "perf": "locality performance in OFF-ON-ON-OFF blocks (or OFF-NATIVE, OFF-ON-NATIVE) "
             "with payload-matched pairs",
 }

@@ -21,6 +21,12 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
+from pytest_sharedkv.config.identity_input import (
+    parse_adapter,
+    parse_other_model,
+    parse_release_site,
+    parse_salt,
+)
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
 from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, stack_problem
 
@@ -742,6 +748,29 @@ class Settings:
         "--no-sharedkv-inprocess-prefix-caching launches them with --no-enable-prefix-caching, "
         "so every hit comes from LMCache (LMCache #4463's later configuration)",
         parse_bool, flag=True)
+    # The identity tier's inputs (issue 50), each checked before any test.
+    identity_salt: str | None = setting(
+        None,
+        "identity tier: the tenant cache_salt its cells store under (default: a fresh one "
+        "per cell); LMCache refuses '@', '/', '\\', NUL and more than 128 characters",
+        parse_salt, metavar="SALT")
+    identity_lora: Path | None = setting(
+        None,
+        "identity tier: a LoRA adapter directory (adapter_config.json) for the LoRA cells "
+        "of a launched vLLM pair (default: those cells skip, naming what they need)",
+        parse_adapter, kind=PATH, metavar="DIR")
+    identity_model: Path | None = setting(
+        None,
+        "identity tier: another checkpoint (config.json) served under the same name: other "
+        "weights, RoPE scaling or kv-cache dtype for a launched pair's cells (default: "
+        "the copy model's variants where the pair serves it)",
+        parse_other_model, kind=PATH, metavar="DIR")
+    identity_release_site: Path | None = setting(
+        None,
+        "identity tier: a site another LMCache release was installed into (`pip install "
+        "--no-deps --target DIR lmcache==0.5.7rc2`) for the two-release L2 cells "
+        "(default: those cells skip, naming the option)",
+        parse_release_site, kind=PATH, metavar="DIR")
     list_targets: bool = setting(
         False, "list the ordering tier's copy targets and exit", parse_bool, flag=True,
         ini=False)

@@ -94,6 +94,9 @@ def stack_problem(settings: Settings, provider: Provider) -> str | None:
         return (f"{where} {settings.stack}: {settings.source_of('allocators')} chooses the MP "
                 "server's L1 allocator, which this stack does not run; drop one of them")
     if settings.stack == INPROCESS and provider is not Provider.STUB:
+        refused = release_problem(settings)
+        if refused is not None:
+            return refused
         if settings.model is None:
             return (f"{where} inprocess: LMCacheConnectorV1 has no hybrid-model support in "
                     "vLLM 0.26 and the default model (the copy model) is a hybrid; "
@@ -103,4 +106,27 @@ def stack_problem(settings: Settings, provider: Provider) -> str | None:
             return (f"{where} inprocess: {settings.source_of('model')} {settings.model} is a "
                     "hybrid model, which LMCacheConnectorV1 cannot serve in vLLM 0.26; "
                     + ATTENTION_ONLY_HINT)
+    return None
+
+
+def release_problem(settings: Settings) -> str | None:
+    """Why the in-process stack cannot run on the LMCache the run would drive it with (the
+    installed one, and the release site the identity tier is given): a module vLLM's
+    LMCacheConnectorV1 imports that the release moved (issue 50 item 3), or None."""
+    import importlib.util
+
+    from pytest_sharedkv.host.lmcache_api import stack_refusal
+
+    sites: list[tuple[str, Path]] = []
+    spec = importlib.util.find_spec("lmcache")  # top-level: found, not imported
+    if spec is not None and spec.submodule_search_locations:
+        sites.append((settings.source_of("stack") + " inprocess",
+                      Path(next(iter(spec.submodule_search_locations)))))
+    site = getattr(settings, "identity_release_site", None)
+    if site is not None:
+        sites.append((settings.source_of("identity_release_site"), Path(site) / "lmcache"))
+    for where, lmcache in sites:
+        refused = stack_refusal(INPROCESS, lmcache)
+        if refused is not None:
+            return f"{where}: {refused}"
     return None

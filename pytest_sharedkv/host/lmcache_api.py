@@ -11,6 +11,7 @@ a VOID result, never a traceback from deep inside a round trip.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 PLACES: dict[str, tuple[str, ...]] = {
@@ -96,3 +97,63 @@ def known_keywords(function: Any, **keywords: Any) -> dict[str, Any]:
     """Those of KEYWORDS that FUNCTION takes: an argument a release added is passed only to
     the releases that have it."""
     return {name: value for name, value in keywords.items() if accepts(function, name)}
+
+
+# What a stack imports from LMCache that a release may have moved (issue 50 item 3): the
+# in-process stack's LMCacheConnectorV1 in vLLM 0.26 imports these places, 0.5.6's; each
+# maps to where 0.5.7rc2 keeps it (moved under lmcache.inprocess, no shim left behind).
+STACK_MODULES: dict[str, tuple[str, ...]] = {
+    "inprocess": ("lmcache.integration.vllm.vllm_v1_adapter", "lmcache.v1.cache_engine",
+                  "lmcache.v1.manager"),
+}
+MOVED_MODULES: dict[str, str] = {
+    "lmcache.integration.vllm.vllm_v1_adapter":
+        "lmcache.inprocess.integration.vllm.vllm_v1_adapter",
+    "lmcache.v1.cache_engine": "lmcache.inprocess.v1.cache_engine",
+    "lmcache.v1.manager": "lmcache.inprocess.v1.manager",
+}
+
+
+def module_file(lmcache_dir: Path, module: str) -> Path | None:
+    """Where MODULE's source (or package) lies under the LMCache package at LMCACHE_DIR,
+    found on disk (nothing imported: importing LMCache pulls in torch); None if absent."""
+    parts = module.split(".")[1:]
+    base = lmcache_dir.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def release_of(lmcache_dir: Path) -> str:
+    """The release of the LMCache package at LMCACHE_DIR, from its _version.py or the
+    dist-info beside it; "(version unknown)" where neither says."""
+    import re
+
+    version = lmcache_dir / "_version.py"
+    if version.is_file():
+        found = re.search(r"^__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)",
+                          version.read_text(errors="replace"), re.M)
+        if found:
+            return found.group(1)
+    for info in sorted(lmcache_dir.parent.glob("lmcache-*.dist-info")):
+        return info.name.removeprefix("lmcache-").removesuffix(".dist-info")
+    return "(version unknown)"
+
+
+def stack_refusal(stack: str, lmcache_dir: Path) -> str | None:
+    """Why the LMCache at LMCACHE_DIR cannot drive STACK (a module it imports is not
+    there; where the release keeps it now, where known), or None."""
+    missing = [m for m in STACK_MODULES.get(stack, ()) if module_file(lmcache_dir, m) is None]
+    if not missing:
+        return None
+    said = []
+    for module in missing:
+        moved = MOVED_MODULES.get(module)
+        if moved is not None and module_file(lmcache_dir, moved) is not None:
+            said.append(f"{module} moved to {moved}")
+        else:
+            said.append(f"{module} is not there")
+    return (f"LMCache {release_of(lmcache_dir)} ({lmcache_dir}) cannot drive the {stack} "
+            f"stack: {'; '.join(said)} (vLLM 0.26's LMCacheConnectorV1 imports the old "
+            "place, and the release left no shim)")

@@ -26,6 +26,8 @@ class StubFaults:
     corrupt_external_unless: str | None = None
     crash_after: int | None = None  # B exits after this many completions
     ignore_salt: bool = False  # both: every namespace shares blocks (a leak)
+    # both: keys leave the model identity (--identity: weights, RoPE, kv dtype, adapter) out
+    identity_blind: bool = False
     pool_blocks: int | None = None  # a pool keeps this many blocks, oldest out
     fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
@@ -70,6 +72,8 @@ class StubFaults:
             argv += ["--crash-after", str(self.crash_after)]
         if self.ignore_salt:
             argv.append("--ignore-salt")
+        if self.identity_blind:
+            argv.append("--identity-blind")
         if self.pool_blocks is not None and arm != "OFF":  # OFF has no pool
             argv += ["--pool-blocks", str(self.pool_blocks)]
         if b and self.fail_metrics:
@@ -123,6 +127,9 @@ class TransferFaults:
     """What the transfer provider's fetching replica gets wrong on purpose."""
 
     off_by_one: bool = False  # B retrieves each block into the one after it
+    # the identity tier's drivers drop every cache_salt (LMCache #4825's SGLang path): the
+    # salt-blind fault on the real server
+    salt_blind: bool = False
 
     def argv(self) -> list[str]:
         """The flags the fetching replica starts with."""

@@ -44,6 +44,7 @@ from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.stack.topology import HOSTS, SHARED, HostsSpec, ServerView, Topology
 
 if TYPE_CHECKING:
+    from pytest_sharedkv.stack.identity_launch import StubIdentity
     from pytest_sharedkv.stack.stack_launch import StackLaunch
 
 INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
@@ -158,6 +159,8 @@ class LaunchSpec:
     # --sharedkv-stack inprocess|native (stack/stack_launch.py): each replica's extra flags
     # and variables and the record's naming of the stack; None: the MP server's stack
     stack: StackLaunch | None = None
+    # the identity tier: what each stub replica serves as (stack/identity_launch.py)
+    identity: StubIdentity | None = None
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -476,6 +479,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))
+        if spec.identity is not None:  # the identity tier: its model identity, its chunk
+            argv += spec.identity.argv(name)
         blocks = stub_l1_blocks(spec)
         if blocks is not None and spec.arm == "ON":  # the last --pool-blocks wins: the least
             argv += ["--pool-blocks", str(min(blocks, faults.pool_blocks or blocks))]

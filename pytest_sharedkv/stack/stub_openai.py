@@ -18,7 +18,10 @@ get a deterministic hash continuation.
 It can misbehave on purpose: ``--crash-after N`` exits after N completions,
 ``--never-ready`` keeps /health failing, ``--corrupt-external`` changes the answer whenever
 a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak),
-``--pool-blocks N`` keeps at most N blocks in the pool, oldest out (a pool too small),
+``--identity TEXT`` folds a model identity into its keys as a correct stack would (a block
+another identity stored, found all the same, answers as stale KV; ``--identity-blind``
+plants keys without it), ``--pool-blocks N`` keeps at most N blocks in the pool, oldest
+out (a pool too small),
 ``--diverge`` answers copy prompts one word off even cold (a model fault, not a cache
 fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every pool hit
 (the service tier's sensitivity gate, as the launched server's hook does; ``--corrupt-log``
@@ -142,6 +145,11 @@ class _State:
         self.l1_order: OrderedDict[str, None] = OrderedDict()  # the hosts topology's L1, LRU
         self.in_flight: dict[tuple[str, str], int] = {}  # --twins-diverge: (salt, prompt)
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
+        # --identity: what else than the salt a correct stack folds into its keys (weights,
+        # RoPE scaling, kv-cache dtype, adapter); --identity-blind (planted) leaves it out
+        self.identity: str = args.identity
+        self.key_identity = "" if args.identity_blind else args.identity
+        self.foreign = False  # the last lookup loaded blocks another identity stored
         self.audit: AuditLog | None = None
         self.hooks = _Hooks(args)
         if args.kv_audit is not None:
@@ -167,7 +175,9 @@ class _State:
         the indices of the blocks this call put in the pool; every block's pool key."""
         if self.args.ignore_salt:
             salt = ""
-        keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
+        seed = f"{salt}\x00{self.key_identity}" if self.key_identity else salt
+        keys, chain = [], hashlib.sha256(seed.encode()).hexdigest()
+        self.foreign = False
         for end in range(block, limit + 1, block):  # a prefix hash chain, block by block
             chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
                                    ).hexdigest()
@@ -182,6 +192,8 @@ class _State:
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
                 pooled.add(key)
+                if self.identity and not self.foreign:  # whose KV it is (its bytes' maker)
+                    self.foreign = _writer(self.pool / key) != self.identity
             else:
                 break
         stored = []
@@ -189,7 +201,7 @@ class _State:
             if key not in self.blocks:  # stored once (creating files is slow on some disks)
                 self.blocks.add(key)
                 if self.pool is not None and key not in pooled:
-                    (self.pool / key).touch()
+                    (self.pool / key).write_text(self.identity)  # "" where none is given
                     stored.append(index)
             self.used_on_gpu(key)
         self.l1_writes += len(stored)
@@ -252,7 +264,8 @@ class _State:
                 local = end
             else:
                 external = end - local
-        stale = frozenset(i for i, data in read.items() if data != l2_entry(keys[i][1]))
+        stale = frozenset(i for i, data in read.items()
+                          if data != l2_entry(keys[i][1] + self.identity))
         self.last = _ServerLookup((l1 + l2, len(keys), l1, l2), stale)
         stored = []
         for index, (_, key) in enumerate(keys):
@@ -283,7 +296,7 @@ class _State:
         assert self.l2 is not None
         entry = _entry(salt, key, self.l2)
         try:
-            self.l2.write(entry, l2_entry(key))
+            self.l2.write(entry, l2_entry(key + self.identity))  # another's: stale bytes
             if index == self.args.l2_flip_chunk:
                 said = self.l2.corrupt(entry)
                 print(f"[{self.name}] planted: {said}", flush=True)
@@ -363,6 +376,14 @@ def block_bytes(key: str) -> bytes:
 
 
 L2_ENTRY_REPEAT = 128  # 16 KiB an L2 entry
+
+
+def _writer(path: Path) -> str:
+    """The identity that stored a pool block (--identity; "" for none, or one gone)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def l2_entry(key: str) -> bytes:
@@ -649,6 +670,7 @@ class _Prefill:
     done: int
     server: _ServerLookup | None = None  # the hosts topology's server lookup
     keys: tuple[str, ...] = ()  # every whole block's pool key, in order
+    foreign: bool = False  # it loaded KV another identity stored (--identity)
 
     @property
     def cached(self) -> int:
@@ -671,6 +693,7 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
         block = state.args.block if copy else BLOCK
         local, external, stored, keys = state.lookup(salt, tokens, block, limit)
         server = state.last if state.l2 is not None else None
+        foreign = state.foreign
         state.queries += len(tokens)
         state.hits += local
         state.external_hits += external
@@ -682,7 +705,7 @@ def _prefill(state: _State, prompt: str, salt: str) -> _Prefill:
             moved.append(f"vllm:kv_offload_load_bytes={external * STUB_TOKEN_BYTES}")
         print(f"[{state.name}] KV Transfer metrics: {', '.join(moved)}", flush=True)
     return _Prefill(words, tokens, copy, block, local, external, stored, done, server=server,
-                    keys=keys)
+                    keys=keys, foreign=foreign)
 
 
 def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
@@ -699,7 +722,7 @@ def _answer_words(state: _State, prompt: str, max_tokens: int, pre: _Prefill,
                            state.args.diverge or effect.shifted or edge)
     else:
         out = _continuation(prompt, max_tokens)
-    stale = pre.server is not None and bool(pre.server.stale)
+    stale = (pre.server is not None and bool(pre.server.stale)) or pre.foreign
     if pre.external and (state.stale_pool or stale):
         out = _continuation(prompt + " stale", max_tokens)
     return out
@@ -923,6 +946,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep at most this many blocks in the pool (oldest out)")
     parser.add_argument("--corrupt-external", action="store_true")
     parser.add_argument("--ignore-salt", action="store_true")
+    parser.add_argument("--identity", default="",
+                        help="the model identity (weights, RoPE scaling, kv-cache dtype, "
+                        "adapter) its keys fold in; a block another identity stored answers "
+                        "as stale KV")
+    parser.add_argument("--identity-blind", action="store_true",
+                        help="a planted fault: keys leave --identity out")
     parser.add_argument("--diverge", action="store_true")
     parser.add_argument("--corrupt-control", type=Path, default=None)
     parser.add_argument("--corrupt-log", default=None)

@@ -99,6 +99,24 @@ def tokens() -> list[int]:
     return [(i * 7919 + 13) % 32000 for i in range(NUM_TOKENS)]
 
 
+def wire_tokens() -> Any:
+    """The tokens as the client sends them: 0.5.6 a list; 0.5.7rc2 packed (token_codec)."""
+    try:
+        from lmcache.v1.multiprocess.token_codec import pack_token_ids
+    except ImportError:
+        return tokens()
+    return pack_token_ids(tokens())
+
+
+def load_store_op(ids: list[int], end: int) -> Any:
+    """LMCache's LoadStoreOp of the tokens up to END into IDS, in its release's fields."""
+    from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
+
+    wire = wire_tokens()
+    given = {"token_ids": wire} if isinstance(wire, list) else {"token_bytes": wire}
+    return LoadStoreOp(**given, block_ids=[ids], start=0, end=end)
+
+
 def block_plan() -> tuple[list[int], list[int]]:
     """Source ids in A, destination ids in B; block 0 is vLLM's null block, never used."""
     count = NUM_TOKENS // BLOCK
@@ -200,16 +218,14 @@ class Client:
         return event
 
     def store(self, rid: str, ids: list[int], salt: str) -> bool:
-        from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
-
-        op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=NUM_TOKENS)
+        op = load_store_op(ids, NUM_TOKENS)
         self.worker.submit_store_request(rid, op, self.event(), cache_salt=salt)
         ok = bool(self.worker.store_futures[rid].result(timeout=60))
         self.worker.get_finished({rid})
         return ok
 
     def lookup(self, rid: str, salt: str, timeout: float = 30.0) -> int:
-        self.scheduler.maybe_submit_lookup_request(rid, tokens(), cache_salt=salt)
+        self.scheduler.maybe_submit_lookup_request(rid, wire_tokens(), cache_salt=salt)
         deadline = time.monotonic() + timeout
         while (hit := self.scheduler.check_lookup_result(rid)) is None:
             if time.monotonic() > deadline:
@@ -220,14 +236,12 @@ class Client:
     def release(self, rid: str, hit: int, salt: str) -> None:
         self.scheduler.cleanup_lookup_result(rid)
         if hit > 0:
-            self.scheduler.free_lookup_locks(tokens(), 0, hit, rid, cache_salt=salt)
+            self.scheduler.free_lookup_locks(wire_tokens(), 0, hit, rid, cache_salt=salt)
         self.scheduler.end_session(rid)
 
     def retrieve(self, rid: str, ids: list[int], hit: int, salt: str) -> bool:
-        from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp
-
         self.scheduler.cleanup_lookup_result(rid)
-        op = LoadStoreOp(token_ids=tokens(), block_ids=[ids], start=0, end=hit)
+        op = load_store_op(ids, hit)
         self.worker.submit_retrieve_request(rid, op, self.event(), cache_salt=salt)
         ok = bool(self.worker.retrieve_futures[rid][0].result(timeout=60))
         self.worker.get_finished(set())
