@@ -108,6 +108,7 @@ from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 
 BLOCK = 16
 STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
+SGLANG = "sglang"  # --engine sglang: usage and /metrics as SGLang 0.5.17 gives them
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
 TWIN_WAIT_S = 1.0  # --twins-diverge: how long a request stays in flight for its twins
 
@@ -716,10 +717,15 @@ def _apply_stop(out: list[str], stops: list[str]) -> tuple[list[str], str]:
     return out, "length"
 
 
-def _usage(pre: _Prefill, out: list[str]) -> dict[str, Any]:
-    return {"prompt_tokens": len(pre.tokens), "completion_tokens": len(out),
-            "total_tokens": len(pre.tokens) + len(out),
-            "prompt_tokens_details": {"cached_tokens": pre.cached}}
+def _usage(pre: _Prefill, out: list[str], engine: str = "vllm") -> dict[str, Any]:
+    """vLLM's usage (--enable-prompt-tokens-details: cached tokens always there), or
+    SGLang 0.5.17's (--enable-cache-report: prompt_tokens_details left out when nothing
+    was cached, UsageProcessor._details_if_cached)."""
+    usage: dict[str, Any] = {"prompt_tokens": len(pre.tokens), "completion_tokens": len(out),
+                             "total_tokens": len(pre.tokens) + len(out)}
+    if engine != SGLANG or pre.cached > 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": pre.cached}
+    return usage
 
 
 def _choice(request: dict[str, Any], out: list[str], finish: str, copy: bool
@@ -740,7 +746,14 @@ def _choice(request: dict[str, Any], out: list[str], finish: str, copy: bool
 
 
 def _metrics_text(state: _State) -> str:
-    """The prefix-cache counters the suite reads, in Prometheus text."""
+    """The prefix-cache counters the suite reads, in Prometheus text: vLLM's, or SGLang
+    0.5.17's (--enable-metrics: sglang:cached_tokens_total by cache_source, device the
+    radix cache's own hits, host what its LMCache radix cache loaded)."""
+    if state.args.engine == SGLANG:
+        return ("# HELP sglang:cached_tokens_total Number of cached prompt tokens by source.\n"
+                "# TYPE sglang:cached_tokens_total counter\n"
+                f'sglang:cached_tokens_total{{cache_source="device"}} {state.hits}\n'
+                f'sglang:cached_tokens_total{{cache_source="host"}} {state.external_hits}\n')
     return (f"vllm:prefix_cache_queries_total {state.queries}\n"
             f"vllm:prefix_cache_hits_total {state.hits}\n"
             f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
@@ -860,7 +873,7 @@ class _StubHandler(BaseHTTPRequestHandler):
         if twin:  # the planted fault: the twin's own answer
             words = _continuation(f"{prompt} twin {twin}", max_tokens)
         out, finish = _apply_stop(words, request.get("stop") or [])
-        usage = _usage(pre, out)
+        usage = _usage(pre, out, self.stub.args.engine)
         choice = _choice(request, out, finish, pre.copy)
         if request.get("stream"):
             self._stream(pre.done, out, choice, usage, request)
@@ -912,6 +925,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="stub")
+    parser.add_argument("--engine", choices=("vllm", SGLANG), default="vllm",
+                        help="answer usage and /metrics as this engine does")
     parser.add_argument("--crash-after", type=int, default=None)
     parser.add_argument("--never-ready", action="store_true")
     parser.add_argument("--pool", type=Path, default=None)
