@@ -288,3 +288,31 @@ def test_the_service_tier_runs_on_the_stub_answering_as_sglang(
     launches = [json.loads(f["value"]) for f in report["facts"] if f["name"] == "launch"]
     assert all(launch["argv"][-2:] == ["--engine", "sglang"] or "--engine" in launch["argv"]
                for launch in launches) and len(launches) == 2
+
+
+def test_the_stub_answers_in_sglangs_shape() -> None:
+    """Raw, before the suite reads it: a cold answer without prompt_tokens_details, a
+    repeat with them, and SGLang's counter by cache_source in /metrics (vLLM's absent)."""
+    import urllib.request
+
+    from tests.stub_endpoints import external_stubs
+
+    with external_stubs("--engine", "sglang") as urls:
+        url = urls.split(",")[0]
+
+        def complete() -> dict[str, Any]:
+            body = json.dumps({"model": "stub", "prompt": "w01 w02 " * 40, "max_tokens": 2,
+                               "temperature": 0.0}).encode()
+            request = urllib.request.Request(url + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                data: dict[str, Any] = json.loads(response.read())
+            return data
+
+        cold, warm = complete(), complete()
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+    assert "prompt_tokens_details" not in cold["usage"], cold["usage"]
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, warm["usage"]
+    assert 'sglang:cached_tokens_total{cache_source="device"}' in metrics
+    assert "vllm:" not in metrics
