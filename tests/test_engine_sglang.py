@@ -316,3 +316,25 @@ def test_the_stub_answers_in_sglangs_shape() -> None:
     assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, warm["usage"]
     assert 'sglang:cached_tokens_total{cache_source="device"}' in metrics
     assert "vllm:" not in metrics
+
+
+def test_sglangs_lmcache_key_carries_no_salt() -> None:
+    """SGLang #37160's condition, read from LMCache 0.5.6's own code on CPU: the key
+    SGLang's MP connector builds for a lookup, retrieve or store (``_create_key``) takes
+    no cache_salt, so two tenants' requests for one prompt name one cache entry; the key
+    type has the field (vLLM's adapter fills it), and salted keys differ."""
+    pytest.importorskip("lmcache.integration.sglang.multi_process_adapter")
+    from types import SimpleNamespace
+
+    from lmcache.integration.sglang.multi_process_adapter import LMCacheMPConnector
+    from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+
+    connector = SimpleNamespace(model_name="m", tp_size=1, worker_id=0)
+    tokens = list(range(64))
+    tenant_a = LMCacheMPConnector._create_key(connector, tokens, 0, 64, "tenant-a-req")
+    tenant_b = LMCacheMPConnector._create_key(connector, tokens, 0, 64, "tenant-b-req")
+    assert tenant_a == tenant_b and tenant_a.cache_salt == ""
+    salted = [IPCCacheServerKey(model_name="m", world_size=1, worker_id=0,
+                                token_ids=tuple(tokens), start=0, end=64, request_id=r,
+                                cache_salt=r) for r in ("a", "b")]
+    assert salted[0] != salted[1]
