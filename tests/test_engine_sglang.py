@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,7 +17,7 @@ from pytest_sharedkv.cli.compare.reading import Report, read_report
 from pytest_sharedkv.config.engine import SGLANG_LMCACHE_MODULES, Engine
 from pytest_sharedkv.service.references import baseline, engine_key
 from pytest_sharedkv.stack.launch_record import LaunchRecord
-from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS
+from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, ReplicaPair
 from pytest_sharedkv.stack.providers import EngineSettings, LaunchSpec
 from pytest_sharedkv.stack.sglang_engine import (
     engine_fact,
@@ -228,10 +228,15 @@ class _Pair:
         self.topology = None
 
 
+def _pair(provider: str, stack: dict[str, Any] | None) -> ReplicaPair:
+    """A stand-in with what engine_key reads: the record's provider and stack."""
+    return cast(ReplicaPair, _Pair(provider, stack))
+
+
 def test_references_are_keyed_by_engine(tmp_path: Path) -> None:
-    assert engine_key(_Pair("stub (test double)", engine_fact(None)), "x") == "stub+sglang"
-    assert engine_key(_Pair("stub (test double)", None), "x") == "stub"
-    key = engine_key(_Pair("sglang", engine_fact("0.5.17")), "not probed")
+    assert engine_key(_pair("stub (test double)", engine_fact(None)), "x") == "stub+sglang"
+    assert engine_key(_pair("stub (test double)", None), "x") == "stub"
+    key = engine_key(_pair("sglang", engine_fact("0.5.17")), "not probed")
     assert key == "sglang-none+lmcache-0.5.6-not-checked"  # no sglang installed here
     model = tmp_path / "copy-x"
     for name in ("vllm-0.26.0+lmcache-0.5.6-compiled", "stub"):
@@ -338,3 +343,21 @@ def test_sglangs_lmcache_key_carries_no_salt() -> None:
                                 token_ids=tuple(tokens), start=0, end=64, request_id=r,
                                 cache_salt=r) for r in ("a", "b")]
     assert salted[0] != salted[1]
+
+
+def test_the_bundle_numbers_in_the_docs_are_the_recorded_ones() -> None:
+    """docs/engines.md's sizes and part counts are fixtures/sglang/bundle-0.5.17.json's
+    (measured with pip download and xz; a remeasure changes both or this fails)."""
+    root = Path(__file__).resolve().parent.parent
+    record = json.loads((root / "fixtures" / "sglang" / "bundle-0.5.17.json").read_text())
+    text = " ".join((root / "docs" / "engines.md").read_text().split())
+    totals = record["totals"]
+    assert totals["core_xz_bytes"] == sum(record["xz"].values())
+    assert totals["apart_bytes"] == sum(record["wheels_pinned_apart_from_vllm_0_26_0"].values())
+    for number in (record["sglang_kernel_wheel"]["bytes"], record["flash_ops"]["unpacked_bytes"],
+                   record["flash_ops"]["deflated_bytes"], totals["core_xz_bytes"],
+                   totals["apart_bytes"]):
+        assert f"{number} bytes" in text or f"{number} deflated" in text, number
+    for key in ("bundle_parts_of_40MiB", "bundle_with_alike_parts_of_40MiB"):
+        assert f"{totals[key]} parts of 40 MiB" in text or f"{totals[key]} parts." in text, key
+    assert f"With FA3: {totals['with_fa3_parts_of_40MiB']} parts." in text

@@ -187,11 +187,16 @@ def test_the_plans_the_readme_names_are_there_and_run_as_waves(tmp_path: Path) -
     runs it through to "alldone" with a host whose suite only echoes its arguments."""
     named = set(re.findall(r"`plans/([a-z0-9-]+\.sh)`", (KIT / "README.md").read_text()))
     assert named and named <= {p.name for p in KIT.glob("plans/*.sh")}, named
+    sglang = tmp_path / "site-sglang"  # a complete SGLang install, for sglang_lane
+    (sglang / "sglang").mkdir(parents=True)
+    (sglang / "sglang" / "__init__.py").write_text("")
+    (sglang / ".complete").write_text("1\n")
     env = {**_fake_host(tmp_path), "WAVE_TMP": str(tmp_path), "STAGGER_S": "0",
-           "SHAREDKV_SITES": str(tmp_path)}
+           "SHAREDKV_SITES": str(tmp_path), "SHAREDKV_SGLANG_SITE": str(sglang)}
     kit = tmp_path / "contrib" / "gpu-host"
     kit.mkdir(parents=True)
-    (kit / "service-wave.sh").write_text((KIT / "service-wave.sh").read_text())
+    for script in ("service-wave.sh", "sglang-site.sh"):
+        (kit / script).write_text((KIT / script).read_text())
     (kit / "lmcache-site.sh").write_text('#!/bin/bash\n[ "$1" = compile ] && exit 0\n'
                                          'echo "ARGS=$*"\n')
     (tmp_path / "site-lmcache-0.5.6").mkdir()
