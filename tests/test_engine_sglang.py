@@ -361,3 +361,68 @@ def test_the_bundle_numbers_in_the_docs_are_the_recorded_ones() -> None:
     for key in ("bundle_parts_of_40MiB", "bundle_with_alike_parts_of_40MiB"):
         assert f"{totals[key]} parts of 40 MiB" in text or f"{totals[key]} parts." in text, key
     assert f"With FA3: {totals['with_fa3_parts_of_40MiB']} parts." in text
+
+
+LAUNCH_SERVER = '''"""A stand-in for sglang.launch_server: reads the LMCache YAML the suite
+wrote and serves the stub double answering as SGLang on the port it was given."""
+import sys
+from pathlib import Path
+
+from pytest_sharedkv.stack.stub_openai import main
+
+args = sys.argv[1:]
+config = Path(args[args.index("--lmcache-config-file") + 1]).read_text()
+assert config.startswith("mp_host: 127.0.0.1"), config
+sys.exit(main(["--port", args[args.index("--port") + 1], "--name", "sglang",
+               "--engine", "sglang"]))
+'''
+
+
+def test_a_launched_sglang_pair_starts_and_stops_through_managed_processes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch_sglang_pair on CPU with the real LMCache server and a stand-in for SGLang's
+    server module: the server first, both replicas as managed processes with the YAML
+    naming the server's port, a request read through SGLang's dialect, and a close that
+    leaves no process."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("lmcache") is None:
+        pytest.skip("lmcache not installed: the launch starts its real server")
+
+    from pytest_sharedkv.stack.sglang_engine import launch_sglang_pair
+
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    (fake / "sglang" / "launch_server.py").write_text(LAUNCH_SERVER)
+    here = str(Path(__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), here]))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    spec = _spec(logs, l1_size_gb=0.25, gate=False, ready_timeout=120)
+    pair = launch_sglang_pair(spec)
+    try:
+        record = pair.record
+        assert record.provider == "sglang" and record.stack is not None
+        assert record.stack["engine"] == "sglang"
+        names = [p.name for p in record.processes]
+        assert names[1:] == ["sglang replica A", "sglang replica B"], names
+        server = next(p for p in record.processes if p.name not in names[1:])
+        port = server.argv[server.argv.index("--port") + 1]
+        assert (logs / "lmcache-sglang-B.yaml").read_text() == \
+            f"mp_host: 127.0.0.1\nmp_port: {port}\n"
+        cold = pair.send("A", "w01 w02 w03 " * 30, max_tokens=2)
+        assert (cold.cached_tokens, cold.local_hit_tokens, cold.external_hit_tokens) == \
+            (0, 0, 0)
+        assert cold.counters_read
+        assert pair.has_server  # closed with the pair
+    finally:
+        leftovers = pair.close()
+    assert leftovers == []
+    assert not any(r.process is not None and r.process.alive()
+                   for r in pair.replicas.values())
+    import socket
+
+    with socket.socket() as probe:  # the LMCache server is gone too
+        assert probe.connect_ex(("127.0.0.1", int(port))) != 0
