@@ -426,3 +426,31 @@ def test_a_launched_sglang_pair_starts_and_stops_through_managed_processes(
 
     with socket.socket() as probe:  # the LMCache server is gone too
         assert probe.connect_ex(("127.0.0.1", int(port))) != 0
+
+
+def test_the_salt_leak_row_fails_where_the_pool_ignores_the_salt(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang #37160's row on the stub double: the engine's own cache salted, the pool's
+    keys without the salt (its LMCache connector's key). The protocol's salt checks fail
+    naming the cached tokens (a request under another salt hit the pool); the steps, one
+    salt per case, stay exact."""
+    from pytest_sharedkv.config.options import MEASURED_ENV
+    from tests.launch_faults import StubFaults, plant
+
+    monkeypatch.setenv(MEASURED_ENV, "4")
+    plant(pytester, StubFaults(pool_ignores_salt=True))
+    # the suite is named by path (this checkout's), so the planted conftest goes in as a
+    # plugin module
+    (pytester.path / "conftest.py").rename(pytester.path / "planted_faults.py")
+    result = pytester.runpytest_subprocess("-p", "planted_faults", *SERVICE[:-1],
+                                           "protocol or chain")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    report = json.loads((pytester.path / "r.json").read_text())
+    failed = {t["nodeid"].split("[")[-1].rstrip("]") for t in report["tests"]
+              if t["outcome"] == "failed"}
+    assert failed == {"cache-salt-separates-namespaces-stub",
+                      "cache-salt-separates-namespaces-across-replicas-stub"}, failed
+    leak = next(c for c in report["checks"] if c["kind"] == "protocol"
+                and "across-replicas" in str(c["key"]))
+    assert leak["status"] == "fail" and "B under another cache_salt after A stored it: " \
+        in leak["message"] and not leak["message"].endswith(": 0 cached"), leak

@@ -26,6 +26,9 @@ class StubFaults:
     corrupt_external_unless: str | None = None
     crash_after: int | None = None  # B exits after this many completions
     ignore_salt: bool = False  # both: every namespace shares blocks (a leak)
+    # both: the pool's keys carry no cache_salt, the engines' own caches do (SGLang #37160:
+    # its LMCache connector's key takes no salt)
+    pool_ignores_salt: bool = False
     pool_blocks: int | None = None  # a pool keeps this many blocks, oldest out
     fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
@@ -70,6 +73,8 @@ class StubFaults:
             argv += ["--crash-after", str(self.crash_after)]
         if self.ignore_salt:
             argv.append("--ignore-salt")
+        if self.pool_ignores_salt:
+            argv.append("--pool-ignores-salt")
         if self.pool_blocks is not None and arm != "OFF":  # OFF has no pool
             argv += ["--pool-blocks", str(self.pool_blocks)]
         if b and self.fail_metrics:

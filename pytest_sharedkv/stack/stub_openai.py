@@ -17,7 +17,8 @@ get a deterministic hash continuation.
 
 It can misbehave on purpose: ``--crash-after N`` exits after N completions,
 ``--never-ready`` keeps /health failing, ``--corrupt-external`` changes the answer whenever
-a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak),
+a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak;
+``--pool-ignores-salt`` in the pool alone, SGLang #37160's condition),
 ``--pool-blocks N`` keeps at most N blocks in the pool, oldest out (a pool too small),
 ``--diverge`` answers copy prompts one word off even cold (a model fault, not a cache
 fault), and ``--corrupt-control FILE`` zeroes the chunks the file names in every pool hit
@@ -168,17 +169,18 @@ class _State:
         the indices of the blocks this call put in the pool; every block's pool key."""
         if self.args.ignore_salt:
             salt = ""
-        keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
-        for end in range(block, limit + 1, block):  # a prefix hash chain, block by block
-            chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
-                                   ).hexdigest()
-            keys.append((end, chain))
+        keys = _chain(salt, tokens, block, limit)
+        # --pool-ignores-salt (SGLang #37160): the engine's own cache keyed by the salt, the
+        # pool's keys without it
+        own = keys
+        if self.args.pool_ignores_salt:
+            keys = _chain("", tokens, block, limit)
         if self.l2 is not None:
             return self._hosts_lookup(salt, keys)
         local = external = 0
         pooled = set()
-        for end, key in keys:
-            if key in self.blocks and external == 0 and not self.args.no_prefix_caching:
+        for (end, key), (_, mine) in zip(keys, own, strict=True):
+            if mine in self.blocks and external == 0 and not self.args.no_prefix_caching:
                 local = end
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
@@ -186,13 +188,13 @@ class _State:
             else:
                 break
         stored = []
-        for index, (_, key) in enumerate(keys):
-            if key not in self.blocks:  # stored once (creating files is slow on some disks)
-                self.blocks.add(key)
+        for index, ((_, key), (_, mine)) in enumerate(zip(keys, own, strict=True)):
+            if mine not in self.blocks:  # stored once (creating files is slow on some disks)
+                self.blocks.add(mine)
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).touch()
                     stored.append(index)
-            self.used_on_gpu(key)
+            self.used_on_gpu(mine)
         self.l1_writes += len(stored)
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
@@ -717,6 +719,17 @@ def _apply_stop(out: list[str], stops: list[str]) -> tuple[list[str], str]:
     return out, "length"
 
 
+def _chain(salt: str, tokens: list[str], block: int, limit: int) -> list[tuple[int, str]]:
+    """(end, key) of each whole block of the first LIMIT tokens: a prefix hash chain from
+    SALT, block by block."""
+    keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
+    for end in range(block, limit + 1, block):
+        chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
+                               ).hexdigest()
+        keys.append((end, chain))
+    return keys
+
+
 def _usage(pre: _Prefill, out: list[str], engine: str = "vllm") -> dict[str, Any]:
     """vLLM's usage (--enable-prompt-tokens-details: cached tokens always there), or
     SGLang 0.5.17's (--enable-cache-report: prompt_tokens_details left out when nothing
@@ -938,6 +951,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep at most this many blocks in the pool (oldest out)")
     parser.add_argument("--corrupt-external", action="store_true")
     parser.add_argument("--ignore-salt", action="store_true")
+    parser.add_argument("--pool-ignores-salt", action="store_true",
+                        help="the pool's keys without the cache_salt, the engine's own cache "
+                             "with it (SGLang #37160's LMCache path)")
     parser.add_argument("--diverge", action="store_true")
     parser.add_argument("--corrupt-control", type=Path, default=None)
     parser.add_argument("--corrupt-log", default=None)
