@@ -142,7 +142,7 @@ def test_the_plan_of_an_sglang_pair(tmp_path: Path) -> None:
                         ("--attention-backend", "triton")):
         assert argv[argv.index(flag) + 1] == value, flag
     for flag in ("--enable-lmcache", "--enable-cache-report", "--enable-metrics",
-                 "--disable-cuda-graph"):
+                 "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"):
         assert flag in argv
     assert a.config_text == b.config_text == "mp_host: 127.0.0.1\nmp_port: 5556\n"
     assert dict(a.env)["CUDA_VISIBLE_DEVICES"] == "0"
@@ -454,3 +454,20 @@ def test_the_salt_leak_row_fails_where_the_pool_ignores_the_salt(
                 and "across-replicas" in str(c["key"]))
     assert leak["status"] == "fail" and "B under another cache_salt after A stored it: " \
         in leak["message"] and not leak["message"].endswith(": 0 cached"), leak
+
+
+def test_every_flag_the_plan_gives_is_one_sglang_0_5_17_takes(tmp_path: Path) -> None:
+    """The plan's flags against SGLang 0.5.17's own list (fixtures/sglang/
+    server-args-0.5.17.txt, read from the wheel's server_args.py): a flag it does not take
+    would stop both replicas at start, on the GPU host."""
+    root = Path(__file__).resolve().parent.parent
+    known = {line.strip() for line in
+             (root / "fixtures" / "sglang" / "server-args-0.5.17.txt").read_text().splitlines()
+             if line.startswith("--")}
+    from dataclasses import replace
+
+    spec = _spec(tmp_path)
+    spec = replace(spec, engine=replace(spec.engine, load_format="dummy"))
+    plan = plan_sglang_pair(spec, 5556, (8001, 8002))
+    flags = {arg for arg in plan.replicas[0].argv if arg.startswith("--")}
+    assert "--load-format" in flags and flags <= known, sorted(flags - known)

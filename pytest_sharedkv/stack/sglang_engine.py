@@ -109,8 +109,8 @@ def sglang_argv(model: Path, port: int, config_file: Path, spec: LaunchSpec) -> 
         "--attention-backend", ATTENTION_BACKEND, "--sampling-backend", SAMPLING_BACKEND,
         "--random-seed", "0", "--skip-server-warmup",
     ]
-    if engine.enforce_eager:
-        argv.append("--disable-cuda-graph")
+    if engine.enforce_eager:  # 0.5.17: --disable-cuda-graph is a deprecated alias of these
+        argv += ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
     if engine.load_format is not None:
         argv += ["--load-format", engine.load_format]
     return argv
