@@ -102,6 +102,16 @@ def test_an_lmcache_without_sglangs_modules_is_a_usage_error(
     new = fake_packages(tmp_path / "new", "sglang", "sgl_kernel", *SGLANG_LMCACHE_MODULES)
     _run_with_path(pytester, monkeypatch, new, "--sharedkv-engine=sglang").assert_outcomes(
         passed=1)
+    # a hybrid model: SGLang would serve it without its LMCache radix cache
+    (pytester.path / "model").mkdir()
+    (pytester.path / "model" / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}))
+    hybrid = _run_with_path(pytester, monkeypatch, new, "--sharedkv-engine=sglang",
+                            "--sharedkv-model=model")
+    assert hybrid.ret == pytest.ExitCode.USAGE_ERROR
+    hybrid.stderr.fnmatch_lines(["ERROR: --sharedkv-engine sglang: --sharedkv-model */model is "
+                                 "a hybrid model, for which SGLang 0.5.17 builds no LMCache "
+                                 "radix cache*copy-attention*"])
 
 
 def test_the_engine_option_and_its_ini_twin(pytester: pytest.Pytester) -> None:

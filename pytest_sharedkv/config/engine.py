@@ -17,6 +17,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from pytest_sharedkv.config.provider import Provider
+from pytest_sharedkv.config.stack_choice import ATTENTION_ONLY_HINT, _config, is_hybrid
 
 if TYPE_CHECKING:
     from pytest_sharedkv.config.options import Settings
@@ -92,4 +93,11 @@ def engine_problem(settings: Settings, provider: Provider) -> str | None:
         if missing is not None:
             return (f"{where}: {missing}; or give --sharedkv-provider stub (the test double "
                     "answers as SGLang does) or --sharedkv-endpoints")
+        if settings.model is not None:
+            config = _config(settings.model)
+            if config is not None and is_hybrid(config):
+                return (f"{where}: {settings.source_of('model')} {settings.model} is a hybrid "
+                        "model, for which SGLang 0.5.17 builds no LMCache radix cache "
+                        "(srt/mem_cache/registry.py picks its unified radix cache first), so "
+                        "--enable-lmcache would share nothing; " + ATTENTION_ONLY_HINT)
     return None
