@@ -450,7 +450,23 @@ def _environment_lines(config: pytest.Config) -> list[str]:
     if state.header is None:
         from pytest_sharedkv.host import environment
         state.header, state.lmcache = environment.header(config, gate_of(config).discovery)
+        state.header = state.header + _engine_lines(state.settings)
     return state.header
+
+
+def _engine_lines(settings: options.Settings | None) -> list[str]:
+    """--sharedkv-engine sglang: the engine and what its tiers cannot judge, said before
+    the run (the KV audit: n/a)."""
+    from pytest_sharedkv.config.engine import Engine
+
+    if settings is None or settings.engine is Engine.VLLM:
+        return []
+    from pytest_sharedkv.host.environment import dist_version
+    from pytest_sharedkv.stack.sglang_engine import KV_AUDIT
+
+    version = dist_version("sglang")
+    return [f"sharedkv: engine sglang {version or 'not installed'} (replicas over one "
+            f"LMCache MP server through SGLang's LMCache radix cache); KV audit {KV_AUDIT}"]
 
 
 def lmcache_status_of(config: pytest.Config) -> LMCacheStatus | str:

@@ -437,6 +437,13 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
         skip_not_asked(request.node, "the in-engine KV audit is off "
                        f"({sharedkv_settings.source_of('kv_audit')})")
     _skip_not_applicable("kv_audit", sharedkv_service_pass, request)
+    from pytest_sharedkv.config.engine import Engine
+    from pytest_sharedkv.service.references import engine_of
+
+    if engine_of(pair) is Engine.SGLANG:  # said in the header before the run
+        from pytest_sharedkv.stack.sglang_engine import KV_AUDIT
+
+        skip_not_asked(request.node, f"{KV_AUDIT} (--sharedkv-engine sglang)")
     if pair.kv_audit_dir is None:
         pytest.skip("the KV audit runs inside replicas the suite launches (vLLM, and the "
                     "stub test double); this pair's replicas were not launched by the suite "

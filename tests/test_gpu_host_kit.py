@@ -187,11 +187,16 @@ def test_the_plans_the_readme_names_are_there_and_run_as_waves(tmp_path: Path) -
     runs it through to "alldone" with a host whose suite only echoes its arguments."""
     named = set(re.findall(r"`plans/([a-z0-9-]+\.sh)`", (KIT / "README.md").read_text()))
     assert named and named <= {p.name for p in KIT.glob("plans/*.sh")}, named
+    sglang = tmp_path / "site-sglang"  # a complete SGLang install, for sglang_lane
+    (sglang / "sglang").mkdir(parents=True)
+    (sglang / "sglang" / "__init__.py").write_text("")
+    (sglang / ".complete").write_text("1\n")
     env = {**_fake_host(tmp_path), "WAVE_TMP": str(tmp_path), "STAGGER_S": "0",
-           "SHAREDKV_SITES": str(tmp_path)}
+           "SHAREDKV_SITES": str(tmp_path), "SHAREDKV_SGLANG_SITE": str(sglang)}
     kit = tmp_path / "contrib" / "gpu-host"
     kit.mkdir(parents=True)
-    (kit / "service-wave.sh").write_text((KIT / "service-wave.sh").read_text())
+    for script in ("service-wave.sh", "sglang-site.sh"):
+        (kit / script).write_text((KIT / script).read_text())
     (kit / "lmcache-site.sh").write_text('#!/bin/bash\n[ "$1" = compile ] && exit 0\n'
                                          'echo "ARGS=$*"\n')
     (tmp_path / "site-lmcache-0.5.6").mkdir()
@@ -228,3 +233,63 @@ def test_a_poll_returns_once_the_run_is_done_and_brings_its_results(tmp_path: Pa
     assert time.monotonic() - begun < 20
     assert (out / "progress.txt").read_text().endswith(f"{last}\n")
     assert (out / "res.tar.gz").stat().st_size > 0
+
+
+def _sglang_wave(tmp_path: Path, site: Path) -> tuple[list[str], Path]:
+    env = {**_fake_host(tmp_path), "WAVE_TMP": str(tmp_path), "STAGGER_S": "0",
+           "SHAREDKV_SGLANG_SITE": str(site)}
+    kit = tmp_path / "contrib" / "gpu-host"
+    kit.mkdir(parents=True)
+    for script in ("service-wave.sh", "sglang-site.sh"):
+        (kit / script).write_text((KIT / script).read_text())
+    (kit / "lmcache-site.sh").write_text('#!/bin/bash\n[ "$1" = compile ] && exit 0\n'
+                                         'echo "X=${SHAREDKV_EXTRA_SITE:-} ARGS=$*"\n')
+    plan = tmp_path / "plan.sh"
+    plan.write_text("sglang_lane sgl 60 0.5.6 -m service_regression\n"
+                    "lane plain 60 0.5.6 -m ordering\n")
+    out = subprocess.run(["bash", str(kit / "service-wave.sh"), str(plan)], env=env,
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
+    res = tmp_path / "res"
+    return [line.split(" ", 1)[1] for line in (res / "progress.txt").read_text().splitlines()], res
+
+
+def test_an_sglang_lane_without_a_complete_site_runs_nothing_and_says_why(
+        tmp_path: Path) -> None:
+    """A staging part that did not land leaves no complete SGLang site: its lane is not run
+    (said in the progress file), the vLLM lanes beside it still are."""
+    progress, res = _sglang_wave(tmp_path, tmp_path / "no-site")
+    assert "sgl not run: no complete SGLang site (a staging part did not land)" in progress
+    assert not (res / "sgl.log").exists() and (res / "plain.log").exists()
+    assert progress[-1] == "alldone"
+
+
+def test_an_sglang_lane_runs_the_engine_from_its_site(tmp_path: Path) -> None:
+    site = tmp_path / "site-sglang"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / ".complete").write_text("1\n")
+    _, res = _sglang_wave(tmp_path, site)
+    line = (res / "sgl.log").read_text().strip()
+    assert line.startswith(f"X={site} ARGS=run 0.5.6 -m service_regression --sharedkv-engine "
+                           "sglang --basetemp "), line
+    assert (res / "plain.log").read_text().startswith("X= ARGS=run 0.5.6 -m ordering")
+
+
+def test_sglang_site_installs_nothing_when_a_part_is_missing(tmp_path: Path) -> None:
+    parts = tmp_path / "stage"
+    parts.mkdir()
+    for name, data in (("sglang.tar.xz.part-00", b"a"), ("sglang.tar.xz.part-01", b"b")):
+        (parts / name).write_bytes(data)
+    subprocess.run("sha256sum sglang.tar.xz.part-* > sglang.sha256", shell=True, cwd=parts,
+                   check=True)
+    (parts / "sglang.tar.xz.part-01").unlink()  # the second transfer never landed
+    site = tmp_path / "site-sglang"
+    env = {**os.environ, "SHAREDKV_SGLANG_SITE": str(site)}
+    out = subprocess.run(["bash", str(KIT / "sglang-site.sh"), "install", str(parts)],
+                         env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert out.returncode == 3 and "nothing installed" in out.stderr, out.stderr
+    assert not site.exists()
+    check = subprocess.run(["bash", str(KIT / "sglang-site.sh"), "check"], env=env,
+                           capture_output=True, text=True, check=False, timeout=60)
+    assert check.returncode == 3 and "no complete SGLang site" in check.stderr

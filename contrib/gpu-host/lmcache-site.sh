@@ -43,7 +43,8 @@ case "$cmd" in
     sha256sum "$target"
     ;;
   run)
-    export PYTHONPATH="$site:$BASE${PYTHONPATH:+:$PYTHONPATH}"
+    # SHAREDKV_EXTRA_SITE (an SGLang lane's site, sglang-site.sh) goes first
+    export PYTHONPATH="${SHAREDKV_EXTRA_SITE:+$SHAREDKV_EXTRA_SITE:}$site:$BASE${PYTHONPATH:+:$PYTHONPATH}"
     # the L2 checks' redis-server, where redis-site.sh installed one
     redis=${SHAREDKV_REDIS_SITE:-/tmp/redis-site}/bin
     [ ! -x "$redis/redis-server" ] || export PATH="$redis:$PATH"

@@ -6,6 +6,8 @@
 #   fallback 0.5.6 0.5.6fb             # a copy of the wheel's site as released, made before compile
 #   lane NAME LIMIT_S SITE SUITE-ARGS...
 #   SHAREDKV_SERVICE_MEASURED=8 lane NAME LIMIT_S SITE SUITE-ARGS...
+#   sglang_lane NAME LIMIT_S SITE SUITE-ARGS...   # SGLang replicas; not run (said) without
+#                                                 # a complete sglang-site.sh install
 # Each lane runs `lmcache-site.sh run SITE SUITE-ARGS --basetemp DIR --sharedkv-json
 # $R/NAME.json` in the background under `timeout LIMIT_S` with a runtime directory of its
 # own (SHAREDKV_RUNTIME_DIR): the suite's GPU lease admits one run per GPU and runtime
@@ -56,6 +58,13 @@ lane() {  # NAME LIMIT_S SITE SUITE-ARGS...
     find "$bt" -name '*.log' -size -40M -print0 \
       | tar -czf "$R/$name-logs.tar.gz" --null -T - 2>/dev/null
   ) &
+}
+
+sglang_lane() {  # NAME LIMIT_S SITE SUITE-ARGS...: a lane on SGLang replicas (sglang-site.sh)
+  if ! bash "$here/sglang-site.sh" check 2>/dev/null; then
+    stamp "$1 not run: no complete SGLang site (a staging part did not land)"; return
+  fi
+  SHAREDKV_EXTRA_SITE=${SHAREDKV_SGLANG_SITE:-/tmp/site-sglang} lane "$@" --sharedkv-engine sglang
 }
 
 stamp start

@@ -27,6 +27,7 @@ from pytest_sharedkv.config.identity_input import (
     parse_release_site,
     parse_salt,
 )
+from pytest_sharedkv.config.engine import ENGINE_NAMES, Engine, engine_problem
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
 from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, stack_problem
 
@@ -201,6 +202,10 @@ def parse_choice(*allowed: str) -> Callable[[str], str]:
 
 def parse_provider(text: str) -> Provider:
     return Provider(parse_choice(*PROVIDER_NAMES)(text))
+
+
+def parse_engine(text: str) -> Engine:
+    return Engine(parse_choice(*ENGINE_NAMES)(text))
 
 
 def parse_subset(*allowed: str) -> Callable[[str], tuple[str, ...]]:
@@ -718,6 +723,14 @@ class Settings:
         "from the CPU tier); the stub double models each as it models the MP server "
         "(default {default})",
         parse_choice(*STACKS), metavar="NAME")
+    engine: Engine = setting(
+        Engine.VLLM,
+        "replica tiers: the serving engine in each launched replica: vllm, or sglang "
+        "(SGLang 0.5.17's LMCache radix cache over one LMCache MP server; needs sglang, "
+        "sgl_kernel and LMCache's lmcache.integration.sglang modules, checked before any "
+        "test; the stub double answers as SGLang does; the KV audit is n/a) "
+        "(default {default})",
+        parse_engine, metavar="vllm|sglang")
     native_connector: str = setting(
         "offloading",
         "native stack: the vLLM connector each replica's CPU offload runs: offloading "
@@ -986,6 +999,9 @@ def _combination_problem(settings: Settings) -> str | None:
         return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
                 f"of its controls, and the external provider ({_provider_named_by(settings)}) "
                 "serves a deployment the suite never starts or stops; drop one of them")
+    engine = engine_problem(settings, provider)  # --sharedkv-engine sglang
+    if engine is not None:
+        return engine
     stack = stack_problem(settings, provider)  # --sharedkv-stack inprocess|native
     if stack is not None:
         return stack

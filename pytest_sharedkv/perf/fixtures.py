@@ -485,6 +485,12 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     if no_pair is not None:
         pytest.skip(no_pair + (" (or --sharedkv-provider stub to exercise the perf tier on "
                                "its test double)" if resolved.missing else ""))
+    from pytest_sharedkv.config.engine import Engine
+
+    if settings.engine is not Engine.VLLM and resolved.launched:
+        pytest.skip(f"{settings.source_of('engine')} {settings.engine}: the perf tier's "
+                    "blocks launch vLLM alone (OFF, ON, NATIVE); SGLang is judged by the "
+                    "service tier")
     provider = resolved.provider
     arms = block_arms(settings.blocks, settings.treatment_arms)
     hosts = l2 = None

@@ -9,7 +9,9 @@ the versions in the key), and a difference there is reported as ENGINE DRIFT, na
 keys. The key names the topology where it is not the shared one (``+hosts-<L2 type>``):
 a server per replica, or an L1 that evicts, may hit differently, so references of two
 topologies never stand in for each other unnamed; likewise the stack where it is not
-the MP server (``+inprocess``, ``+native``). A snapshot file is named by
+the MP server (``+inprocess``, ``+native``), and the engine where it is SGLang
+(``sglang-<version>+lmcache-...``; the stub double's ``stub+sglang``), never a baseline
+for vLLM's keys nor they for it. A snapshot file is named by
 its request id and written by the test that owns it, so xdist workers never share a file.
 """
 
@@ -19,6 +21,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_sharedkv.config.engine import Engine
 from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.stack.pair import ReplicaPair
@@ -78,6 +81,11 @@ def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
     from pytest_sharedkv.host.environment import dist_version, lmcache_key
     provider = pair.labels.get("provider", "")
     stack = stack_key(pair)
+    if engine_of(pair) is Engine.SGLANG:  # SGLang's own references, never vLLM's
+        if provider.startswith("stub"):
+            return f"stub{topology_key(pair)}{stack}{SGLANG_KEY}"
+        return (f"sglang-{dist_version('sglang') or 'none'}+{lmcache_key(lmcache)}"
+                f"{topology_key(pair)}{stack}")
     if provider == "vllm":
         engines = f"vllm-{dist_version('vllm')}"
         if stack.startswith("+native"):
@@ -87,6 +95,7 @@ def engine_key(pair: ReplicaPair, lmcache: LMCacheStatus | str) -> str:
         + topology_key(pair) + stack
 
 
+SGLANG_KEY = "+sglang"  # the stub double's key where it answers as SGLang
 # --sharedkv-stack values other than mp, and the native stack's other connector
 STACK_KEYS = ("inprocess", "native", "native-simple")
 SIMPLE_CONNECTOR = "SimpleCPUOffloadConnector"
@@ -104,6 +113,22 @@ def stack_key(pair: ReplicaPair) -> str:
     if name == "native" and stack is not None and stack.get("connector") == SIMPLE_CONNECTOR:
         name = "native-simple"
     return f"+{name if name in STACK_KEYS else 'unknown'}"
+
+
+def engine_of(pair: ReplicaPair) -> Engine:
+    """The engine a pair's launch record names (an SGLang pair's, or the stub's model of
+    one, in its ``stack``); vLLM where it names none, as every launch before SGLang."""
+    record = getattr(pair, "record", None)
+    stack = (record.stack if record is not None else None) or {}
+    return Engine.SGLANG if stack.get("engine") == Engine.SGLANG.value else Engine.VLLM
+
+
+def same_engine(key: str, other: str) -> bool:
+    """Whether two engine keys name one serving engine (sglang-..., stub...+sglang, or
+    vLLM's): another engine's answers and hits are no baseline for drift."""
+    def sglang(text: str) -> bool:
+        return text.startswith("sglang-") or text.endswith(SGLANG_KEY)
+    return sglang(key) == sglang(other)
 
 
 def topology_key(pair: ReplicaPair) -> str:
@@ -143,7 +168,8 @@ def baseline(root: Path, model: str, engine: str) -> Path | None:
     or a copy sets in any order. Only keys of ENGINE's topology: another topology's hits
     may legitimately differ, so they are no baseline for engine drift."""
     found = [d for d in (root / model).glob("*") if d.is_dir() and d.name != engine
-             and same_topology(d.name, engine) and same_stack(d.name, engine)]
+             and same_topology(d.name, engine) and same_stack(d.name, engine)
+             and same_engine(d.name, engine)]
     return max(found, key=lambda d: engine_order(d.name)) if found else None
 
 

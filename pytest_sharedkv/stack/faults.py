@@ -28,6 +28,9 @@ class StubFaults:
     ignore_salt: bool = False  # both: every namespace shares blocks (a leak)
     # both: keys leave the model identity (--identity: weights, RoPE, kv dtype, adapter) out
     identity_blind: bool = False
+    # both: the pool's keys carry no cache_salt, the engines' own caches do (SGLang #37160:
+    # its LMCache connector's key takes no salt)
+    pool_ignores_salt: bool = False
     pool_blocks: int | None = None  # a pool keeps this many blocks, oldest out
     fail_metrics: tuple[int, ...] = ()  # these GET /metrics of B's answer HTTP 503
     diverge: bool = False  # B answers copy prompts wrong even cold (a model fault)
@@ -74,6 +77,8 @@ class StubFaults:
             argv.append("--ignore-salt")
         if self.identity_blind:
             argv.append("--identity-blind")
+        if self.pool_ignores_salt:
+            argv.append("--pool-ignores-salt")
         if self.pool_blocks is not None and arm != "OFF":  # OFF has no pool
             argv += ["--pool-blocks", str(self.pool_blocks)]
         if b and self.fail_metrics:

@@ -144,13 +144,19 @@ def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def resolve_provider(settings: Settings) -> Resolved:
-    return resolve(settings.provider, settings.endpoints)
+    from pytest_sharedkv.config.engine import Engine
+
+    resolved = resolve(settings.provider, settings.endpoints)
+    if settings.engine is Engine.SGLANG and resolved.launched:
+        # the launched pair runs SGLang, whose absence configure already refused
+        return resolved._replace(missing=None)
+    return resolved
 
 
-def provider_marks(resolved: Resolved, gpus: int = 1) -> list[Any]:
+def provider_marks(resolved: Resolved, gpus: int = 1, engine: str = "vllm") -> list[Any]:
     if resolved.launched:
         return [pytest.mark.sharedkv_gpu(count=gpus),
-                pytest.mark.sharedkv_requires("vllm", "lmcache")]
+                pytest.mark.sharedkv_requires(engine, "lmcache")]
     return []
 
 
@@ -173,7 +179,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         allocators = (settings.stack,)
     metafunc.parametrize(
         SLOT,
-        [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus)),
+        [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus),
+                                                     settings.engine.value),
                                      pytest.mark.xdist_group(
             f"sharedkv-pair-{a}-{d}")],
                       id=(a if launched else provider.name)
@@ -224,7 +231,24 @@ def sharedkv_model_dir(pytestconfig: pytest.Config,
                        tmp_path_factory: pytest.TempPathFactory) -> Path:
     """--sharedkv-model, or the copy model (KV-sensitive by construction) generated once
     per run (xdist-safe)."""
+    from pytest_sharedkv.config.engine import Engine
+
+    if state_of(pytestconfig).settings.engine is Engine.SGLANG:
+        # SGLang 0.5.17 builds no LMCache radix cache for a GDN hybrid (registry.py
+        # returns the unified radix cache first): the attention-only copy model
+        return model_dir(pytestconfig, tmp_path_factory, "copy-attention",
+                         _attention_copy_model)
     return model_dir(pytestconfig, tmp_path_factory, "copy", _copy_model)
+
+
+def _attention_copy_model() -> tuple[str, Callable[[Path], object]]:
+    from pytest_sharedkv.models.copy_attention_model import (
+        AttentionCopyRecipe,
+        make_attention_copy_model,
+    )
+
+    recipe = AttentionCopyRecipe()
+    return recipe.key(), lambda path: make_attention_copy_model(path, recipe)
 
 
 @pytest.fixture(scope="session")
@@ -400,6 +424,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
     """How the slot starts a pair: a LaunchSpec per launch (a fresh log directory; a
     launched pair's engines on the lease's devices, with the lease's environment; in the
     hosts topology a server per replica over HOSTS's L2; each server's L1 the option's)."""
+    from pytest_sharedkv.config.engine import Engine
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.stack.providers import (
         EngineSettings,
@@ -411,6 +436,10 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
     )
 
     engine = EngineSettings(extra_args=settings.vllm_args)
+    serving = settings.engine  # --sharedkv-engine: vLLM or SGLang in each replica
+    # SGLang's connector has no audit hook: its pair (and the stub's model of it) runs
+    # none, and the service tier says n/a (sglang_engine.KV_AUDIT)
+    audit = settings.kv_audit and serving is Engine.VLLM
     l1 = settings.l1_gib if settings.l1_gib is not None else LaunchSpec.l1_size_gb
     counts = hosts is not None or settings.l1_gib is not None  # evictions in the report
 
@@ -420,9 +449,9 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
         assert cases is not None
         if provider.provider is Provider.STUB:
             spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
-                              kv_audit=settings.kv_audit, engine=engine, gate=settings.gate,
+                              kv_audit=audit, engine=engine, gate=settings.gate,
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
-                              l1_size_gb=l1)
+                              l1_size_gb=l1, serving=serving)
             if settings.stack != "mp":  # the double models the stack, and says so
                 from pytest_sharedkv.stack.stack_launch import inprocess_tiers, stub_spec
 
@@ -441,8 +470,12 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             server_env=order, replica_env=order, inject_delay_cycles=delay,
             max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
             chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=settings.kv_audit, engine=engine, hosts=hosts, count_evictions=counts,
-            l1_size_gb=l1, gate=settings.gate)
+            kv_audit=audit, engine=engine, hosts=hosts, count_evictions=counts,
+            l1_size_gb=l1, gate=settings.gate, serving=serving)
+        if serving is Engine.SGLANG:  # SGLang replicas over the MP server
+            from pytest_sharedkv.stack.sglang_engine import launch_sglang_pair
+
+            return launch_sglang_pair(edit(spec) if edit is not None else spec)
         if settings.stack != "mp":  # --sharedkv-stack inprocess|native
             from pytest_sharedkv.stack.stack_launch import (
                 StackUnavailable,

@@ -108,6 +108,10 @@ class Replica:
     start_seconds: list[float] = field(default_factory=list)
     # why this replica can never become ready although its process lives (a peer failed)
     abort: Callable[[], str | None] | None = None
+    # the engine's dialect (stack/sglang_engine.py): its /metrics text read into the
+    # suite's counter names, its answers' usage into vLLM's shape; None: vLLM's own
+    counters_from: Callable[[str], Counters] | None = None
+    answer_shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def _ready(self) -> bool:
         return http_ok(self.base_url + self.ready_path)
@@ -148,7 +152,7 @@ class Replica:
         an answer with no counters in it): unknown, not zero. A replica that is down fails
         the request that follows, which names it (and, once its process has died, says so)."""
         try:
-            found = parse_counters(self._get("/metrics"))
+            found = (self.counters_from or parse_counters)(self._get("/metrics"))
         except ReplicaError:
             return None
         return found or None
@@ -176,7 +180,7 @@ class Replica:
             raise self._failure(f"request failed: {exc}") from None
         seconds = time.perf_counter() - started
         after = self.counters()
-        usage = read_usage(data)
+        usage = read_usage(self._shaped(data))
         cached = usage.cached_tokens or 0
         local = counter_delta(before, after, LOCAL_HITS)
         external = counter_delta(before, after, EXTERNAL_HITS)
@@ -210,7 +214,12 @@ class Replica:
             raise self._failure(f"HTTP {exc.code} for /v1/completions: {detail}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise self._failure(f"request failed: {exc}") from None
-        return data
+        return self._shaped(data)
+
+    def _shaped(self, data: dict[str, Any]) -> dict[str, Any]:
+        """DATA (an answer or a stream event) in vLLM's shape, through the engine's
+        dialect where it has one."""
+        return self.answer_shape(data) if self.answer_shape is not None else data
 
     def stream(self, body: dict[str, object], timeout: float = 600.0
                ) -> list[dict[str, Any]]:
@@ -222,7 +231,7 @@ class Replica:
                 for raw in response:
                     line = raw.decode().strip()
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        events.append(json.loads(line[5:]))
+                        events.append(self._shaped(json.loads(line[5:])))
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise self._failure(f"streamed request failed: {exc}") from None
         return events

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_sharedkv.config.engine import Engine
 from pytest_sharedkv.engine_hooks import corrupt_hook, kv_audit_hook, sync_hook
 from pytest_sharedkv.engine_hooks.delay_hook import (
     CYCLES_ENV,
@@ -161,6 +162,9 @@ class LaunchSpec:
     stack: StackLaunch | None = None
     # the identity tier: what each stub replica serves as (stack/identity_launch.py)
     identity: StubIdentity | None = None
+    # --sharedkv-engine: the engine in each replica (stack/sglang_engine.py for SGLang;
+    # the stub double answers as it does)
+    serving: Engine = Engine.VLLM
 
     def __post_init__(self) -> None:
         if self.arm not in LAUNCH_ARMS:
@@ -476,6 +480,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
                 argv += ["--gpu-blocks", str(gpu)]
         if spec.stack is not None and spec.stack.record.get("prefix_caching") is False:
             argv.append("--no-prefix-caching")  # every hit from the pool, as LMCache's
+        if spec.serving is Engine.SGLANG:  # usage and /metrics as SGLang gives them
+            argv += ["--engine", Engine.SGLANG.value]
         if spec.stub_prefill_us:
             argv += ["--prefill-us", f"{spec.stub_prefill_us:g}"]
         argv += faults.argv(name, spec.arm, dict(spec.replica_env))
@@ -494,7 +500,8 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         process = ManagedProcess(f"stub replica {name}", argv, path, env=env)
         processes.append(launched(process.name, argv, process.env))
         url = f"http://127.0.0.1:{port}"
-        replicas[name] = Replica(name, url, process, ready_timeout=60, reports_external=True)
+        replicas[name] = Replica(name, url, process, ready_timeout=60, reports_external=True,
+                                 **_dialect(spec))
         placed.append(ReplicaLaunch(name, url, port=port, log=path))  # no engine, no GPU
     record = LaunchRecord(
         provider="stub (test double)",
@@ -510,6 +517,10 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
         topology=HOSTS if hosts else SHARED, l2=hosts.l2 if hosts else None)
     if spec.stack is not None:  # the stack the double models, said in its record
         record = spec.stack.named_in(record)
+    elif spec.serving is Engine.SGLANG:  # the engine it answers as, said in its record
+        from pytest_sharedkv.stack.sglang_engine import engine_fact
+
+        record = replace(record, stack=engine_fact(None))
     a, b = replicas["A"], replicas["B"]
     metrics = {n: f"{r.base_url}/server/metrics" for n, r in replicas.items()}
     views = ([ServerView("server 1", a.logs, (metrics["A"],), spec.count_evictions),
@@ -526,6 +537,15 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     pair.starts = start_record([], pair.replicas)
     pair.gpu_kv_tokens = gpu_kv_capacity(pair.replicas)
     return pair
+
+
+def _dialect(spec: LaunchSpec) -> dict[str, Any]:
+    """The Replica fields that read an SGLang stub's answers and counters as SGLang's."""
+    if spec.serving is not Engine.SGLANG:
+        return {}
+    from pytest_sharedkv.stack.sglang_engine import sglang_answer, sglang_counters
+
+    return {"counters_from": sglang_counters, "answer_shape": sglang_answer}
 
 
 def stub_l1_blocks(spec: LaunchSpec) -> int | None:

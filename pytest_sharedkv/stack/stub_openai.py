@@ -17,7 +17,8 @@ get a deterministic hash continuation.
 
 It can misbehave on purpose: ``--crash-after N`` exits after N completions,
 ``--never-ready`` keeps /health failing, ``--corrupt-external`` changes the answer whenever
-a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak),
+a request hit the pool, ``--ignore-salt`` makes every namespace share blocks (a leak;
+``--pool-ignores-salt`` in the pool alone, SGLang #37160's condition),
 ``--identity TEXT`` folds a model identity into its keys as a correct stack would (a block
 another identity stored, found all the same, answers as stale KV; ``--identity-blind``
 plants keys without it), ``--pool-blocks N`` keeps at most N blocks in the pool, oldest
@@ -111,6 +112,7 @@ from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, chunk_keys
 
 BLOCK = 16
 STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
+SGLANG = "sglang"  # --engine sglang: usage and /metrics as SGLang 0.5.17 gives them
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
 TWIN_WAIT_S = 1.0  # --twins-diverge: how long a request stays in flight for its twins
 
@@ -175,19 +177,20 @@ class _State:
         the indices of the blocks this call put in the pool; every block's pool key."""
         if self.args.ignore_salt:
             salt = ""
-        seed = f"{salt}\x00{self.key_identity}" if self.key_identity else salt
-        keys, chain = [], hashlib.sha256(seed.encode()).hexdigest()
+        identity = f"\x00{self.key_identity}" if self.key_identity else ""
+        keys = _chain(f"{salt}{identity}", tokens, block, limit)
         self.foreign = False
-        for end in range(block, limit + 1, block):  # a prefix hash chain, block by block
-            chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
-                                   ).hexdigest()
-            keys.append((end, chain))
+        # --pool-ignores-salt (SGLang #37160): the engine's own cache keyed by the salt, the
+        # pool's keys without it
+        own = keys
+        if self.args.pool_ignores_salt:
+            keys = _chain(identity, tokens, block, limit)
         if self.l2 is not None:
             return self._hosts_lookup(salt, keys)
         local = external = 0
         pooled = set()
-        for end, key in keys:
-            if key in self.blocks and external == 0 and not self.args.no_prefix_caching:
+        for (end, key), (_, mine) in zip(keys, own, strict=True):
+            if mine in self.blocks and external == 0 and not self.args.no_prefix_caching:
                 local = end
             elif self.pool is not None and (self.pool / key).exists():
                 external = end - local
@@ -197,13 +200,13 @@ class _State:
             else:
                 break
         stored = []
-        for index, (_, key) in enumerate(keys):
-            if key not in self.blocks:  # stored once (creating files is slow on some disks)
-                self.blocks.add(key)
+        for index, ((_, key), (_, mine)) in enumerate(zip(keys, own, strict=True)):
+            if mine not in self.blocks:  # stored once (creating files is slow on some disks)
+                self.blocks.add(mine)
                 if self.pool is not None and key not in pooled:
                     (self.pool / key).write_text(self.identity)  # "" where none is given
                     stored.append(index)
-            self.used_on_gpu(key)
+            self.used_on_gpu(mine)
         self.l1_writes += len(stored)
         if stored and self.args.pool_blocks is not None:
             self.evict(self.args.pool_blocks)
@@ -739,10 +742,26 @@ def _apply_stop(out: list[str], stops: list[str]) -> tuple[list[str], str]:
     return out, "length"
 
 
-def _usage(pre: _Prefill, out: list[str]) -> dict[str, Any]:
-    return {"prompt_tokens": len(pre.tokens), "completion_tokens": len(out),
-            "total_tokens": len(pre.tokens) + len(out),
-            "prompt_tokens_details": {"cached_tokens": pre.cached}}
+def _chain(salt: str, tokens: list[str], block: int, limit: int) -> list[tuple[int, str]]:
+    """(end, key) of each whole block of the first LIMIT tokens: a prefix hash chain from
+    SALT, block by block."""
+    keys, chain = [], hashlib.sha256(salt.encode()).hexdigest()
+    for end in range(block, limit + 1, block):
+        chain = hashlib.sha256(f"{chain}|{' '.join(tokens[end - block:end])}".encode()
+                               ).hexdigest()
+        keys.append((end, chain))
+    return keys
+
+
+def _usage(pre: _Prefill, out: list[str], engine: str = "vllm") -> dict[str, Any]:
+    """vLLM's usage (--enable-prompt-tokens-details: cached tokens always there), or
+    SGLang 0.5.17's (--enable-cache-report: prompt_tokens_details left out when nothing
+    was cached, UsageProcessor._details_if_cached)."""
+    usage: dict[str, Any] = {"prompt_tokens": len(pre.tokens), "completion_tokens": len(out),
+                             "total_tokens": len(pre.tokens) + len(out)}
+    if engine != SGLANG or pre.cached > 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": pre.cached}
+    return usage
 
 
 def _choice(request: dict[str, Any], out: list[str], finish: str, copy: bool
@@ -763,7 +782,14 @@ def _choice(request: dict[str, Any], out: list[str], finish: str, copy: bool
 
 
 def _metrics_text(state: _State) -> str:
-    """The prefix-cache counters the suite reads, in Prometheus text."""
+    """The prefix-cache counters the suite reads, in Prometheus text: vLLM's, or SGLang
+    0.5.17's (--enable-metrics: sglang:cached_tokens_total by cache_source, device the
+    radix cache's own hits, host what its LMCache radix cache loaded)."""
+    if state.args.engine == SGLANG:
+        return ("# HELP sglang:cached_tokens_total Number of cached prompt tokens by source.\n"
+                "# TYPE sglang:cached_tokens_total counter\n"
+                f'sglang:cached_tokens_total{{cache_source="device"}} {state.hits}\n'
+                f'sglang:cached_tokens_total{{cache_source="host"}} {state.external_hits}\n')
     return (f"vllm:prefix_cache_queries_total {state.queries}\n"
             f"vllm:prefix_cache_hits_total {state.hits}\n"
             f"vllm:external_prefix_cache_hits_total {state.external_hits}\n")
@@ -883,7 +909,7 @@ class _StubHandler(BaseHTTPRequestHandler):
         if twin:  # the planted fault: the twin's own answer
             words = _continuation(f"{prompt} twin {twin}", max_tokens)
         out, finish = _apply_stop(words, request.get("stop") or [])
-        usage = _usage(pre, out)
+        usage = _usage(pre, out, self.stub.args.engine)
         choice = _choice(request, out, finish, pre.copy)
         if request.get("stream"):
             self._stream(pre.done, out, choice, usage, request)
@@ -935,6 +961,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="stub")
+    parser.add_argument("--engine", choices=("vllm", SGLANG), default="vllm",
+                        help="answer usage and /metrics as this engine does")
     parser.add_argument("--crash-after", type=int, default=None)
     parser.add_argument("--never-ready", action="store_true")
     parser.add_argument("--pool", type=Path, default=None)
@@ -952,6 +980,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "as stale KV")
     parser.add_argument("--identity-blind", action="store_true",
                         help="a planted fault: keys leave --identity out")
+    parser.add_argument("--pool-ignores-salt", action="store_true",
+                        help="the pool's keys without the cache_salt, the engine's own cache "
+                             "with it (SGLang #37160's LMCache path)")
     parser.add_argument("--diverge", action="store_true")
     parser.add_argument("--corrupt-control", type=Path, default=None)
     parser.add_argument("--corrupt-log", default=None)

@@ -13,6 +13,7 @@ from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.allocators import as_twin, switch, switch_line
 from pytest_sharedkv.cli.compare.catalogue import sight_changes
 from pytest_sharedkv.cli.compare.correctness import differences
+from pytest_sharedkv.cli.compare.engines import ENGINE_CHANGE, engine_change
 from pytest_sharedkv.cli.compare.flags import FLAGS_DIFFER, flag_differences
 from pytest_sharedkv.cli.compare.kernels import lost_kernels
 from pytest_sharedkv.cli.compare.placement import PLACEMENT_DIFFERS, placement_difference
@@ -77,19 +78,21 @@ def compare(before: Report, after: Report, limit: float, allow_flag_change: bool
     moved = placement_difference(before, after)
     topology = topology_difference(before, after)
     stacks = stack_change(before, after)
+    engines = engine_change(before, after)  # vLLM -> SGLang: speed never judged across
     # the differences that keep speed from being judged, each unless its option allows it
     blocked = [label for label, differs, allowed in (
         (FLAGS_DIFFER, bool(flags), allow_flag_change),
         (PLACEMENT_DIFFERS, moved is not None, allow_placement_change),
         (TOPOLOGY_DIFFERS, topology is not None, allow_topology_change),
-        (STACK_CHANGE, stacks is not None, allow_stack_change))
+        (STACK_CHANGE, stacks is not None, allow_stack_change),
+        (ENGINE_CHANGE, engines is not None, False))
         if differs and not allowed]
     regressed = not blocked and bool(speed.regressions(every, limit))
     status = 1 if new or old or regressed or speed.missing(every) else 0
     return status, report_lines(before, after, limit, status=status, new=new, old=old,
                                 changes=changes, sessions=sessions, flags=flags,
                                 placement=moved, topology=topology, blocked=blocked,
-                                stacks=stacks,
+                                stacks=stacks, engines=engines,
                                 switched=switch_line(found) if found is not None else "",
                                 arms=speed.arms_line(before.perf, after.perf),
                                 same=same_line(before, after), sight=sight)

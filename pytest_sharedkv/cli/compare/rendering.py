@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from pytest_sharedkv.cli.compare import engines as engine_lines
 from pytest_sharedkv.cli.compare import speed
 from pytest_sharedkv.cli.compare.correctness import void_tiers
 from pytest_sharedkv.cli.compare.finding import Finding
@@ -15,6 +16,7 @@ from pytest_sharedkv.cli.compare.reading import Report, tiers
 from pytest_sharedkv.cli.compare.speed import Change
 from pytest_sharedkv.cli.compare.stacks import STACK_CHANGE, Stack, change_line
 from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS
+from pytest_sharedkv.config.engine import Engine
 from pytest_sharedkv.perf.significance import MIN_PAIRS
 from pytest_sharedkv.report.markdown import markdown_table
 
@@ -101,8 +103,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
                  placement: tuple[str, str] | None = None,
                  topology: tuple[str, str] | None = None, blocked: Sequence[str] = (),
                  switched: str = "", arms: str = "", same: str = "",
-                 sight: Sequence[str] = (), stacks: tuple[Stack, Stack] | None = None
-                 ) -> list[str]:
+                 sight: Sequence[str] = (), stacks: tuple[Stack, Stack] | None = None,
+                 engines: tuple[Engine, Engine] | None = None) -> list[str]:
     """The compare's Markdown: STATUS decided, NEW and OLD correctness differences (AFTER's,
     new ones first), the TTFT CHANGES and session-wall SESSIONS; FLAGS: the engine
     settings that differ; PLACEMENT: (BEFORE's, AFTER's) replica placement where they
@@ -115,7 +117,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
     the line that says BEFORE and AFTER are one report, if they are; SIGHT: the fault
     catalogue's lines (catalogue.sight_changes), if either side ran it; STACKS: (BEFORE's,
     AFTER's) KV stack where they differ (STACK CHANGE, not judged unless
-    --allow-stack-change)."""
+    --allow-stack-change); ENGINES: (BEFORE's, AFTER's) serving engine where they differ
+    (ENGINE CHANGE, speed never judged)."""
     every = [*changes, *sessions]
     regressions = [] if blocked else speed.regressions(every, limit)
     missing = speed.missing(every)
@@ -171,6 +174,8 @@ def report_lines(before: Report, after: Report, limit: float, *, status: int,
             "correctness compared as always (no perf screening)" if before.perf is None
             else _judging(STACK_CHANGE, "--allow-stack-change", blocked,
                           "the KV moved through another integration")), ""]
+    if engines is not None:
+        lines += [engine_lines.change_line(engines), ""]
     if sight:
         lines += [*sight, ""]
     lines += ["## Correctness (AFTER)", ""]
