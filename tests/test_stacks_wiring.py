@@ -14,12 +14,13 @@ from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.cli.compare.stacks import INPROCESS, MP, NATIVE, STUB, stack_change, stack_of
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import stack_launch
+from pytest_sharedkv.stack import redis_server, stack_launch
 from pytest_sharedkv.stack.launch_record import LaunchRecord
 from pytest_sharedkv.stack.providers import EngineSettings, LaunchSpec, _vllm_pair
 
 HYBRID = {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}
 USER_ARGS = ("--max-num-seqs", "4")
+REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py
 
 
 def model(tmp_path: Path, config: dict[str, Any]) -> Path:
@@ -264,6 +265,29 @@ def test_a_native_corpus_that_fits_the_gpu_cannot_run(tmp_path: Path) -> None:
                                   "native", cases({"3k": (4, 3009)}), 8)
 
 
+def test_planning_the_inprocess_stack_needs_no_redis_its_launch_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_sharedkv.stack import providers
+
+    monkeypatch.setattr(redis_server, "find_redis_server", lambda path=None: None)
+    spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
+                                     "inprocess", cases({"3k": (4, 3009)}), 8)
+    assert spec.stack is not None and spec.stack.backend is not None
+    url = f"redis://127.0.0.1:{spec.stack.backend.port}"
+    assert spec.stack.inprocess is not None
+    assert spec.stack.inprocess.settings.remote_url == url
+
+    def launched(_: LaunchSpec) -> None:
+        raise AssertionError("the replicas started without their Redis")
+
+    monkeypatch.setattr(providers, "launch_vllm_pair", launched)
+    with pytest.raises(stack_launch.StackUnavailable,
+                       match=r"--sharedkv-stack inprocess: no redis-server: none on PATH"):
+        stack_launch.launch_stack_pair(spec)
+    assert spec.stack.backend.stop() == []  # nothing was started
+
+
+@pytest.mark.skipif(REDIS_MISSING is not None, reason=str(REDIS_MISSING))
 def test_the_inprocess_redis_stops_with_the_pair_or_a_failed_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_sharedkv.stack import providers

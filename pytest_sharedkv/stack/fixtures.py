@@ -488,9 +488,9 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
                 stacked = stacked_spec(edit(spec) if edit is not None else spec,
                                        settings.stack, cases, settings.concurrency,
                                        inprocess_tiers(settings), settings.native_connector)
+                return launch_stack_pair(stacked)
             except StackUnavailable as exc:
                 pytest.fail(str(exc), pytrace=False)
-            return launch_stack_pair(stacked)
         return launch_vllm_pair(edit(spec) if edit is not None else spec)
 
     return launch

@@ -104,7 +104,7 @@ class StackLaunch:
     record: Mapping[str, Any] = field(default_factory=dict)
     description: str | None = None
     allocator: str | None = None
-    backend: RedisServer | None = None  # started before the pair, stopped after it
+    backend: PlannedRedis | None = None  # started before the pair, stopped after it
     inprocess: InprocessLaunch | None = None  # its config files, written before the start
     # the sensitivity gate: (control file, log) of the replica hook, or None: no gate here
     gate: tuple[Path, Path] | None = None
@@ -151,7 +151,7 @@ def group_tokens(cases: CaseSet) -> int:
 
 
 def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str | None,
-                    backend: RedisServer | None = None,
+                    backend: PlannedRedis | None = None,
                     tiers: InprocessTiers = InprocessTiers()) -> StackLaunch:
     """The in-process connector over REMOTE_URL (None: no remote), each replica's tiers as
     TIERS size them (CPU: the pool's size, ``spec.l1_size_gb``, unless given; a disk
@@ -307,7 +307,8 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
                  tiers: InprocessTiers = InprocessTiers(),
                  native_connector: str = OFFLOADING) -> LaunchSpec:
     """SPEC (the MP stack's, for a launched vLLM pair) for STACK; the in-process stack's
-    Redis is made here (started by ``launch_stack_pair``), unless TIERS share no remote;
+    Redis is planned here (its port; found and started by ``launch_stack_pair``), unless
+    TIERS share no remote;
     the native stack runs NATIVE_CONNECTOR (``--sharedkv-native-connector``)."""
     from pytest_sharedkv.models.config_file import read_config
 
@@ -315,20 +316,8 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
     config = read_config(spec.model)
     if stack == INPROCESS:
         from pytest_sharedkv.stack.inprocess_connector import redis_url
-        from pytest_sharedkv.stack.redis_server import (
-            MISSING,
-            RedisServer,
-            client_missing,
-            find_redis_server,
-        )
 
-        redis = None
-        if tiers.remote:
-            binary = find_redis_server()
-            why = MISSING if binary is None else client_missing()
-            if binary is None or why is not None:
-                raise StackUnavailable(f"--sharedkv-stack inprocess: {why}")
-            redis = RedisServer(binary, spec.log_dir)
+        redis = PlannedRedis(spec.log_dir) if tiers.remote else None
         launch = inprocess_stack(spec, config,
                                  redis_url(redis.host, redis.port) if redis else None, redis,
                                  tiers)
@@ -339,9 +328,43 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
     return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
 
 
+class PlannedRedis:
+    """The in-process stack's Redis as a plan has it: a free port on 127.0.0.1, nothing
+    looked for; the binary and the client are found when it starts (``launch_stack_pair``),
+    StackUnavailable naming what is missing. Planning a launch needs no Redis."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from pytest_sharedkv.processes.managed import free_port
+        from pytest_sharedkv.stack.redis_server import HOST
+
+        self.log_dir = log_dir
+        self.host = HOST
+        self.port = free_port()
+        self.server: RedisServer | None = None
+
+    def start(self) -> PlannedRedis:
+        from pytest_sharedkv.stack.redis_server import (
+            MISSING,
+            RedisServer,
+            client_missing,
+            find_redis_server,
+        )
+
+        binary = find_redis_server()
+        why = MISSING if binary is None else client_missing()
+        if binary is None or why is not None:
+            raise StackUnavailable(f"--sharedkv-stack inprocess: {why}")
+        self.server = RedisServer(binary, self.log_dir, port=self.port).start()
+        return self
+
+    def stop(self) -> list[int]:
+        return [] if self.server is None else self.server.stop()
+
+
 def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
-    """The stacked pair, started: its backend first (the in-process stack's Redis) and its
-    config files, then the replicas; the backend stops with the pair."""
+    """The stacked pair, started: its backend first (the in-process stack's Redis;
+    StackUnavailable where none can start here) and its config files, then the replicas;
+    the backend stops with the pair."""
     from pytest_sharedkv.stack.providers import launch_vllm_pair
 
     stack = spec.stack

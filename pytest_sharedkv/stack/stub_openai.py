@@ -114,7 +114,10 @@ BLOCK = 16
 STUB_TOKEN_BYTES = 1024  # what --offload-log says a stored or loaded token weighs
 SGLANG = "sglang"  # --engine sglang: usage and /metrics as SGLang 0.5.17 gives them
 COPY_WORD = re.compile(r"^(w\d\d|<miss>)$")
-TWIN_WAIT_S = 1.0  # --twins-diverge: how long a request stays in flight for its twins
+# --twins-diverge: the longest a request stays in flight waiting for its twins; once one
+# came, it stays until none came for TWIN_QUIET_S (twins sent together overlap, no sleep)
+TWIN_WAIT_S = 1.0
+TWIN_QUIET_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,10 @@ class _State:
         self.prefetches = 0
         self.l1_order: OrderedDict[str, None] = OrderedDict()  # the hosts topology's L1, LRU
         self.in_flight: dict[tuple[str, str], int] = {}  # --twins-diverge: (salt, prompt)
+        # --twins-diverge: (salt, prompt) -> (requests come since one was first in flight,
+        # when the last came)
+        self.arrived: dict[tuple[str, str], tuple[int, float]] = {}
+        self.twin_came = threading.Condition(self.lock)
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         # --identity: what else than the salt a correct stack folds into its keys (weights,
         # RoPE scaling, kv-cache dtype, adapter); --identity-blind (planted) leaves it out
@@ -214,11 +221,24 @@ class _State:
 
     def twin_enter(self, salt: str, prompt: str) -> int:
         """--twins-diverge: how many identical requests were in flight as this one came
-        (0: the first); it waits TWIN_WAIT_S in flight, so twins sent together overlap."""
-        with self.lock:
-            ahead = self.in_flight.get((salt, prompt), 0)
-            self.in_flight[(salt, prompt)] = ahead + 1
-        time.sleep(TWIN_WAIT_S)
+        (0: the first); it stays in flight until a twin comes and then none for
+        TWIN_QUIET_S (at most TWIN_WAIT_S), so twins sent together overlap."""
+        key = (salt, prompt)
+        deadline = time.monotonic() + TWIN_WAIT_S
+        with self.twin_came:
+            ahead = self.in_flight.get(key, 0)
+            self.in_flight[key] = ahead + 1
+            came = self.arrived.get(key, (0, 0.0))[0] + 1
+            self.arrived[key] = (came, time.monotonic())
+            self.twin_came.notify_all()
+            while (now := time.monotonic()) < deadline:
+                came, last = self.arrived[key]
+                if came == 1:  # alone so far: until a twin comes
+                    self.twin_came.wait(deadline - now)
+                elif now - last >= TWIN_QUIET_S:
+                    break  # twins came, and none since TWIN_QUIET_S
+                else:
+                    self.twin_came.wait(min(deadline, last + TWIN_QUIET_S) - now)
         return ahead
 
     def twin_leave(self, salt: str, prompt: str) -> None:
@@ -226,6 +246,8 @@ class _State:
             left = self.in_flight.pop((salt, prompt), 1) - 1
             if left:
                 self.in_flight[(salt, prompt)] = left
+            else:
+                self.arrived.pop((salt, prompt), None)
 
     def used_on_gpu(self, key: str) -> None:
         """With --gpu-blocks: KEY used most recently, and the least recently used blocks
