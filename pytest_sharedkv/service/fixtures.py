@@ -97,6 +97,10 @@ def pytest_configure(config: pytest.Config) -> None:
     before any test, naming the option and the file; so does a fault catalogue naming a
     class there is none of."""
     settings = state_of(config).settings
+    snapshots = settings.snapshot_dir
+    if snapshots is not None and snapshots.exists() and not snapshots.is_dir():
+        raise pytest.UsageError(f"{settings.source_of('snapshot_dir')}: {snapshots} is not a "
+                                "directory (it names where stored reference answers live)")
     if settings.fault_catalogue is not None:
         from pytest_sharedkv.service.catalogue import CatalogueError, chosen
 
