@@ -45,7 +45,11 @@ class Kind(Word):
     CHECK = "check"  # a cell whose passed/trials is the whole verdict (the default)
     GATE = "gate"  # the service tier's sensitivity gate (the negative control of a launched run)
     DIVERGENCE = "divergence"  # an answer that is not the right one
-    LEAK = "leak"  # a cold request that hit a cache: namespaces are not separate
+    # a cache hit across cache_salt namespaces (a cold request that hit, in any stage; an
+    # audited load of a chunk its salt never stored): tenants are not isolated, a security
+    # failure named before any answer (reports before issue 52 called it "leak")
+    ISOLATION = "isolation"
+    LEAK = "leak"  # an older report's word for the same failure (read, no longer written)
     HITS = "hits"  # hits that are not the kind or number a step may have
     HITS_UNKNOWN = "hits-unknown"  # the engine reports no hit counter: hits cannot be counted
     AUDIT_MISMATCH = "audit-mismatch"  # KV bytes B loaded differ from what A stored
@@ -88,7 +92,7 @@ ROLES = tuple(r.value for r in Role)
 KINDS = tuple(k.value for k in Kind)
 STATUSES = tuple(s.value for s in Status)
 # When one record found several things, the kind it carries (the first here wins).
-PRECEDENCE = ("leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
+PRECEDENCE = ("isolation", "leak", "divergence", "audit-mismatch", "hits-unknown", "hits", "error")
 W = TypeVar("W", bound=Word)
 
 
