@@ -33,7 +33,10 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
-                  writes sharedkv-report.json unless --sharedkv-json PATH is given
+                  writes sharedkv-report.json unless --sharedkv-json PATH is given (a run
+                  of no sharedkv test writes beside a report of one that did, never over
+                  it); a first word close to a subcommand's name that is no path is a
+                  usage error (exit 2)
   make-model      write a model to DIR, offline, deterministic from the seed; prints its
                   digest. --kind copy (default): the KV-sensitive copy model the service
                   tier serves; --kind tiny: the random-weight tiny hybrid model;
