@@ -13,10 +13,7 @@ import pytest
 from pytest_sharedkv.config.options import MEASURED_ENV
 from pytest_sharedkv.stack.kv_audit import compare
 from tests.launch_faults import LaunchFaults, Planted, StubFaults
-
-BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
-        "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.01",
-        "--sharedkv-service-sizes=3k", "--sharedkv-json=r.json"]
+from tests.test_service_gate_off import BASE  # the stub's 3k pass, its report in r.json
 
 
 def test_a_salt_blind_pool_is_an_isolation_failure_named_first(
