@@ -321,7 +321,8 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
             cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
                                          f"{cold.error}", "error"))
         elif cold is not None:  # a salt of its own: a hit came from another tenant's KV
-            hit = hit_problem(case, step_named("cold"), cold)
+            hit = hit_problem(case, step_named("cold"), cold,
+                              expect=runner.expect.step(step_named("cold")))
             if hit is not None:
                 cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
                                              f"{hit}", hit.kind))
