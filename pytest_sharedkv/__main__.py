@@ -33,7 +33,10 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
 
   run (default)   run the regression suite (pytest --pyargs pytest_sharedkv.suites);
                   extra arguments go to pytest, e.g. -m ordering, -n 2, --sharedkv-require-gpu;
-                  writes sharedkv-report.json unless --sharedkv-json PATH is given
+                  writes sharedkv-report.json unless --sharedkv-json PATH is given (a run
+                  of no sharedkv test writes beside a report of one that did, never over
+                  it); a first word close to a subcommand's name that is no path is a
+                  usage error (exit 2)
   make-model      write a model to DIR, offline, deterministic from the seed; prints its
                   digest. --kind copy (default): the KV-sensitive copy model the service
                   tier serves; --kind tiny: the random-weight tiny hybrid model;
@@ -126,7 +129,12 @@ def make_model_command(args: Sequence[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"make-model: cannot write {parsed.dir}: {exc}\n")
         return 2
-    sys.stdout.write(f"{parsed.dir}: {parsed.kind} model, digest {digest}\n")
+    from pytest_sharedkv.cli.output import OutputError, to_stdout
+
+    try:
+        to_stdout(f"{parsed.dir}: {parsed.kind} model, digest {digest}\n")
+    except OutputError as exc:  # the model is written; its digest could not be shown
+        return usage_error(f"make-model: {parsed.dir} written, but {exc}")
     return 0
 
 
@@ -206,8 +214,12 @@ class ProgName:
 def help_command() -> int:
     """The wrapper's usage, then pytest's help with the sharedkv options (the same plugins
     a run would load)."""
-    sys.stdout.write(USAGE + "\npytest's options (python -m pytest_sharedkv takes them all):\n\n")
-    sys.stdout.flush()
+    from pytest_sharedkv.cli.output import OutputError, to_stdout
+
+    try:
+        to_stdout(USAGE + "\npytest's options (python -m pytest_sharedkv takes them all):\n\n")
+    except OutputError as exc:
+        return usage_error(str(exc))
     import pytest
 
     args = ["-p", "sharedkv"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
@@ -215,10 +227,22 @@ def help_command() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stdout is None:  # started with stdout closed (>&-): every subcommand prints
+        from pytest_sharedkv.cli.output import STDOUT_CLOSED
+
+        return usage_error(STDOUT_CLOSED)
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:
         return reader_gone()
+
+
+def usage_error(message: str) -> int:
+    """MESSAGE as one line on stderr (where there is one); exit status 2, as every
+    subcommand's usage error (never 1: compare's regression)."""
+    if sys.stderr is not None:
+        sys.stderr.write(f"{PROG}: {message}\n")
+    return 2
 
 
 def reader_gone() -> int:
@@ -236,7 +260,36 @@ def reader_gone() -> int:
     return 128 + signal.SIGPIPE
 
 
+SUBCOMMANDS = ("run", "make-model", "compare", "merge-screenings", "help")
+
+
+def mistyped_subcommand(first: str) -> str | None:
+    """The usage error for a first argument that is a subcommand mistyped (``comapre``),
+    or None. pytest would take it for a test path and fail with its own usage error
+    (and, with the default report, write a report of nothing); a word is taken for a
+    subcommand only where it is no option, no existing path (nor a node id or
+    ``--pyargs`` module under one: its part before ``::`` or ``.`` exists) and close to a
+    subcommand's name (difflib, ratio 0.7 and up), so every test path a pytest user would
+    type still runs."""
+    import difflib
+    from pathlib import Path
+
+    if first.startswith("-") or first in SUBCOMMANDS:
+        return None
+    path = first.split("::", 1)[0]
+    if Path(path).exists() or Path(path.split(".", 1)[0]).exists():
+        return None
+    close = difflib.get_close_matches(first.lower(), SUBCOMMANDS, n=1, cutoff=0.7)
+    if not close:
+        return None
+    return (f"{first!r} is no subcommand (did you mean {close[0]!r}?); the subcommands are "
+            f"{', '.join(SUBCOMMANDS)}, and a test path must exist")
+
+
 def _main(args: list[str]) -> int:
+    mistyped = mistyped_subcommand(args[0]) if args else None
+    if mistyped is not None:
+        return usage_error(mistyped)
     if args and args[0] in ("-h", "--help", "help"):
         return help_command()
     if args and args[0] == "make-model":

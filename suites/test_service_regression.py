@@ -196,7 +196,7 @@ def test_steps_account_for_every_hit(sharedkv_service_pass: Pass,
             if served is not None:  # judges nothing: the step's record carries the verdict
                 sharedkv_results.note(TIER, served, kind="hits", status="info")
         kind = worst_kind(kinds_of(found), "divergence" if exact + failed < totals.requests
-                          else "error" if failed else "leak" if totals.step == "cold"
+                          else "error" if failed else "isolation" if totals.step == "cold"
                           else "hits")
         if why_unknown and not found:
             kind = "hits-unknown"
@@ -330,6 +330,7 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
     pair = sharedkv_service_pass.pair
     pair.record_launches(sharedkv_results)  # once a pair
     from pytest_sharedkv.service.execute import PROTOCOL
+    from pytest_sharedkv.service.protocol import ISOLATION_CHECKS
 
     run = sharedkv_service_pass.ensure(PROTOCOL)
     result = next((r for r in run.protocol if r.name == sharedkv_protocol_check), None)
@@ -337,7 +338,8 @@ def test_protocol(sharedkv_service_pass: Pass, sharedkv_protocol_check: str,
         pytest.fail(f"protocol check {sharedkv_protocol_check} did not run", pytrace=False)
     sharedkv_results.check(
         TIER, {**pair.labels, "size": "protocol", "step": result.name},
-        int(result.ok), 1, message="" if result.ok else result.message, kind="protocol",
+        int(result.ok), 1, message="" if result.ok else result.message,
+        kind="isolation" if result.name in ISOLATION_CHECKS else "protocol",
         detail={"message": result.message})
     if not result.ok:
         pytest.fail(f"{result.name}: {result.message}", pytrace=False)
@@ -481,10 +483,16 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
                 "chunks_per_request": report.chunks_per_request,
                 "cost_us_per_token": report.cost_us_per_token(),
                 "errors": report.errors[:20], "diverged": diverged})
+    isolation = None if void else report.isolation()
+    if isolation is not None:  # a record of its own kind: named first by the VERDICT
+        sharedkv_results.check(
+            TIER, {**pair.labels, "size": "audit", "step": "salt isolation"}, 0,
+            len(report.foreign), kind="isolation", status="fail", message=isolation[:600],
+            detail={"foreign_loads": dict(sorted(report.foreign.items())[:200])})
     if void:
         pytest.fail(void, pytrace=False)
-    if faults:
-        shown = [m.line() for m in faults[:20]]
+    if faults or isolation is not None:
+        shown = [*([isolation] if isolation else []), *(m.line() for m in faults[:20])]
         more = f"\n... and {len(faults) - 20} more" if len(faults) > 20 else ""
         pytest.fail("\n".join(shown) + more, pytrace=False)
 
@@ -618,5 +626,8 @@ def test_fault_catalogue(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSl
     # each cell recorded, and handed to the run, the moment it is judged
     found = catalogue.run(plan, catalogue.chosen(sharedkv_settings.fault_catalogue),
                           catalogue.Recorder(sharedkv_results, pair.labels))
+    if found.void is not None:  # every class n/a: a catalogue of nothing is no PASS
+        catalogue.record_void(sharedkv_results, pair.labels, found)
+        pytest.fail(found.void, pytrace=False)
     if found.failures:
         pytest.fail("\n".join(c.verdict() for c in found.failures), pytrace=False)

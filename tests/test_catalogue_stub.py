@@ -164,3 +164,34 @@ def test_a_catalogue_killed_mid_way_reports_the_cells_that_finished(
             "expected") in text, text
     assert "not run; --sharedkv-fault-catalogue" not in text
     assert [line for line in text.splitlines() if "| misrouted " in line], text
+
+
+def test_a_class_the_topology_cannot_apply_is_a_usage_error(pytester: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Issue 52: l2-load-failure named on the shared topology stops the run before any test,
+    naming the option; ``all`` there keeps the class as n/a."""
+    monkeypatch.setenv(MEASURED_ENV, "2")
+    result = pytester.runpytest(*BASE, "--sharedkv-fault-catalogue=misrouted,l2-load-failure")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --sharedkv-fault-catalogue: l2-load-failure needs the "
+                                 "two-host topology's L2, and this run's topology shares one "
+                                 "LMCache server: give --sharedkv-topology hosts*"])
+    assert "collected" not in result.stdout.str()  # before any test
+
+
+def test_a_catalogue_that_judged_no_class_is_void(pytester: pytest.Pytester,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52: on the hosts topology the catalogue leaves l2-load-failure to the L2 fault
+    cell; asked for it alone, it judged nothing: VOID, never PASS of "0 of 0"."""
+    result, cells = _run(pytester, monkeypatch, 2, "--sharedkv-topology=hosts",
+                         "--sharedkv-fault-catalogue=l2-load-failure")
+    result.assert_outcomes(failed=1)
+    assert {k: c["status"] for k, c in cells.items()} == {"l2-load-failure": "info",
+                                                          "catalogue": "void"}
+    result.stdout.fnmatch_lines([
+        "*CATALOGUE stub (test double): VOID: none of the 1 fault classes asked for could be "
+        "applied here, so the catalogue judged nothing (l2-load-failure: it needs the "
+        "two-host topology's L2 and is injected there by the L2 fault cell*",
+        "sharedkv: VOID *"])
+    assert "0 of 0 fault classes" not in result.stdout.str()

@@ -110,3 +110,31 @@ def test_the_header_names_the_topology_and_the_settings_keep_it(
     plain = pytester.runpytest(*STUB)
     plain.stdout.fnmatch_lines(["sharedkv: topology: shared (one LMCache server both replicas "
                                 "use; default L1)"])
+
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sharedkv-topology=hosts", '--sharedkv-l2={"type": "fs", "base_path": "/sys/kernel"}'],
+     "ERROR: --sharedkv-l2 *: L2 directory /sys/kernel: *"),
+    (["--sharedkv-topology=hosts", '--sharedkv-l2={"type": "resp", "host": "127.0.0.1", '
+                                   '"port": "6379"}'],
+     "ERROR: --sharedkv-l2 *: L2 adapter of type 'resp': field 'port' must be an integer, "
+     "found str '6379'"),
+    (["--sharedkv-l1-gib=1e-12"],
+     "ERROR: --sharedkv-l1-gib: 1e-12 GiB (0.00107 bytes) holds less than one chunk: a "
+     "chunk of * tokens takes * bytes (the stub double's, 1,024 a token); give at least *"),
+    (["--sharedkv-snapshot-dir=FILE"],
+     "ERROR: --sharedkv-snapshot-dir: * is not a directory (it names where stored reference "
+     "answers live)"),
+], ids=["fs-unwritable", "port-string", "l1-under-a-chunk", "snapshot-dir-file"])
+def test_start_up_checks_check_what_they_claim(pytester: pytest.Pytester, args: list[str],
+                                               message: str) -> None:
+    """Issue 52: an fs L2 directory where no file can be made (root passes os.access on
+    /sys/kernel), a Redis port given as a string, an L1 smaller than one chunk and a
+    snapshot directory that is a file: usage errors naming what is wrong."""
+    test_file = pytester.makepyfile("def test_x(): pass")
+    args = [a.replace("FILE", str(test_file)) for a in args]
+    result = pytester.runpytest(*STUB, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    result.stderr.fnmatch_lines([message])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()

@@ -101,6 +101,6 @@ def test_the_record_kinds() -> None:
 
     assert verdict(None) == ("bytes", "pass")
     assert [verdict(k) for k in ("leak", "hits", "source", "bytes", "l2", "process")] == [
-        ("leak", "fail"), ("hits", "fail"), ("hits", "fail"), ("bytes", "fail"),
+        ("isolation", "fail"), ("hits", "fail"), ("hits", "fail"), ("bytes", "fail"),
         ("hits", "fail"), ("error", "fail")]
     assert verdict(None, void="VOID: unsupported") == ("bytes", "void")

@@ -167,8 +167,8 @@ def test_a_read_only_directory_is_named(tmp_path: Path) -> None:
         problem = l2.DirectoryL2(tmp_path).problem()
     finally:
         tmp_path.chmod(0o700)
-    assert problem == l2.L2Problem("not-writable",
-                                   f"L2 directory {tmp_path}: {tmp_path} is not writable")
+    assert problem == l2.L2Problem("not-writable", f"L2 directory {tmp_path}: no file can be "
+                                   f"made in {tmp_path} (Permission denied)")
 
 
 def test_an_adapter_type_or_its_client_missing_is_named(tmp_path: Path) -> None:

@@ -199,7 +199,7 @@ def test_transfer_record_kind_and_status_come_from_the_outcome() -> None:
     assert TransferOutcome().verdict() == ("bytes", "pass")
     assert TransferOutcome(problems=["wrong bytes"]).verdict() == ("bytes", "fail")
     assert TransferOutcome(fetch={"control_hit_tokens": 256},
-                           problems=["salts"]).verdict() == ("leak", "fail")
+                           problems=["salts"]).verdict() == ("isolation", "fail")
     assert TransferOutcome(problems=["x"], void="never ran").verdict() == ("bytes", "void")
 
 

@@ -135,8 +135,9 @@ def _judge(name: str, cached: int | None) -> tuple[str, str] | None:
 def test_a_native_step_by_the_table_request_by_request() -> None:
     assert _judge("cold", 0) is None and _judge("cross", 0) is None
     assert _judge("local", 3008) is None and _judge("receiver-local", 3008) is None
-    assert _judge("cold", 64) == ("leak", "namespace leak: the cold request hit 64 cached "
-                                  "tokens on replica A in a fresh cache_salt namespace")
+    assert _judge("cold", 64) == ("isolation", "isolation: the cold request hit 64 cached "
+                                  "tokens on replica A in a fresh cache_salt namespace (KV "
+                                  "served across tenants)")
     assert _judge("cross", 3008) == (
         "hits", "replica B hit 3008 cached tokens where nothing is shared: its own caches "
         "never saw this prompt, so the KV came from nowhere (a cold request on it must hit "
@@ -175,7 +176,7 @@ def test_native_step_totals_accept_either_source_but_require_the_sum() -> None:
         "hits", "3k cross on B: 0 local and 3008 external hit tokens where nothing is "
         "shared: replica B's own caches never saw these prompts, so the KV came from "
         "nowhere")]
-    assert [kind for kind, _ in _totals("cold", 3, 0, 3)] == ["leak"]
+    assert [kind for kind, _ in _totals("cold", 3, 0, 3)] == ["isolation"]
 
 
 def _turn(stack: str, index: int, replica: str, cached: int, earlier: list[str]

@@ -137,8 +137,8 @@ def test_planted_leak_is_caught_by_name(pytester: pytest.Pytester,
     # the check's name is its key; the tokens served across namespaces only its message has
     assert {c["key"]["step"]: (c["kind"], c["status"], c["passed"], c["trials"],
                                c["message"].rsplit(": ", 1)[-1]) for c in checks} == {
-        "cache-salt-separates-namespaces": ("protocol", "fail", 0, 1, "3008 cached"),
-        "cache-salt-separates-namespaces-across-replicas": ("protocol", "fail", 0, 1,
+        "cache-salt-separates-namespaces": ("isolation", "fail", 0, 1, "3008 cached"),
+        "cache-salt-separates-namespaces-across-replicas": ("isolation", "fail", 0, 1,
                                                             "3008 cached")}
 
 
@@ -152,9 +152,9 @@ def test_a_cold_request_that_hits_is_a_namespace_leak() -> None:
     cold, local = STEPS[0], STEPS[1]
     assert hit_problem(case, cold, Answer("3k-000", "cold", "A", cached_tokens=0)) is None
     leak = hit_problem(case, cold, Answer("3k-000", "cold", "A", cached_tokens=64))
-    assert leak == ("namespace leak: the cold request hit 64 cached tokens on replica A in a "
-                    "fresh cache_salt namespace")
-    assert leak is not None and leak.kind == "leak"
+    assert leak == ("isolation: the cold request hit 64 cached tokens on replica A in a "
+                    "fresh cache_salt namespace (KV served across tenants)")
+    assert leak is not None and leak.kind == "isolation"
     short = hit_problem(case, local, Answer("3k-000", "local", "A", cached_tokens=2976))
     assert short is not None and "2976 of the 3008 shareable" in short
     assert short.kind == "hits"
@@ -173,7 +173,8 @@ def test_step_totals_problems_carry_their_kind() -> None:
 
     assert totals_problems(totals("cold"), None) == []
     leak = totals_problems(totals("cold", local=3, other_external=2), None)
-    assert kinds_of(leak) == ["leak", "hits"] and worst_kind(kinds_of(leak), "x") == "leak"
+    assert kinds_of(leak) == ["isolation", "hits"]
+    assert worst_kind(kinds_of(leak), "x") == "isolation"
     assert kinds_of(totals_problems(totals("local", cached=5, external=5), None)) == \
         ["hits", "hits"]
     assert kinds_of(totals_problems(totals("cross", external=None), None)) == ["hits-unknown"]

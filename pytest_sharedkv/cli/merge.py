@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 from pytest_sharedkv.cli.compare.kernels import lmcache_of
 from pytest_sharedkv.cli.compare.placement import placement_of
 from pytest_sharedkv.cli.compare.reading import CompareError, Report, read_report
-from pytest_sharedkv.cli.output import Output, OutputError
+from pytest_sharedkv.cli.output import Output, OutputError, to_stdout
 from pytest_sharedkv.perf.observations import (
     Floor,
     Observation,
@@ -448,6 +448,9 @@ def main(argv: Sequence[str]) -> int:
     from pytest_sharedkv.perf.tables import report_lines
 
     tables = report_lines(analyse(from_json(merged["perf"])))
-    sys.stdout.write("\n".join([f"{args.out}: {merged['perf']['notes'][0]}", "", *tables])
-                     + "\n")
+    try:
+        to_stdout("\n".join([f"{args.out}: {merged['perf']['notes'][0]}", "", *tables]) + "\n")
+    except OutputError as exc:  # the merge is written; its tables could not be shown
+        sys.stderr.write(f"{PROG}: {args.out} written, but {exc}\n")
+        return 2
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,41 @@ from pathlib import Path
 
 class OutputError(Exception):
     """Exit status 2: the output cannot be written without losing something."""
+
+
+STDOUT_CLOSED = "stdout is closed: nothing can be printed (run it with stdout open)"
+
+
+def to_stdout(text: str) -> None:
+    """TEXT on stdout, flushed. A closed stdout (``>&-``) or one that refuses the write (a
+    full disk, ``> /dev/full``) is an OutputError (exit status 2, never 1, which compare
+    keeps for a regression); what could not be written is discarded, so the interpreter's
+    own flush at exit finds nothing to fail on. A reader that went away (BrokenPipeError)
+    is the caller's: its status is a SIGPIPE's."""
+    stream = sys.stdout
+    if stream is None:
+        raise OutputError(STDOUT_CLOSED)
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a stream closed in-process
+        discard_stdout()
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise OutputError(f"cannot write to stdout ({why})") from None
+
+
+def discard_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null and drop what is buffered for it."""
+    stream = sys.stdout
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+        stream.flush()
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,26 @@ def engine_block_size(config: Mapping[str, Any]) -> int:
     return spec.logical_block_size()
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token_at_least(config: Mapping[str, Any]) -> int:
+    """At least the bytes a token takes in LMCache's pool for this config.json: every
+    attention layer's K and V at the model's dtype (one byte where it names none: fp8);
+    a hybrid model's recurrent state is left out, so a chunk takes this or more."""
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    assert isinstance(cfg, Mapping)
+    types = cfg.get("layer_types")
+    layers = (sum(t != "linear_attention" for t in types) if isinstance(types, list) and types
+              else int(cfg.get("num_hidden_layers") or 0))
+    heads = int(cfg.get("num_attention_heads") or 0)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // heads
+                                           if heads else 0))
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "").replace("torch.", "")
+    return layers * kv_heads * head_dim * 2 * DTYPE_BYTES.get(dtype, 1)
+
+
 def chunk_size_for_config(config: Mapping[str, Any], blocks: int = BLOCKS_PER_CHUNK) -> int:
     """BLOCKS engine blocks of the model this config.json describes (an empty config: a
     model not known here, so the attention-only default)."""

@@ -249,17 +249,20 @@ _KIND: dict[str, tuple[Callable[[object], bool], str]] = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "int": (_is_int, "an integer"),
     "float": (_is_number, "a finite number"),
+    # a time the client measured: a TTFT, a request or session of no time cannot be right
+    "seconds": (lambda v: isinstance(v, (int, float)) and _is_number(v) and v > 0,
+                "a finite number of seconds above 0"),
     "float?": (lambda v: v is None or _is_number(v), "a finite number or null"),
     "int?": (lambda v: v is None or _is_int(v), "an integer or null"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
 }
 _OBSERVATION = {"arm": "str", "block": "int", "pair": "int", "size": "str", "step": "str",
                 "request": "str", "payload_sha256": "str", "replica": "str",
-                "prompt_tokens": "int", "output_tokens": "int", "ttft_s": "float",
-                "decode_tok_s": "float?", "e2e_s": "float", "warmup": "bool",
+                "prompt_tokens": "int", "output_tokens": "int", "ttft_s": "seconds",
+                "decode_tok_s": "float?", "e2e_s": "seconds", "warmup": "bool",
                 "cached_tokens": "int?", "l1_keys": "int?", "l2_keys": "int?"}
 _SESSION = {"arm": "str", "block": "int", "pair": "int", "session": "str", "placement": "str",
-            "turns": "int", "wall_s": "float", "payload_sha256": "str"}
+            "turns": "int", "wall_s": "seconds", "payload_sha256": "str"}
 _FLOOR = {"h2d_gb_s": "float", "kv_bytes_per_token": "int",
           "recurrent_bytes_per_sequence": "int", "source": "str",
           "stored_bytes_per_token": "int?", "l2_gb_s": "float?"}
@@ -284,8 +287,8 @@ def _fields(data: object, spec: Mapping[str, str], where: str) -> dict[str, Any]
         value = data[name]
         if not check(value):
             raise PerfReportError(f"{where}.{name}: expected {words}, found {value!r}")
-        out[name] = float(value) if kind == "float" or (kind == "float?" and value is not None) \
-            else value
+        numeric = kind in ("float", "seconds") or (kind == "float?" and value is not None)
+        out[name] = float(value) if numeric else value
     return out
 
 

@@ -91,14 +91,46 @@ def write(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
+NO_TESTS_SUFFIX = ".no-tests"  # beside a kept report: sharedkv-report.no-tests.json
+
+
+def ran_tests(path: Path) -> bool:
+    """Whether PATH holds a sharedkv report of a run that ran (or collected) a test."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith(
+        "pytest-sharedkv/") and bool(data.get("tests"))
+
+
+def destination(path: Path, data: dict[str, Any]) -> tuple[Path, str]:
+    """Where DATA goes, and what the line that names it adds. A report of a run that ran
+    no sharedkv test (``--co``, a ``-m`` that matched nothing, a mistyped test path) never
+    replaces one of a run that did: "run, upgrade, run, compare BEFORE AFTER" keeps its
+    BEFORE. It goes beside it (``NAME.no-tests.json``), or nowhere where that too holds
+    a run's tests."""
+    if data.get("tests") or not ran_tests(path):
+        return path, ""
+    beside = path.with_name(path.stem + NO_TESTS_SUFFIX + path.suffix)
+    kept = f" (this run ran no sharedkv test; {path}, a run that did, is kept)"
+    return (path, kept) if ran_tests(beside) else (beside, kept)
+
+
 def write_or_fallback(path: Path, data: dict[str, Any], named_by: str = "--sharedkv-json") -> str:
     """Write the report at the end of the run; PATH was writable when the run began
     (check_writable), so a failure now (a full disk, a directory removed meanwhile) must
     not lose it: it goes to the temp dir instead. Returns the line that says where it is.
-    NAMED_BY is where PATH came from (the option or its ini key)."""
+    NAMED_BY is where PATH came from (the option or its ini key). A run that ran no test
+    writes beside a report of one that did (``destination``)."""
+    target, kept = destination(path, data)
+    if kept and target == path:
+        return f"JSON report: not written{kept}"
+    path = target
     try:
         write(path, data)
-        return f"JSON report: {path}"
+        return f"JSON report: {path}{kept}"
     except OSError as exc:
         fallback = Path(tempfile.gettempdir()) / f"sharedkv-report-{os.getpid()}.json"
         try:

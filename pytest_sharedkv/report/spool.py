@@ -42,7 +42,9 @@ from pytest_sharedkv.report.run_log import RunLog, TestResult
 
 SUBDIR = "records"  # in the runtime directory: one directory a run
 STALE_S = 7 * 24 * 3600.0  # another run's directory untouched this long is a killed run's
-WAIT_S = 10.0  # how long an interrupted controller waits for its workers' last records
+# how long an interrupted controller waits for its workers' last records: half the 10 s an
+# interrupted run has to exit in (docs/gpus-and-processes.md)
+WAIT_S = 5.0
 
 Record = Check | Note | Fact
 _SECTIONS = (("check", Check), ("note", Note), ("fact", Fact))
@@ -147,8 +149,17 @@ def wait_for_workers(directory: Path, workers: Mapping[str, int],
 
 
 def _alive(pid: int) -> bool:
+    """PID runs: a zombie has ended (a worker that died without ending its session stays
+    one until execnet reaps it, and ``kill(pid, 0)`` still finds it: the controller then
+    waited the whole WAIT_S for it, issue 52's 16.8 s exit)."""
     try:
-        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        state = None
+    if state is not None:
+        return state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)  # no /proc: existence is all that can be told
     except ProcessLookupError:
         return False
     except OSError:

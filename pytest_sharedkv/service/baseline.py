@@ -112,6 +112,9 @@ def read_baseline(path: Path) -> Baseline:
         raise BaselineError(f"{path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise BaselineError(f"{path}: not a sharedkv JSON report (nested too deeply to "
+                            "read)") from None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
             "pytest-sharedkv/"):
         raise BaselineError(f"{path}: not a sharedkv JSON report (no pytest-sharedkv schema; "

@@ -70,6 +70,19 @@ class CatalogueError(ValueError):
     """A class list the catalogue cannot run; the message names what is wrong."""
 
 
+def topology_problem(names: Sequence[str], hosts: bool) -> str | None:
+    """Classes named one by one (not ``all``) that this topology cannot apply: the L2 load
+    failure needs the two-host topology's L2. A usage error before any test."""
+    if tuple(names) == (ALL,) or hosts:
+        return None
+    needs_l2 = [c.name for c in chosen(names) if c.injector is Injector.L2_FAULT_INJECT]
+    if not needs_l2:
+        return None
+    return (f"{', '.join(needs_l2)} needs the two-host topology's L2, and this run's topology "
+            "shares one LMCache server: give --sharedkv-topology hosts (where the L2 fault "
+            "cell, --sharedkv-l2-fault-gap, injects it) or drop it")
+
+
 def chosen(names: Sequence[str]) -> tuple[FaultClass, ...]:
     """The classes an option value names (``all``: every class, in the table's order)."""
     if tuple(names) == (ALL,):
@@ -194,6 +207,26 @@ class Catalogue:
         """Cells that fail the run: not seen, a control caught, a race, VOID, unknown."""
         return [c for c in self.cells if c.status in ("fail", "void", "unknown")]
 
+    @property
+    def void(self) -> str | None:
+        """Why the catalogue proves nothing: it judged no class (every one n/a here), or
+        None. A catalogue of nothing is VOID, never a PASS of "0 of 0"."""
+        if any(c.not_applicable is None for c in self.cells):
+            return None
+        why = "; ".join(f"{c.name}: {c.not_applicable}" for c in self.cells)
+        return (f"VOID: none of the {len(self.cells)} fault classes asked for could be "
+                f"applied here, so the catalogue judged nothing ({why})")[:600]
+
+
+WHOLE = "catalogue"  # the step of the record that says the whole catalogue is VOID
+
+
+def record_void(results: ResultSink, labels: dict[str, str], found: Catalogue) -> None:
+    """The record (kind fault-catalogue, status void) of a catalogue that judged no class."""
+    assert found.void is not None
+    results.check(TIER, {**labels, "size": SIZE, "step": WHOLE}, 0, 0,
+                  kind=Kind.FAULT_CATALOGUE, status=Status.VOID, message=found.void)
+
 
 def slice_of(cases: Sequence[Case], count: int) -> list[Case]:
     """The first COUNT measured requests of the pass's first size."""
@@ -270,8 +303,8 @@ def not_applicable(fault: FaultClass, pair: ReplicaPair, relaunchable: bool) -> 
     if not relaunchable:
         return "the suite did not launch this pair: it cannot relaunch it with a fault"
     if fault.injector is Injector.L2_FAULT_INJECT:
-        return ("it needs the two-host topology (an L2 every host shares), which this run "
-                "did not launch")
+        return ("it needs the two-host topology's L2 and is injected there by the L2 fault "
+                "cell (--sharedkv-l2-fault-gap), not by the catalogue")
     if not pair.has_server and not str(pair.labels.get("provider", "")).startswith("stub"):
         return "this pair has no LMCache server to inject it in"
     return None
@@ -447,7 +480,7 @@ class Recorder:
 def _records(checks: Sequence[Check]) -> list[Check]:
     """The cells' records, in the class table's order (a cell is recorded when judged)."""
     order = {name: i for i, name in enumerate(BY_NAME)}
-    found = [c for c in checks if c.kind == Kind.FAULT_CATALOGUE]
+    found = [c for c in checks if c.kind == Kind.FAULT_CATALOGUE and c.key.get("step") != WHOLE]
     return sorted(found, key=lambda c: order.get(str(c.key.get("step", "")), len(order)))
 
 
@@ -458,6 +491,10 @@ def line(checks: Sequence[Check], name: str, asked: Sequence[str] | None,
     have an outcome. A catalogue whose test has none, or that left a chosen class without a
     record, says how far it got and which classes never ran. None where it was neither
     asked for nor recorded."""
+    whole = next((c for c in checks if c.kind == Kind.FAULT_CATALOGUE
+                  and c.key.get("step") == WHOLE), None)
+    if whole is not None:
+        return f"CATALOGUE {name}: {whole.message}"
     cells = _records(checks)
     if not cells:
         return (None if asked is None else f"CATALOGUE {name}: none of the {len(asked)} "

@@ -82,8 +82,9 @@ def hit_problem(case: Case, step: Step, answer: Answer, evicted: bool = False,
                        "usage.prompt_tokens_details.cached_tokens", "hits-unknown")
     if not expect.sources:
         if cached and expect.stray == LEAK:
-            return Problem(f"namespace leak: the cold request hit {cached} cached tokens on "
-                           f"replica {answer.replica} in a fresh cache_salt namespace", "leak")
+            return Problem(f"isolation: the cold request hit {cached} cached tokens on "
+                           f"replica {answer.replica} in a fresh cache_salt namespace (KV "
+                           "served across tenants)", LEAK)
         if cached:
             return Problem(f"replica {answer.replica} hit {cached} cached tokens where "
                            "nothing is shared: its own caches never saw this prompt, so the "
@@ -217,8 +218,8 @@ def totals_problems(totals: StepTotals, shareable: int | None, evicted: bool = F
     if not expect.sources and (totals.local or totals.external):
         if expect.stray == LEAK:
             problems.append(Problem(f"{where}: {totals.local} local and {totals.external} "
-                                    "pool hit tokens in cold requests (a namespace leak)",
-                                    "leak"))
+                                    "pool hit tokens in cold requests (isolation: KV served "
+                                    "across cache_salt namespaces)", LEAK))
         else:
             problems.append(Problem(
                 f"{where}: {totals.local} local and {totals.external} external hit tokens "

@@ -320,6 +320,12 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
         if cold is not None and cold.error:
             cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
                                          f"{cold.error}", "error"))
+        elif cold is not None:  # a salt of its own: a hit came from another tenant's KV
+            hit = hit_problem(case, step_named("cold"), cold,
+                              expect=runner.expect.step(step_named("cold")))
+            if hit is not None:
+                cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
+                                             f"{hit}", hit.kind))
     if twins.hits.settle:  # the twins read what the cold step stored
         time.sleep(mine.settle_for(cases, IDENTICAL_GROUP))
     answers, totals = mine.identical(IDENTICAL_GROUP, twins.step, cases, k)

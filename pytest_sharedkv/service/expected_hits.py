@@ -80,7 +80,7 @@ from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT
 from pytest_sharedkv.stack.steps import STEPS, Step
 
 LOCAL, EXTERNAL = "local", "external"  # vllm:prefix_cache_hits, vllm:external_prefix_cache_hits
-LEAK, FROM_NOWHERE = "leak", "hits"  # the kind of a hit where none may come
+LEAK, FROM_NOWHERE = "isolation", "hits"  # the kind of a hit where none may come
 
 
 @dataclass(frozen=True)

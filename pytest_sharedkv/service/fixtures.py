@@ -97,14 +97,20 @@ def pytest_configure(config: pytest.Config) -> None:
     before any test, naming the option and the file; so does a fault catalogue naming a
     class there is none of."""
     settings = state_of(config).settings
+    snapshots = settings.snapshot_dir
+    if snapshots is not None and snapshots.exists() and not snapshots.is_dir():
+        raise pytest.UsageError(f"{settings.source_of('snapshot_dir')}: {snapshots} is not a "
+                                "directory (it names where stored reference answers live)")
     if settings.fault_catalogue is not None:
-        from pytest_sharedkv.service.catalogue import CatalogueError, chosen
+        from pytest_sharedkv.config.options import uses_l2
+        from pytest_sharedkv.service.catalogue import CatalogueError, topology_problem
 
         try:
-            chosen(settings.fault_catalogue)
+            problem = topology_problem(settings.fault_catalogue, uses_l2(settings))
         except CatalogueError as exc:
-            raise pytest.UsageError(f"{settings.source_of('fault_catalogue')}: {exc}"
-                                    ) from None
+            problem = str(exc)
+        if problem is not None:
+            raise pytest.UsageError(f"{settings.source_of('fault_catalogue')}: {problem}")
     if settings.baseline is None:
         return
     from pytest_sharedkv.service.baseline import BaselineError, read_baseline

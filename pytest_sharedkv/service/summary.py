@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from pytest_sharedkv.report.markdown import markdown_table
-from pytest_sharedkv.report.records import Check, Kind
+from pytest_sharedkv.report.records import Check, Kind, Status
 from pytest_sharedkv.report.run_log import RunLog
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.baseline import NOT_STEPS, Baseline, exact_pair, remedies
@@ -209,9 +209,13 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
     from pytest_sharedkv.service.catalogue import offer
 
     lines = []
+    isolated: dict[str, str] = {}  # pair -> its isolation failures, said first
     for pair in dict.fromkeys(_pair(c) for c in checks if c.key.get("size") != "model"):
         mine = [c for c in checks if _pair(c) == pair]
         name = pair_name(pair[0], pair[1])
+        said = isolation_text(mine)
+        if said is not None:
+            isolated[name] = said
         gate = next((c for c in mine if c.key.get("size") == "gate"), None)
         steps = _steps(mine)
         gaps = [c for c in steps if str(c.key.get("step", "")).startswith(GAP_STEP)]
@@ -293,7 +297,34 @@ def verdicts(checks: list[Check], baseline: Baseline | None = None,
                          + (f" ({', '.join(bad)})" if bad else "")
                          + (f"; {extra}" if extra else ""))
         lines += _catalogue_lines(mine, name, catalogue, finished, offered) + tail
-    return lines
+    return _isolation_first(lines, isolated)
+
+
+def isolation_text(checks: Sequence[Check]) -> str | None:
+    """What a pair's isolation failures (records of kind isolation that failed: a cache hit
+    across cache_salt namespaces) say, or None."""
+    found = [c for c in checks if c.kind == Kind.ISOLATION and c.status == Status.FAIL]
+    if not found:
+        return None
+    where = sorted({f"{c.key.get('size')} {c.key.get('step')}" for c in found})
+    return (f"ISOLATION FAILED: KV served across cache_salt namespaces in {len(found)} "
+            f"record(s) ({', '.join(where[:6])}{', ...' if len(where) > 6 else ''}): one "
+            f"tenant's cache answered another's, a security failure whatever the answers; "
+            f"first: {found[0].message[:200]}")
+
+
+def _isolation_first(lines: list[str], isolated: Mapping[str, str]) -> list[str]:
+    """Each isolated pair's VERDICT line opens with its isolation failure (a line of its
+    own where the pair has no VERDICT line)."""
+    out = list(lines)
+    for name, text in isolated.items():
+        head = f"VERDICT {name}: "
+        at = next((i for i, line in enumerate(out) if line.startswith(head)), None)
+        if at is None:
+            out.insert(0, head + text)
+        else:
+            out[at] = f"{head}{text}. Besides: {out[at][len(head):]}"
+    return out
 
 
 def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | None,

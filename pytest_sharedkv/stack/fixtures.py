@@ -62,6 +62,49 @@ def pytest_configure(config: pytest.Config) -> None:
     if state_of(config).active:
         _check_targets(config)
         _check_l2(config)
+        _check_l1(config)
+
+
+def l1_problem(settings: Settings) -> str | None:
+    """--sharedkv-l1-gib smaller than one chunk's bytes: each server's L1 could hold no
+    chunk, and every cross-replica step would miss (a VOID that reads as a connector that
+    is off). A chunk: the corpus chunk in tokens at the bytes a token takes, the stub's
+    STUB_TOKEN_BYTES or, for a launched pair, at least the model's attention KV (from its
+    config.json, or the copy model's). None where it holds a chunk or cannot be known."""
+    resolved = resolve_provider(settings)
+    if settings.l1_gib is None or resolved.provider is Provider.EXTERNAL:
+        return None
+    from pytest_sharedkv.corpus.choice import copy_chunk
+    from pytest_sharedkv.layouts.chunk_size import kv_bytes_per_token_at_least
+    from pytest_sharedkv.models.config_file import ModelConfigError, read_config
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
+
+    try:
+        chunk = copy_chunk(settings)
+        if resolved.provider is Provider.STUB:
+            from pytest_sharedkv.stack.stub_openai import STUB_TOKEN_BYTES
+
+            per_token, what = STUB_TOKEN_BYTES, "the stub double's"
+        else:
+            model = (read_config(settings.model) if settings.model is not None
+                     else config_dict(CopyModelRecipe()))
+            per_token, what = kv_bytes_per_token_at_least(model), "at least the model's KV"
+    except (ModelConfigError, KeyError, ValueError, TypeError):
+        return None  # the model's own problem is said where it is loaded
+    need = chunk * per_token
+    if settings.l1_gib * (1 << 30) >= need:
+        return None
+    held = settings.l1_gib * (1 << 30)
+    return (f"{settings.source_of('l1_gib')}: {settings.l1_gib:g} GiB ({held:.3g} bytes) "
+            f"holds less than one chunk: a chunk of {chunk} tokens takes {need:,} "
+            f"bytes ({what}, {per_token:,} a token); give at least "
+            f"{need / (1 << 30):.3g} GiB")
+
+
+def _check_l1(config: pytest.Config) -> None:
+    problem = l1_problem(state_of(config).settings)
+    if problem is not None:
+        raise pytest.UsageError(problem)
 
 
 def _check_l2(config: pytest.Config) -> None:

@@ -53,6 +53,9 @@ class AuditReport:
     # B resumed its recurrent layers from a state no engine kept
     unkept_state: dict[str, int] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
+    # request -> B's loads of chunks no replica ever stored under that request's salt:
+    # the pool served KV across cache_salt namespaces (an isolation failure)
+    foreign: dict[str, int] = field(default_factory=dict)
     chunks_per_request: dict[str, int] = field(default_factory=dict)  # audited chunks
     registered: dict[str, int] = field(default_factory=dict)  # role -> processes
     unsupported: list[str] = field(default_factory=list)
@@ -79,6 +82,18 @@ class AuditReport:
                     f"({self.unmatched} loads without a matching store){why}")
         return None
 
+    def isolation(self) -> str | None:
+        """B's loads of chunks no replica stored under their request's salt (the key is a
+        hash of the salt and the tokens), said as the isolation failure they are; None
+        where there are none."""
+        if not self.foreign:
+            return None
+        names = sorted(self.foreign)
+        return (f"isolation: B loaded {sum(self.foreign.values())} chunk(s) that no replica "
+                f"ever stored under the request's cache_salt, in {len(names)} request(s) "
+                f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}): the pool "
+                "served KV across cache_salt namespaces")
+
     @property
     def mismatched_requests(self) -> set[str]:
         return {m.request for m in self.mismatches}
@@ -103,9 +118,12 @@ class AuditReport:
         verdict = (f"{len(self.mismatches)} mismatching digests in "
                    f"{len(self.mismatched_requests)} requests"
                    if self.mismatches else "every loaded chunk equals the stored one")
-        unjudged = (f"; {self.unmatched} loads ({self.unmatched_state} of them recurrent "
-                    "state) had no store of the same chunk by A and were not judged"
-                    if self.unmatched else "")
+        foreign = sum(self.foreign.values())
+        unjudged = (f"; {self.unmatched - foreign} loads ({self.unmatched_state} of them "
+                    "recurrent state) had no store of the same chunk by A and were not judged"
+                    if self.unmatched - foreign else "")
+        if foreign:
+            unjudged += f"; {self.isolation()}"
         if self.unkept_state:
             names = sorted(self.unkept_state)
             unjudged += (f" (B resumed {len(names)} requests from recurrent state of "
@@ -139,6 +157,7 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
     report = AuditReport()
     stored: dict[tuple[str, int, str], str] = {}  # A's (key, group, layer) -> digest
     stored_keys: set[str] = set()  # chunks A stored any layer of
+    any_stored: set[str] = set()  # chunks any replica stored (a key holds its salt)
     owners: dict[str, str] = {}  # any stored digest -> "replica R's chunk C of request Q"
     loads = []
     for r in records:
@@ -156,6 +175,7 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
             request, _ = _name(r["request"])
             owners.setdefault(r["digest"], f"replica {r['role']}'s chunk {r['chunk']} of "
                                            f"request {request} (group {r['group']})")
+            any_stored.add(r["key"])
             if r["role"] == "A":
                 stored[(r["key"], r["group"], r["layer"])] = r["digest"]
                 stored_keys.add(r["key"])
@@ -168,6 +188,9 @@ def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
         if expected is None:
             report.unmatched += 1
             report.unmatched_state += state
+            if r["key"] not in any_stored:  # never stored under this salt: another's KV
+                request, _ = _name(r["request"])
+                report.foreign[request] = report.foreign.get(request, 0) + 1
             if state and r["key"] in stored_keys:  # A stored the chunk, its state null
                 request, _ = _name(r["request"])
                 report.unkept_state[request] = report.unkept_state.get(request, 0) + 1

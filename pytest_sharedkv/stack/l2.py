@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -366,8 +367,15 @@ def directory_problem(path: Path, may_create: bool = True) -> L2Problem | None:
         probe = probe.parent
     if not probe.is_dir():
         return L2Problem("not-writable", f"L2 directory {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return L2Problem("not-writable", f"L2 directory {path}: {probe} is not writable")
+    # a file made and removed there: permission bits do not tell (root passes os.access on
+    # a read-only /sys/kernel, and LMCache's first store would fail a test later)
+    try:
+        fd, made = tempfile.mkstemp(prefix=".sharedkv-l2-probe.", dir=probe)
+    except OSError as exc:
+        return L2Problem("not-writable", f"L2 directory {path}: no file can be made in "
+                         f"{probe} ({exc.strerror or exc})")
+    os.close(fd)
+    os.unlink(made)
     return None
 
 
@@ -392,6 +400,29 @@ def suite_redis(log_dir: Path, adapter_type: str = "resp", port: int | None = No
     assert binary is not None
     server = redis_server.RedisServer(binary, log_dir, port=port, maxmemory=maxmemory)
     return RedisL2(redis_server.HOST, server.port, adapter_type, server=server)
+
+
+# The fields of an adapter JSON this suite reads, with their JSON types, per adapter type.
+SPEC_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
+    "resp": {"host": (str, "a string"), "port": (int, "an integer")},
+    "valkey": {"startup_nodes": (str, "a string (host:port,...)")},
+    **{t: {"base_path": (str, "a string (a directory)")} for t in DIRECTORY_TYPES},
+}
+
+
+def spec_problem(spec: dict[str, Any]) -> L2Problem | None:
+    """A field of an adapter JSON of a type this suite reaches that is missing or not of
+    its JSON type, named with the type it takes (``"port": "6379"``)."""
+    kind = spec.get("type")
+    if kind == "fault_inject" and isinstance(spec.get("inner"), dict):
+        return spec_problem(spec["inner"])
+    for field, (expected, words) in SPEC_FIELDS.get(str(kind), {}).items():
+        value = spec.get(field)
+        if not isinstance(value, expected) or isinstance(value, bool):
+            found = "missing" if field not in spec else f"{type(value).__name__} {value!r}"
+            return L2Problem("bad-spec", f"L2 adapter of type {kind!r}: field {field!r} "
+                             f"must be {words}, found {found}")
+    return None
 
 
 def existing(spec: dict[str, Any]) -> L2:
@@ -500,6 +531,9 @@ def configure_problem(value: str, stub: bool = False) -> L2Problem | None:
             return L2Problem("bad-spec", f"L2 adapter {value!r} is not JSON: {exc}")
         if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
             return L2Problem("bad-spec", f"L2 adapter {value!r} has no \"type\"")
+        wrong = spec_problem(spec)
+        if wrong is not None:
+            return wrong
         backend = existing(spec)
         adapter_type = backend.adapter_type
     if _lmcache_dir() is not None:  # the servers need it (the stub alone does not)

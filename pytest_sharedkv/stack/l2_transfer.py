@@ -416,7 +416,7 @@ if __name__ == "__main__":
 
 
 # A HostsOutcome's problem kinds as the report's record kinds (report.records.Kind).
-RECORD_KINDS = {"leak": "leak", "hits": "hits", "source": "hits", "bytes": "bytes",
+RECORD_KINDS = {"leak": "isolation", "hits": "hits", "source": "hits", "bytes": "bytes",
                 "l2": "hits", "process": "error", "void": "bytes", "l2-transfer": "bytes"}
 
 

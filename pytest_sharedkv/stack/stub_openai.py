@@ -357,9 +357,9 @@ class _State:
     def audit_keys(self, salt: str, tokens: list[str], block: int, chunks: int
                    ) -> list[str]:
         """The audit hook's key of each of the first CHUNKS chunks (salt and token ids up to
-        the chunk's end; a stub token's id is a hash of its word)."""
-        if self.args.ignore_salt:
-            salt = ""
+        the chunk's end; a stub token's id is a hash of its word). The request's own salt,
+        as the hook in a real engine keys it, also under ``--ignore-salt``: a salt-blind
+        pool's loads then carry a salt that never stored them, as a real one's would."""
         ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "little",
                               signed=True) for t in tokens]
         return chunk_keys(salt, ids, block, 0, chunks)

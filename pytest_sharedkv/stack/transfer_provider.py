@@ -380,11 +380,12 @@ class TransferOutcome:
     launch: LaunchRecord | None = None  # what run_pair launched
 
     def verdict(self) -> tuple[str, str]:
-        """The record's (kind, status): a fresh salt that hit is a leak; else the bytes."""
+        """The record's (kind, status): a fresh salt that hit is an isolation failure;
+        else the bytes."""
         if self.void:
             return "bytes", "void"
         if self.fetch.get("control_hit_tokens"):
-            return "leak", "fail"
+            return "isolation", "fail"
         return "bytes", "fail" if self.problems else "pass"
 
     def score(self) -> tuple[int, int]:

@@ -24,7 +24,8 @@ def _short(text: object, limit: int = 240) -> str:
 
 # What a failed record of each kind is called in the compare (the other kinds' failures,
 # protocol, bytes, ordering ..., fail their test, which the compare lists by test id).
-FAILED_KINDS = {Kind.LEAK: Found.LEAK, Kind.DIVERGENCE: Found.DIVERGENCE,
+FAILED_KINDS = {Kind.ISOLATION: Found.ISOLATION, Kind.LEAK: Found.ISOLATION,
+                Kind.DIVERGENCE: Found.DIVERGENCE,
                 Kind.HITS: Found.HITS, Kind.HITS_UNKNOWN: Found.HITS,
                 Kind.AUDIT_MISMATCH: Found.AUDIT_MISMATCH}
 STATUS_FINDINGS = {Status.VOID: Found.VOID, Status.CONFOUNDED: Found.CONFOUNDED}
@@ -163,11 +164,13 @@ def void_tiers(report: Report) -> set[str]:
 
 
 def differences(before: Report, after: Report) -> tuple[list[Finding], list[Finding]]:
-    """AFTER's correctness differences: (new ones, those also in BEFORE), in report order;
+    """AFTER's correctness differences: (new ones, those also in BEFORE), in report order,
+    isolation failures (KV served across cache_salt namespaces) first;
     a test that passed in BEFORE and not in AFTER is always new, and so is one that failed
     in a tier BEFORE proved nothing in (VOID): no baseline, not an old fault."""
     void = void_tiers(before)
     earlier = {f.key for f in findings(before) if f.tier not in void}
     problems = findings(after) + lost_tests(before, after)
+    problems.sort(key=lambda f: f.kind is not Found.ISOLATION)  # a security failure first
     return ([f for f in problems if f.key not in earlier],
             [f for f in problems if f.key in earlier])

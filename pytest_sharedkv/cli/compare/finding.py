@@ -20,7 +20,8 @@ class Found(Word):
     COLLECTION_ERROR = "collection error"
     VOID = "VOID"
     CONFOUNDED = "CONFOUNDED"
-    LEAK = "namespace leak"
+    ISOLATION = "ISOLATION (KV served across cache_salt namespaces)"
+    LEAK = ISOLATION  # the older word: an older report's leak reads as the same failure
     DIVERGENCE = "divergence"
     HITS = "hit accounting"
     AUDIT_MISMATCH = "KV audit mismatch"

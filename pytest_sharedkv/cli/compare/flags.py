@@ -34,7 +34,7 @@ def fact_settings(report: Report) -> dict[str, Any] | None:
         return None
     try:
         first = json.loads(values[0])
-    except ValueError:
+    except (ValueError, RecursionError):  # a string nested too deeply
         return None
     if len(values) > 1:  # pairs of one run that ran differently: say so, key by key
         return {"per pair": values}

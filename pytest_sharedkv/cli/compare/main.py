@@ -27,7 +27,7 @@ from pytest_sharedkv.cli.compare.reading import (
 from pytest_sharedkv.cli.compare.rendering import report_lines
 from pytest_sharedkv.cli.compare.stacks import STACK_CHANGE, stack_change
 from pytest_sharedkv.cli.compare.topology import TOPOLOGY_DIFFERS, topology_difference
-from pytest_sharedkv.cli.output import Output, OutputError
+from pytest_sharedkv.cli.output import Output, OutputError, to_stdout
 
 DEFAULT_MAX_REGRESSION = "10%"
 PROG = "python -m pytest_sharedkv compare"
@@ -146,8 +146,8 @@ def main(argv: Sequence[str]) -> int:
         text = "\n".join(lines) + "\n"
         if markdown is not None:
             markdown.write(text)
+        to_stdout(text)
     except (CompareError, OutputError) as exc:
         sys.stderr.write(f"{PROG}: {exc}\n")
         return 2
-    sys.stdout.write(text)
     return status

@@ -41,6 +41,9 @@ def read_report(path: Path) -> Report:
     except json.JSONDecodeError as exc:
         raise CompareError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: "
                            f"{exc.msg})") from None
+    except RecursionError:  # '[' * 100000: no report nests that deep
+        raise CompareError(f"{path}: not a sharedkv JSON report (nested too deeply to "
+                           "read)") from None
     if not isinstance(data, dict):
         raise CompareError(f"{path}: not a sharedkv JSON report (the top level is a "
                            f"{type(data).__name__}, not an object)")
@@ -51,9 +54,13 @@ def read_report(path: Path) -> Report:
     perf = None
     if data.get("perf") is not None:
         try:
-            perf = analyse(from_json(data["perf"]))
+            run = from_json(data["perf"])
         except PerfReportError as exc:
             raise CompareError(f"{path}: {exc}") from None
+        if not run.observations:
+            raise CompareError(f"{path}: perf.observations: empty (a screening that timed no "
+                               "request has nothing to compare or merge)")
+        perf = analyse(run)
     if known:
         try:
             validate(data)
@@ -108,7 +115,13 @@ def tiers(report: Report) -> set[str]:
 
 
 def comparable(before: Report, after: Report) -> None:
-    """Raise CompareError saying which identity differs, with both values."""
+    """Raise CompareError naming a report that holds no test (a run that collected or ran
+    none: nothing to compare), or saying which identity differs, with both values."""
+    for role, report in (("BEFORE", before), ("AFTER", after)):
+        if not report.data.get("tests"):
+            raise CompareError(f"{report.path}: {role} holds no test (a run that collected "
+                               "or ran none, such as --co or a -m that matched nothing): "
+                               "there is nothing to compare")
     b, a = before.data.get("schema"), after.data.get("schema")
     if b != a:
         raise CompareError(f"incomparable reports: schema differs: BEFORE {b!r}, AFTER {a!r}")

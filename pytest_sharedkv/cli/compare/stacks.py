@@ -95,7 +95,7 @@ def connector_of(argv: list[str], env: Mapping[str, str]) -> Connector | None:
     if raw is not None:
         try:
             config = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # a string nested too deeply
             config = {}
         if isinstance(config, dict) and isinstance(config.get("kv_connector"), str):
             name = config["kv_connector"]
@@ -120,7 +120,7 @@ def _launches(report: Report) -> Iterable[tuple[list[str], dict[str, str]]]:
         if isinstance(fact, dict) and fact.get("name") == "launch":
             try:
                 value = json.loads(str(fact.get("value")))
-            except ValueError:
+            except (ValueError, RecursionError):  # a string nested too deeply
                 continue
             if isinstance(value, dict):
                 yield list(map(str, value.get("argv", []))), dict(value.get("env", {}))
@@ -138,7 +138,7 @@ def _stack_facts(report: Report) -> list[dict[str, Any]]:
         if isinstance(fact, dict) and fact.get("name") == "stack":
             try:
                 value = json.loads(str(fact.get("value")))
-            except ValueError:
+            except (ValueError, RecursionError):  # a string nested too deeply
                 continue
             if isinstance(value, dict):
                 found.append(value)
@@ -167,7 +167,7 @@ def l2_backend(argv: list[str]) -> str | None:
         if arg == "--l2-adapter":
             try:
                 spec = json.loads(argv[i + 1])
-            except ValueError:
+            except (ValueError, RecursionError):  # a string nested too deeply
                 spec = {}
             types.append(str(spec.get("type", "?")) if isinstance(spec, dict) else "?")
     return f"L2 {'+'.join(sorted(types))}" if types else "L1 only"
