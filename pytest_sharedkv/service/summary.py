@@ -423,14 +423,25 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
 
 def write_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The L2 write-failure cell's verdict: writes refused by a full Redis while both
-    replicas stored the same prompts, then every answer from that L2 exact."""
+    replicas stored the same prompts, then every later answer exact, said with how many of
+    them hit the L2 at all."""
     def head(detail: Mapping[str, Any]) -> str:
         return (f"L2 WRITE {name}: {detail.get('refused', 'unknown')} L2 write(s) refused "
                 "while both replicas stored the same prompts (a Redis at its memory limit)")
 
     return _cell_lines(cells, head, lambda detail: (
-        "later answers from that L2 exact, no hit past what it held, the audit "
+        f"later answers exact{_l2_hits(detail)}, no hit past what it held, the audit "
         f"{'clean' if detail.get('audit') else 'off'}"), counted="held")
+
+
+def _l2_hits(detail: Mapping[str, Any]) -> str:
+    """How many of the cell's later answers hit anything in the L2: an answer of a prompt
+    the L2 kept nothing of is exact from a recompute, not from the L2."""
+    cached = detail.get("cached_by_request")
+    if not isinstance(cached, Mapping):
+        return " (which of them hit the L2: not recorded)"
+    hit = sum(1 for tokens in cached.values() if tokens)
+    return f" ({hit} with hits from that L2, {len(cached) - hit} hit nothing)"
 
 
 def model_table(checks: list[Check]) -> list[str]:
