@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from tests.recorded import LMCACHE_H200, PERF_H200, ROOT, checks, read
