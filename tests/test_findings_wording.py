@@ -62,7 +62,7 @@ def test_the_pool_paid_off_at_both_sizes_of_the_11_30_screening() -> None:
     data = json.loads((PERF_H200 / "blocks2.json").read_text())["perf"]
     ratios = {r.size: r for r in analyse(from_json(data)).ratios if r.step == "cross"}
 
-    def said(size: str) -> str:
+    def said(size: str) -> tuple[str, str]:
         pairs = " and ".join(f"{v:.2f}x" for _, v in ratios[size].per_pair)
         return f"{ratios[size].median:.2f}x at {size} (", pairs
 
