@@ -309,16 +309,22 @@ def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | No
 
 
 def identical_verdicts(name: str, cells: list[Check]) -> list[str]:
-    """The identical-requests cell's verdict (LMCache #4463's later report): K requests of
-    one prompt in flight together on one replica, every answer exact and all equal."""
+    """The identical-requests cells' verdicts (LMCache #4463's later report): K requests of
+    one prompt in flight together on one replica, or one after another, every answer exact
+    and all equal."""
     def head(detail: Mapping[str, Any]) -> str:
         prompts = detail.get("prompts")
-        return (f"IDENTICAL {name}: {detail.get('k')} identical requests at once on replica "
+        how = "one after another" if detail.get("sequential") else "at once"
+        return (f"IDENTICAL {name}: {detail.get('k')} identical requests {how} on replica "
                 f"{detail.get('replica')} after the prompt's KV was stored, for each of "
                 f"{len(prompts) if isinstance(prompts, list) else '?'} prompts")
 
-    return _cell_lines(cells, head, lambda _: "answers exact, each prompt's all equal, hits "
-                                              "as expected")
+    def passing(detail: Mapping[str, Any]) -> str:
+        return ("answers exact, each prompt's all equal, the first one's hit as expected"
+                if detail.get("sequential") else
+                "answers exact, each prompt's all equal, hits as expected")
+
+    return _cell_lines(cells, head, passing)
 
 
 def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
