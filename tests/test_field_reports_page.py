@@ -87,9 +87,11 @@ def disk() -> set[str]:
 def write_race() -> set[str]:
     plain = json.loads((CPU / "lmcache-4991-write-race.json").read_text())
     held = json.loads((CPU / "lmcache-4991-write-race-hold.json").read_text())
+    truncated = json.loads((CPU / "lmcache-4991-write-race-truncate.json").read_text())
     short = plain["condition"]["short"]
-    found = {_n(short["offset"]), _n(short["size"])}
-    for report in (plain, held):
+    found = {_n(short["offset"]), _n(short["size"]), str(truncated["raced_entry"]["bytes"]),
+             str(truncated["condition"]["raise"]["offset"])}
+    for report in (plain, held, truncated):
         counts = report["counts"]
         found |= {str(counts["keys_served"]), *map(str, counts["stores_failed"].values())}
     found |= {str(plain["counts"]["pages_compared"]),
@@ -176,7 +178,8 @@ def test_the_write_race_row_never_claims_a_verdict_its_reports_do_not_give() -> 
     """The #4991 row's verdict is both committed reports' verdict, and its condition
     occurred in each (an edited report fails tests/test_write_race_4991.py)."""
     verdicts = {json.loads((CPU / f).read_text())["verdict"]
-                for f in ("lmcache-4991-write-race.json", "lmcache-4991-write-race-hold.json")}
+                for f in ("lmcache-4991-write-race.json", "lmcache-4991-write-race-hold.json",
+                          "lmcache-4991-write-race-truncate.json")}
     assert verdicts == {"not reproduced"}
     assert rows()["LMCache #4991 (open)"][4].startswith("**not reproduced (condition occurred)**")
 

@@ -21,8 +21,9 @@ from tests.conftest import keep_loaded
 keep_loaded("torch", "lmcache")
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "lmcache" / "cpu"
-REPORTS = {False: FIXTURES / "lmcache-4991-write-race.json",
-           True: FIXTURES / "lmcache-4991-write-race-hold.json"}
+REPORTS = {"plain": FIXTURES / "lmcache-4991-write-race.json",
+           "hold": FIXTURES / "lmcache-4991-write-race-hold.json",
+           "truncate": FIXTURES / "lmcache-4991-write-race-truncate.json"}
 FILE = "m@0x01000100@0@ab@wr4991.tmp"
 LINES: list[dict[str, Any]] = [
     {"event": "open", "role": "fail", "file": FILE},
@@ -77,6 +78,29 @@ def test_without_the_interleaving_the_cell_is_void(lines: list[dict[str, Any]],
     assert verdict is Verdict.VOID and why in text, text
 
 
+TRUNC: list[dict[str, Any]] = [
+    {"event": "written", "role": "race", "file": FILE, "offset": 65536, "size": 65536},
+    {"event": "waited", "role": "fail", "file": FILE, "saw": True},
+    {"event": "open", "role": "fail", "file": FILE},
+    {"event": "replace", "role": "race", "file": FILE, "ok": True},
+    {"event": "raise", "role": "fail", "file": FILE, "offset": 0, "size": 65536, "saw": True},
+]
+
+
+def test_the_truncating_order_is_judged_by_its_own_lines() -> None:
+    miss = {"hit_tokens": 0, "retrieved": False, "pages_compared": 0, "chunks": []}
+    verdict, why = judge(TRUNC, miss, truncate=True)
+    assert verdict is Verdict.NOT_REPRODUCED and "opened (truncated) it" in why
+    verdict, why = judge(TRUNC, {**WHOLE, "retrieved": False}, truncate=True)
+    assert verdict is Verdict.REPRODUCED and "stayed visible" in why
+    for lines, text in ((TRUNC[1:], "did not write its whole entry"),
+                        ([TRUNC[0], *TRUNC[2:]], "did not open the same staging file"),
+                        ([*TRUNC[:3], {**TRUNC[3], "ok": False}, TRUNC[4]], "did not rename"),
+                        (TRUNC[:4], "did not fail after")):
+        verdict, why = judge(lines, miss, truncate=True)
+        assert verdict is Verdict.VOID and text in why, why
+
+
 def test_the_held_order_without_the_unlink_or_a_reader_without_a_fetch_is_void() -> None:
     verdict, text = _verdict(LINES, hold=True)
     assert verdict is Verdict.VOID and "clean-up did not unlink" in text
@@ -88,30 +112,32 @@ def test_the_held_order_without_the_unlink_or_a_reader_without_a_fetch_is_void()
 
 # -- the committed reports, and the real cell -------------------------------------------
 
-def _report(hold: bool) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(REPORTS[hold].read_text())
+def _report(order: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(REPORTS[order].read_text())
     return data
 
 
-@pytest.mark.parametrize("hold", [False, True])
-def test_a_committed_report_is_what_its_own_lines_judge(hold: bool) -> None:
+@pytest.mark.parametrize("order", list(REPORTS))
+def test_a_committed_report_is_what_its_own_lines_judge(order: str) -> None:
     """The verdict a report states is the one judge() gives its hook lines and counts: a
     report edited by hand, or a judge changed since the run, fails here."""
-    report = _report(hold)
+    report = _report(order)
     fetch = {"hit_tokens": report["counts"]["keys_served"] * report["chunk_tokens"],
              "retrieved": report["retrieved"],
              "pages_compared": report["counts"]["pages_compared"],
              "chunks": report["chunks"]}
-    verdict, why = judge(report["hook_lines"], fetch, hold)
+    hold, truncate = order == "hold", order == "truncate"
+    verdict, why = judge(report["hook_lines"], fetch, hold, truncate)
     assert (verdict.value, why) == (report["verdict"], report["why"])
-    assert report["hold"] is hold and report["l2"] == "fs" and report["lmcache"] == "0.5.6"
+    assert (report["hold"], report.get("truncate", False)) == (hold, truncate)
+    assert report["l2"] == "fs" and report["lmcache"] == "0.5.6"
     pages = report["counts"]["pages"] or {}
     assert sum(pages.values()) == report["counts"]["pages_compared"]
 
 
 def test_the_committed_runs_show_the_condition_and_what_lmcache_did() -> None:
     """The figures the field-report row states, read from the reports."""
-    plain, held = _report(False), _report(True)
+    plain, held, truncated = _report("plain"), _report("hold"), _report("truncate")
     for report in (plain, held):
         assert report["verdict"] == "not reproduced", report["why"]
         short = report["condition"]["short"]
@@ -127,6 +153,13 @@ def test_the_committed_runs_show_the_condition_and_what_lmcache_did() -> None:
     raced = held["condition"]["short"]["file"]
     assert [e.get("error") for e in held_lines if e["event"] == "replace"
             and e["role"] == "race" and e["file"] == raced] == ["FileNotFoundError"]
+    # truncating: writer 2's rename succeeded, writer 1's failed open left the entry empty;
+    # the reader missed it (LMCache did not serve the 0-byte entry)
+    assert truncated["verdict"] == "not reproduced", truncated["why"]
+    raced = truncated["condition"]["raise"]["file"]
+    assert [e["ok"] for e in truncated["hook_lines"] if e["event"] == "replace"
+            and e["role"] == "race" and e["file"] == raced] == [True]
+    assert truncated["raced_entry"]["bytes"] == 0 and truncated["counts"]["keys_served"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,17 @@ salt ``SALT_ENV`` this process writes:
   waits until writer 2 has created ``BEGUN``, logs ``raise`` and raises ``OSError``: the
   write failed part-way after the other writer began;
 - writer 2 (``Role.RACE``): waits until writer 1 created ``SHORT``, logs ``begun``,
-  creates ``BEGUN`` and writes its whole entry (``written``).
+  creates ``BEGUN`` and writes its whole entry (``written``); with ``HOLD_ENV`` it then
+  waits until writer 1's clean-up has unlinked the staging file (``held``), so that
+  clean-up meets writer 2's staging file before writer 2 renames it (without it, the order
+  is LMCache's: in the runs so far writer 2 renamed first).
+
+With ``TRUNCATE_ENV`` (both writers) the other failure: writer 2 writes its whole entry
+first (``written``, ``RACE_WRITTEN``); writer 1 opens the same staging file only then (its
+``"wb"`` truncates it: ``open``, ``FAIL_OPENED``); writer 2 renames it onto the entry
+(``replace``, ``RACE_RENAMED``) once writer 1 has opened it; writer 1's write then fails
+before it writes a byte (``raise`` at offset 0): the entry left is what the failed store
+made of it.
 
 Every open of a staging file of the salt, and the adapter's ``replace`` and ``unlink`` of
 one, is a line too (each with its outcome), so the log shows what the adapter did after the
@@ -42,11 +52,15 @@ DIR_ENV = "SHAREDKV_WRITE_RACE_DIR"
 ROLE_ENV = "SHAREDKV_WRITE_RACE_ROLE"
 SALT_ENV = "SHAREDKV_WRITE_RACE_SALT"
 HOLD_ENV = "SHAREDKV_WRITE_RACE_HOLD"  # writer 2 returns once writer 1 unlinked its staging
+TRUNCATE_ENV = "SHAREDKV_WRITE_RACE_TRUNCATE"  # the truncating order (below), both writers
 MODULE = "lmcache.v1.distributed.l2_adapters.fs_l2_adapter"
 LOG = "write-race.jsonl"
 SHORT = "writer-1-short"  # writer 1's short write is in the staging file
 BEGUN = "writer-2-begun"  # writer 2's write of the same key has begun
 UNLINKED = "writer-1-unlinked"  # writer 1's clean-up unlinked a staging file of the salt
+RACE_WRITTEN = "writer-2-written"  # truncating order: writer 2 wrote its whole entry
+FAIL_OPENED = "writer-1-opened"  # truncating order: writer 1 opened (truncated) the staging
+RACE_RENAMED = "writer-2-renamed"  # truncating order: writer 2 renamed the staging file
 TAG = "write-race"
 WAIT_S = 30.0
 POLL_S = 0.005
@@ -65,9 +79,12 @@ def short_length(size: int) -> int:
 
 class WriteRace:
     def __init__(self, run_dir: Path, role: Role, salt: str, wait_s: float = WAIT_S,
-                 hold: bool = False) -> None:
+                 hold: bool = False, truncate: bool = False) -> None:
         self.run_dir = run_dir
         self.hold = hold
+        self.truncate = truncate
+        self.opened = False  # truncating order: writer 1's raced open has been taken
+        self.name: str | None = None  # the staging file this process races
         self.role = role
         self.salt = salt
         self.wait_s = wait_s
@@ -96,13 +113,39 @@ class WriteRace:
             if self.claimed or not self.raced(path):
                 return False
             self.claimed = True
+            self.name = path.name
             return True
+
+    def claim_open(self, path: Path) -> bool:
+        """Truncating order, writer 1: its first open of a staging file of the salt."""
+        with self.lock:
+            if not (self.truncate and self.role is Role.FAIL) or self.opened \
+                    or not self.raced(path):
+                return False
+            self.opened = True
+            return True
+
+    async def before_open(self, path: Path) -> None:
+        if self.claim_open(path):
+            self.log("waited", file=path.name, saw=await self.wait(RACE_WRITTEN))
+
+    def after_open(self, path: Path) -> None:
+        self.log("open", file=path.name, on_disk=_size(path))
+        if self.truncate and self.role is Role.FAIL and self.opened \
+                and not (self.run_dir / FAIL_OPENED).exists():
+            (self.run_dir / FAIL_OPENED).touch()
+
+    def renamed(self, path: Path) -> None:
+        if self.truncate and self.role is Role.RACE and path.name == self.name:
+            (self.run_dir / RACE_RENAMED).touch()
 
     async def write(self, f: Any, path: Path, data: Any) -> Any:
         if not self.claim(path):
             return await f.write(data)
         buf = memoryview(data).cast("B")
         size = len(buf)
+        if self.truncate:
+            return await self._truncating(f, path, buf, size)
         if self.role is Role.FAIL:
             written = await f.write(buf[:short_length(size)])
             await f.flush()
@@ -122,6 +165,21 @@ class WriteRace:
         if self.hold:
             self.log("held", file=path.name, saw=await self.wait(UNLINKED))
         return written
+
+    async def _truncating(self, f: Any, path: Path, buf: memoryview, size: int) -> Any:
+        if self.role is Role.RACE:
+            written = await f.write(buf)
+            await f.flush()
+            self.log("written", file=path.name, offset=written, size=size, on_disk=_size(path))
+            (self.run_dir / RACE_WRITTEN).touch()
+            saw = await self.wait(FAIL_OPENED)
+            self.log("held", file=path.name, saw=saw, on_disk=_size(path))
+            return written
+        saw = await self.wait(RACE_RENAMED)
+        self.log("raise", file=path.name, offset=0, size=size, saw=saw,
+                 on_disk=_size(path.with_suffix(".data")))
+        raise OSError(errno.EIO, f"sharedkv write race: the write of {path.name} failed "
+                      f"before its first byte, after opening (truncating) the staging file")
 
 
 def _size(path: Path) -> int | None:
@@ -151,8 +209,9 @@ class _Opened:
         self._race = race
 
     async def __aenter__(self) -> _File:
+        await self._race.before_open(self._path)
         f = await self._inner.__aenter__()
-        self._race.log("open", file=self._path.name, on_disk=_size(self._path))
+        self._race.after_open(self._path)
         return _File(f, self._path, self._race)
 
     async def __aexit__(self, *exc: Any) -> Any:
@@ -182,6 +241,8 @@ class _OsProxy:
             if event == "unlink" and self._race.role is Role.FAIL:
                 (self._race.run_dir / UNLINKED).touch()
         self._race.log(event, file=Path(str(path)).name, ok=True)
+        if event == "replace":
+            self._race.renamed(Path(str(path)))
         return result
 
     async def replace(self, src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
@@ -225,8 +286,9 @@ def install() -> post_import.PostImportFinder | None:
                            os.environ.get(SALT_ENV))
     if not (run_dir and role and salt):
         return None
-    race = WriteRace(Path(run_dir), Role(role), salt, hold=bool(os.environ.get(HOLD_ENV)))
-    race.log("armed", salt=salt, hold=race.hold)
+    race = WriteRace(Path(run_dir), Role(role), salt, hold=bool(os.environ.get(HOLD_ENV)),
+                     truncate=bool(os.environ.get(TRUNCATE_ENV)))
+    race.log("armed", salt=salt, hold=race.hold, truncate=race.truncate)
 
     def wrapper(name: str, fn: Any) -> Any:
         swap(sys.modules[name.partition(":")[0]], race)

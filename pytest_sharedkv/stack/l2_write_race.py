@@ -69,13 +69,17 @@ WRITER_1, WRITER_2, UNCHANGED, OTHER, MIXED = (
     "writer 1", "writer 2", "unchanged", "other", "mixed")
 
 
-def condition(events: list[dict[str, Any]], hold: bool = False
+def condition(events: list[dict[str, Any]], hold: bool = False, truncate: bool = False
               ) -> tuple[dict[str, Any], str | None]:
     """The interleaving as the hook logged it: (evidence, why it did not occur or None);
-    HOLD: writer 2 was to keep its staging file until writer 1's clean-up unlinked it."""
+    HOLD: writer 2 was to keep its staging file until writer 1's clean-up unlinked it;
+    TRUNCATE: the truncating order (``truncating``)."""
     def first(event: str, role: hook.Role) -> dict[str, Any] | None:
         return next((e for e in events if e.get("event") == event
                      and e.get("role") == role.value), None)
+
+    if truncate:
+        return truncating(events, first)
 
     short, begun = first("short", hook.Role.FAIL), first("begun", hook.Role.RACE)
     raised = first("raise", hook.Role.FAIL)
@@ -102,10 +106,33 @@ def condition(events: list[dict[str, Any]], hold: bool = False
     return found, None
 
 
-def judge(events: list[dict[str, Any]], fetch: dict[str, Any] | None, hold: bool = False
-          ) -> tuple[Verdict, str]:
+def truncating(events: list[dict[str, Any]], first: Any
+               ) -> tuple[dict[str, Any], str | None]:
+    """The truncating order: writer 2 wrote its whole entry, writer 1 opened (truncated)
+    that staging file after it, writer 2 renamed it, then writer 1 failed at offset 0."""
+    written, waited = first("written", hook.Role.RACE), first("waited", hook.Role.FAIL)
+    raised = first("raise", hook.Role.FAIL)
+    name = (written or {}).get("file")
+    renamed = next((e for e in events if e.get("event") == "replace" and e.get("role")
+                    == hook.Role.RACE.value and e.get("file") == name), None)
+    found = {"short": raised, "begun": written, "raise": raised, "renamed": renamed,
+             "order": [f"{e.get('role')}:{e.get('event')}" for e in events
+                       if e.get("event") not in ("armed", "swapped")]}
+    if written is None or written.get("offset") != written.get("size"):
+        return found, "writer 2 did not write its whole entry"
+    if waited is None or not waited.get("saw") or waited.get("file") != name:
+        return found, "writer 1 did not open the same staging file after writer 2 wrote it"
+    if renamed is None or not renamed.get("ok"):
+        return found, "writer 2 did not rename the staging file after writer 1 opened it"
+    if raised is None or not raised.get("saw") or raised.get("file") != name:
+        return found, "writer 1's write did not fail after writer 2's rename"
+    return found, None
+
+
+def judge(events: list[dict[str, Any]], fetch: dict[str, Any] | None, hold: bool = False,
+          truncate: bool = False) -> tuple[Verdict, str]:
     """The verdict and its reason, from the hook's lines and the reader's fetch."""
-    found, why = condition(events, hold)
+    found, why = condition(events, hold, truncate)
     if why is not None:
         return Verdict.VOID, f"VOID: the interleaving did not occur: {why}"
     if not fetch or fetch.get("error") or fetch.get("hit_tokens") is None:
@@ -113,16 +140,20 @@ def judge(events: list[dict[str, Any]], fetch: dict[str, Any] | None, hold: bool
                               f"{(fetch or {}).get('error', 'no fetch result')}")
     short = found["short"]
     torn = [i for i, c in enumerate(fetch.get("chunks", [])) if c not in (WRITER_1, WRITER_2)]
-    occurred = (f"writer 1's write of {short['file']} stopped at offset {short['offset']} of "
+    occurred = (f"writer 2 wrote the whole of {short['file']}, writer 1 opened (truncated) it, "
+                f"writer 2 renamed it, then writer 1's write failed at offset 0; the reader "
+                f"hit {fetch['hit_tokens']} tokens" if truncate else
+                f"writer 1's write of {short['file']} stopped at offset {short['offset']} of "
                 f"{short['size']}, writer 2's write of it began, then writer 1's failed; the "
                 f"reader hit {fetch['hit_tokens']} tokens")
+    if fetch.get("hit_tokens") and not fetch.get("retrieved"):
+        return Verdict.REPRODUCED, (f"reproduced: {occurred}, and the retrieve of the keys "
+                                    "its lookup found failed: an entry of a failed store "
+                                    "stayed visible")
     if torn:
         return Verdict.REPRODUCED, (f"reproduced: {occurred}, and served chunk(s) "
                                     f"{', '.join(map(str, torn))} not wholly one writer's "
                                     f"bytes ({', '.join(fetch['chunks'][i] for i in torn)})")
-    if fetch.get("hit_tokens") and not fetch.get("retrieved"):
-        return Verdict.REPRODUCED, (f"reproduced: {occurred}, and the retrieve of the keys "
-                                    "its lookup found failed")
     served = "a miss" if not fetch["hit_tokens"] else "every chunk one writer's whole"
     return Verdict.NOT_REPRODUCED, f"not reproduced (the condition occurred): {occurred}; {served}"
 
@@ -217,9 +248,11 @@ def _replica(role: str, argv: list[str], workdir: Path) -> Any:
         str(workdir), *argv], workdir / f"replica-{role}.log", env=env)
 
 
-def _hooked_env(run_dir: Path, role: hook.Role, hold: bool = False) -> dict[str, str]:
+def _hooked_env(run_dir: Path, role: hook.Role, hold: bool = False,
+                truncate: bool = False) -> dict[str, str]:
     inject = Path(hook.__file__).parent / "inject"
     return {**os.environ, **({hook.HOLD_ENV: "1"} if hold else {}),
+            **({hook.TRUNCATE_ENV: "1"} if truncate else {}),
             "CUDA_VISIBLE_DEVICES": "", hook.DIR_ENV: str(run_dir),
             hook.ROLE_ENV: role.value, hook.SALT_ENV: SALT,
             "PYTHONPATH": os.pathsep.join(p for p in (str(inject),
@@ -227,9 +260,10 @@ def _hooked_env(run_dir: Path, role: hook.Role, hold: bool = False) -> dict[str,
 
 
 def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
-        deadline_s: float = 60.0) -> dict[str, Any]:
+        deadline_s: float = 60.0, truncate: bool = False) -> dict[str, Any]:
     """The cell, every process torn down before it returns: the report (a dict). HOLD:
-    writer 2 keeps its staging file until writer 1's clean-up has unlinked it."""
+    writer 2 keeps its staging file until writer 1's clean-up has unlinked it; TRUNCATE:
+    the truncating order (writer 1 truncates writer 2's written staging file, then fails)."""
     from pytest_sharedkv.engine_hooks.hook_log import read_log
     from pytest_sharedkv.stack.l2 import DirectoryL2
     from pytest_sharedkv.stack.l2_transfer import logged_failures
@@ -239,7 +273,8 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
     run_dir.mkdir(parents=True, exist_ok=True)
     directory.start()
     adapter = (directory.adapter_json(),)
-    envs = [_hooked_env(run_dir, hook.Role.FAIL), _hooked_env(run_dir, hook.Role.RACE, hold),
+    envs = [_hooked_env(run_dir, hook.Role.FAIL, truncate=truncate),
+            _hooked_env(run_dir, hook.Role.RACE, hold, truncate),
             {**os.environ, "CUDA_VISIBLE_DEVICES": ""}]
     servers = [LMCacheServer(ServerConfig(l1_size_gb=0.25, chunk_size=CHUNK,
                                           l2_adapters=adapter), workdir, env=env, role=role)
@@ -248,7 +283,8 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
     replicas: list[Any] = []
     report: dict[str, Any] = {"cell": REPORT_NAME, "issue": ISSUE,
                               "lmcache": _lmcache_version(), "l2": "fs", "salt": SALT,
-                              "keys": KEYS, "chunk_tokens": CHUNK, "hold": hold}
+                              "keys": KEYS, "chunk_tokens": CHUNK, "hold": hold,
+                              "truncate": truncate}
     failed: list[int | None] = [None, None]
     result: dict[str, Any] | None = None
     try:
@@ -294,8 +330,8 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
         for each in servers:
             each.stop()
     events = read_log(run_dir / hook.LOG)
-    evidence, _ = condition(events, hold)
-    verdict, why = judge(events, result, hold)
+    evidence, _ = condition(events, hold, truncate)
+    verdict, why = judge(events, result, hold, truncate)
     logs = [s.process.log_path for s in servers[:2]]
     raced = (evidence["short"] or {}).get("file")
     final = (directory.path / raced).with_suffix(".data") if raced else None
@@ -327,9 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="run: the JSON report")
     parser.add_argument("--hold", action="store_true",
                         help="run: writer 2 keeps its staging file until writer 1 unlinked it")
+    parser.add_argument("--truncate", action="store_true",
+                        help="run: writer 1 truncates writer 2's written staging file, fails")
     args = parser.parse_args(argv)
     if args.role == "run":
-        report = run(args.workdir, args.hold)
+        report = run(args.workdir, args.hold, truncate=args.truncate)
         _write_json(args.out or args.workdir / "report.json", report)
         print(report["why"])
         return 0
