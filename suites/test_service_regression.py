@@ -301,6 +301,28 @@ def test_identical_requests_in_flight(sharedkv_service_pass: Pass,
     _verdict(run, [failure] if failure is not None else [])
 
 
+def test_identical_requests_in_sequence(sharedkv_service_pass: Pass,
+                                       sharedkv_results: ResultSink) -> None:
+    """LMCache #4463's later report in its own condition: one prompt cold on A (its KV
+    stored), then K requests of it (the same prompt, the same cache_salt;
+    --sharedkv-identical-requests) sent one after another to the replica the identical
+    requests go to, each once the last has answered. Every answer exact and a prompt's K
+    answers all equal (a failure names the request and how many distinct answers came
+    back); the first request's hit as the stack's expected hits say."""
+    pair = sharedkv_service_pass.pair
+    pair.record_launches(sharedkv_results)  # once a pair
+    from pytest_sharedkv.service.execute import SEQUENCE, SEQUENCE_GROUP
+
+    run = sharedkv_service_pass.ensure(SEQUENCE)
+    cell = run.sequence
+    if run.error or cell is None:
+        pytest.fail(run.error or "the identical requests in sequence did not run",
+                    pytrace=False)
+    failure = _record_cell(sharedkv_results, pair.labels, cell, f"{SEQUENCE_GROUP} x{cell.k}",
+                           "divergence", SEQUENCE_GROUP, limit=600)
+    _verdict(run, [failure] if failure is not None else [])
+
+
 def test_offload_block_boundaries(sharedkv_service_pass: Pass, sharedkv_results: ResultSink,
                                   request: pytest.FixtureRequest) -> None:
     """vLLM #51094's condition on native offload: prompts one short of, at and one past

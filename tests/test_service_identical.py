@@ -29,7 +29,7 @@ from tests.test_stacks_wiring import cases, spec_for
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
         "-p", "no:cacheprovider", "--sharedkv-provider=stub", "--sharedkv-settle-s=0.05",
-        "--sharedkv-service-sizes=3k", "--sharedkv-json=r.json", "-k", "identical"]
+        "--sharedkv-service-sizes=3k", "--sharedkv-json=r.json", "-k", "in_flight"]
 CHAINS = 4
 SHAREABLE = 3008  # a 3k request's 3009 tokens, one left to compute
 CASE = Case("3k-000", "measured", "3k", "", "0" * 64, SHAREABLE + 1)
@@ -137,7 +137,7 @@ def test_4463s_configuration_passes_the_tier_and_says_its_gate_is_unproven(
         *BASE[:-2], "-k", "chain or account or identical or session or gate",
         "--sharedkv-stack=inprocess", "--sharedkv-inprocess-remote=none",
         "--no-sharedkv-inprocess-prefix-caching")
-    result.assert_outcomes(passed=CHAINS + 1 + 1 + 8, skipped=1)
+    result.assert_outcomes(passed=CHAINS + 1 + 2 + 8, skipped=1)
     report = json.loads((pytester.path / "r.json").read_text())
     steps = {c["key"]["step"]: (c["status"], c["detail"]["cached"], c["detail"]["local"],
                                 c["detail"]["external"])

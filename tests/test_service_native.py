@@ -78,7 +78,9 @@ def test_a_native_pass_is_judged_by_its_own_table(pytester: pytest.Pytester) -> 
         "cold": ("pass", 10, 10, 0), "local": ("pass", 10, 10, 30_080),
         "cross": ("pass", 10, 10, 0), "receiver-local": ("pass", 10, 10, 30_080),
         # 4 identical requests of 2 prompts at once on A, its own GPU cache and CPU tier
-        "identical requests x4": ("pass", 8, 8, 24_064)}
+        "identical requests x4": ("pass", 8, 8, 24_064),
+        # and one after another, on A: the first of each from its own caches, the rest too
+        "identical requests in sequence x4": ("pass", 8, 8, 24_064)}
     assert steps["identical requests x4"]["detail"]["replica"] == "A"
     for name in ("local", "receiver-local"):
         detail = steps[name]["detail"]

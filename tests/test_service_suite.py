@@ -28,7 +28,8 @@ BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",
 # here sent all 200, 4 steps each; test_service_corpus checks every committed payload).
 CHAINS = 10
 PROTOCOL_CHECKS = 15
-ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS + 1 + 1  # + the corruption matrix, identical requests
+# + the corruption matrix, the identical requests at once and in sequence
+ALL = 1 + CHAINS + 1 + 8 + PROTOCOL_CHECKS + 1 + 1 + 1
 
 
 @pytest.fixture(autouse=True)

@@ -260,7 +260,8 @@ def test_refused_l2_writes_left_every_later_answer_exact_and_no_hit_past_what_th
     assert d["l2"].startswith("resp -> redis-server")
     assert verdicts([cell]) == [
         "L2 WRITE mixed: 66 L2 write(s) refused while both replicas stored the same prompts "
-        "(a Redis at its memory limit): 8/8 later answers from that L2 exact, no hit past "
+        "(a Redis at its memory limit): 8/8 later answers exact (6 with hits from that L2, "
+        "2 hit nothing), no hit past "
         "what it held, the audit clean"]
 
 
@@ -369,32 +370,49 @@ def test_each_wrong_simple_turn_hit_one_block_more_than_the_offloading_connector
 
 
 def test_the_readmes_audit_cost_is_the_span_the_h200_runs_measured() -> None:
-    """README.md gives the KV audit's cost as the span its H200 runs on LMCache 0.5.6
-    measured: the copy model (hybrid: recurrent state digested too) and the attention-only
-    variant (every layer attention KV, more digests a token) apart."""
+    """README.md gives the KV audit's cost as the spans its H200 runs measured: the copy
+    model (hybrid: recurrent state digested too) on LMCache 0.5.6 and on 0.5.3, and the
+    attention-only variant (every layer attention KV, more digests a token), apart; and
+    says that the runs at the 0.5.6 span's ends shared the GPU with other runs (launched
+    with ``--gpu-memory-utilization``, the setting of a run beside others)."""
     import re
 
-    copy: list[float] = []
+    copy: dict[str, list[tuple[float, list[str]]]] = {"0.5.6": [], "0.5.3": []}
     attention_only: list[float] = []
     for path in sorted(LMCACHE_H200.glob("*.json")):
         report = read(path)
         lmcache = (report.data.get("environment") or {}).get("lmcache") or {}
-        if not str(lmcache.get("version", "")).startswith("0.5.6"):
+        release = str(lmcache.get("version", ""))[:5]
+        if release not in copy:
             continue
+        settings = report.data["environment"].get("settings") or {}
         for check in checks(report, "service_regression"):
             cost = check.detail.get("cost_us_per_token") if check.key.get("size") == "audit" \
                 else None
-            if cost is not None:  # --sharedkv-model /tmp/ca: the attention-only variant
-                settings = report.data["environment"].get("settings") or {}
-                model = attention_only if settings.get("model") == "/tmp/ca" else copy
-                model.append(round(cost, 1))
+            if cost is None:
+                continue
+            if settings.get("model") == "/tmp/ca":  # the attention-only variant
+                assert release == "0.5.6"
+                attention_only.append(round(cost, 1))
+            else:
+                copy[release].append((round(cost, 1), list(settings.get("vllm_args") or [])))
     readme = (LMCACHE_H200.parents[2] / "README.md").read_text()
-    said = re.search(r"([\d.]+)-([\d.]+) µs an audited token for the copy model "
-                     r"on an H200, ([\d.]+) µs for its attention-only", readme)
+    said = re.search(r"on an H200, ([\d.]+)-([\d.]+) µs an audited token for the copy "
+                     r"model on LMCache 0\.5\.6 \(both ends measured with other runs sharing "
+                     r"the GPU\) and ([\d.]+)-([\d.]+) µs on 0\.5\.3 \(its 32-token prefill "
+                     r"steps\), ([\d.]+) µs for the attention-only", readme)
     assert said is not None, "README.md no longer gives the audit's cost"
-    low, high, other = said.groups()
-    assert (float(low), float(high)) == (min(copy), max(copy)), repr(sorted(copy))
-    assert [float(other)] == [round(c) for c in attention_only], attention_only
+    low, high, low3, high3, other = map(float, said.groups())
+    for (lo, hi), runs in (((low, high), copy["0.5.6"]), ((low3, high3), copy["0.5.3"])):
+        costs = [c for c, _ in runs]
+        assert (lo, hi) == (min(costs), max(costs)), sorted(costs)
+    assert [other] == [round(c) for c in attention_only], attention_only
+    for end in (low, high):
+        assert all("--gpu-memory-utilization" in args for c, args in copy["0.5.6"]
+                   if c == end), copy["0.5.6"]
+    assert all("--max-num-batched-tokens" in args and
+               args[args.index("--max-num-batched-tokens") + 1] == "32"
+               for _, args in copy["0.5.3"])
 
 
 SIMPLE_NO_GATE = "native-simple-vllm-0.26.0-no-gate"

@@ -589,8 +589,8 @@ class Settings:
         4,
         "service tier: identical requests (one prompt, one cache_salt) sent to one replica "
         "at once after the prompt's KV is stored, as many prompts as fill "
-        "--sharedkv-concurrency; every answer exact and all equal (default {default}; 2 to "
-        "64)",
+        "--sharedkv-concurrency; every answer exact and all equal; then as many sent one "
+        "after another (default {default}; 2 to 64)",
         whole_number(2, 64), metavar="K")
     blocks: int = setting(
         2,

@@ -18,6 +18,7 @@ SWITCHES = (
     "SHAREDKV_SYNC_LOG",  # sync_hook.LOG_ENV
     "SHAREDKV_FAULT_CONTROL",  # fault_hook.CONTROL_ENV
     "SHAREDKV_STREAM_REMEDY",  # stream_remedy_hook.REMEDY_ENV
+    "SHAREDKV_WRITE_RACE_DIR",  # write_race_hook.DIR_ENV
 )
 
 

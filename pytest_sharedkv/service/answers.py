@@ -70,6 +70,7 @@ class ServiceRun:
     gate: Any = None  # sensitivity.GateResult
     protocol: list[Any] = field(default_factory=list)  # protocol.ProtocolResult
     twins: Any = None  # execute.TwinsCell: identical requests in flight together
+    sequence: Any = None  # execute.TwinsCell: identical requests one after another
     boundary: Any = None  # execute.BoundaryCell: prompts at whole offload blocks
     wall_s: float = 0.0
     error: str | None = None  # a replica died: every result says so

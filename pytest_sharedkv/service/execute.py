@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
 IDENTICAL = "identical"  # the stage of the identical requests in flight together
+SEQUENCE = "sequence"  # the stage of the identical requests one after another
 IDENTICAL_K = 4  # the identical requests of each prompt (--sharedkv-identical-requests)
 BOUNDARY = "boundary"  # the stage of the prompts at whole offload blocks (vLLM #51094)
 
@@ -47,7 +48,7 @@ class Pass:
         self.runner = Runner(pair, cases, salts, settle_s, concurrency, log,
                              store_s_per_token)
         self.identical = identical
-        self.stages = [GATE, *cases.sizes(), IDENTICAL,
+        self.stages = [GATE, *cases.sizes(), IDENTICAL, SEQUENCE,
                        *([BOUNDARY] if boundary_skip(self.runner) is None else []),
                        SESSIONS, PROTOCOL]
         self.done: set[str] = set()
@@ -78,6 +79,8 @@ class Pass:
                                GateResult(UNPROVEN, GATE_OFF))
         elif name == IDENTICAL:
             runner.run.twins = identical_cell(runner, self.identical)
+        elif name == SEQUENCE:
+            runner.run.sequence = identical_cell(runner, self.identical, sequential=True)
         elif name == BOUNDARY:
             runner.run.boundary = boundary_cell(runner)
         elif name == SESSIONS:
@@ -267,15 +270,17 @@ def _audit(pair: ReplicaPair, step: str, ids: set[str]) -> dict[str, Any]:
 
 
 IDENTICAL_GROUP = "identical requests"
+SEQUENCE_GROUP = "identical requests in sequence"  # the summary reads both by the prefix
 
 
 @dataclass
 class TwinsCell(Cell):
-    """The identical-requests cell: K requests of each prompt at once to REPLICA, and how
-    many DISTINCT answers each prompt got (1: all equal)."""
+    """The identical-requests cell: K requests of each prompt at once to REPLICA (SEQUENTIAL:
+    one after another), and how many DISTINCT answers each prompt got (1: all equal)."""
 
     k: int = IDENTICAL_K
     replica: str = ""
+    sequential: bool = False
     distinct: dict[str, int] = field(default_factory=dict)
 
 
@@ -289,14 +294,17 @@ def identical_cases(cases: CaseSet, prompts: int) -> list[Case]:
     return []
 
 
-def identical_cell(runner: Runner, k: int) -> TwinsCell:
-    """LMCache #4463's later report (four identical greedy requests sent together, four
-    answers): each prompt cold on A under a salt of its own (its KV stored), then K
-    identical requests of it (the same prompt, the same salt) at once to the replica the
-    stack's ``Twins`` names, as many prompts as fill the pass's concurrency. Every answer
-    must be exact (as the steps judge it) and a prompt's K answers all equal; each hit as
-    ``Twins.hits`` says. A runner of its own over the pass's pair, so the pass's answers
-    and totals stay one a case and step."""
+def identical_cell(runner: Runner, k: int, sequential: bool = False) -> TwinsCell:
+    """LMCache #4463's later report (four identical greedy requests, four answers): each
+    prompt cold on A under a salt of its own (its KV stored), then K identical requests of
+    it (the same prompt, the same salt) to the replica the stack's ``Twins`` names: at
+    once, as many prompts as fill the pass's concurrency; SEQUENTIAL (the report's own
+    condition), one after another, each sent once the last answered, for as many prompts.
+    Every answer must be exact (as the steps judge it) and a prompt's K answers all equal.
+    At once, each hit as ``Twins.hits`` says; in sequence the first request's hit is judged
+    so, and the later ones' hits are recorded, not judged (the replica's own prefix cache
+    may serve what the first loaded). A runner of its own over the pass's pair, so the
+    pass's answers and totals stay one a case and step."""
     from pytest_sharedkv.service.checks import (
         diverged,
         hit_problem,
@@ -306,15 +314,18 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
     from pytest_sharedkv.stack.steps import step as step_named
 
     twins = runner.expect.twins
-    cell = TwinsCell(k=k, replica=twins.step.replica)
+    cell = TwinsCell(k=k, replica=twins.step.replica, sequential=sequential)
+    group_name = SEQUENCE_GROUP if sequential else IDENTICAL_GROUP
+    how = "one after another" if sequential else "at once"
     cases = identical_cases(runner.cases, max(1, runner.concurrency // k))
     if not cases:
         cell.error = "the corpus has no measured requests to send"
         return cell
-    mine = Runner(runner.pair, runner.cases, lambda key: runner.salts(f"identical/{key}"),
+    prefix = "sequence" if sequential else "identical"
+    mine = Runner(runner.pair, runner.cases, lambda key: runner.salts(f"{prefix}/{key}"),
                   runner.settle_s, runner.concurrency, runner.log, runner.store_s_per_token)
     cell.size, cell.requests = cases[0].size, k * len(cases)
-    mine.step(IDENTICAL_GROUP, step_named("cold"), cases)  # the KV, stored by A
+    mine.step(group_name, step_named("cold"), cases)  # the KV, stored by A
     for case in cases:
         cold = mine.run.answer(case.id, "cold")
         if cold is not None and cold.error:
@@ -327,11 +338,11 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
                 cell.problems.append(Problem(f"request {case.id}, step cold on replica A: "
                                              f"{hit}", hit.kind))
     if twins.hits.settle:  # the twins read what the cold step stored
-        time.sleep(mine.settle_for(cases, IDENTICAL_GROUP))
-    answers, totals = mine.identical(IDENTICAL_GROUP, twins.step, cases, k)
+        time.sleep(mine.settle_for(cases, group_name))
+    answers, totals = mine.identical(group_name, twins.step, cases, k, sequential)
     for case in cases:
         mine_k = answers.get(case.id, [])
-        where = f"request {case.id}, {k} identical requests at once on replica {cell.replica}"
+        where = f"request {case.id}, {k} identical requests {how} on replica {cell.replica}"
         errors = [a.error for a in mine_k if a.error]
         if errors:
             cell.problems.append(Problem(f"{where}: {len(errors)} got no answer ({errors[0]})",
@@ -347,18 +358,20 @@ def identical_cell(runner: Runner, k: int) -> TwinsCell:
             cell.problems.append(Problem(
                 f"{where}: {distinct} distinct answers, {len(answered) - len(wrong)} of "
                 f"{len(answered)} exact{first}", "divergence"))
-        for answer in answered:
+        for answer in answered[:1] if sequential else answered:
             hit = hit_problem(case, twins.step, answer, expect=twins.hits)
             if hit is not None:
                 cell.problems.append(Problem(f"{where}: {hit}", hit.kind))
                 break  # one a prompt: the first twin that missed stands for the rest
     shareable = sum(c.shareable or 0 for c in cases) * k \
         if all(c.shareable is not None for c in cases) else None
-    cell.problems += totals_problems(totals, shareable, False, twins.hits)
+    if not sequential:  # in sequence the later requests may hit the replica's own cache
+        cell.problems += totals_problems(totals, shareable, False, twins.hits)
     why = totals_unknown(totals)
     if why:
         cell.unknown.append(why)
-    cell.detail = {"k": k, "replica": totals.replica, "step": twins.step.name,
+    cell.detail = {"k": k, "sequential": sequential, "replica": totals.replica,
+                   "step": twins.step.name,
                    "prompts": [c.id for c in cases], "distinct": cell.distinct,
                    "cached": totals.cached, "local": totals.local,
                    "external": totals.external, "other_local": totals.other_local,

@@ -148,26 +148,32 @@ class Runner:
                      f"(prompt {first.prompt_tokens} tokens, {first.cached_tokens} cached)")
         return totals
 
-    def identical(self, group: str, step: Step, cases: Sequence[Case], k: int
-                  ) -> tuple[dict[str, list[Answer]], StepTotals]:
+    def identical(self, group: str, step: Step, cases: Sequence[Case], k: int,
+                  sequential: bool = False) -> tuple[dict[str, list[Answer]], StepTotals]:
         """K identical requests for each of CASES (one prompt, one salt: the case's) sent
         to STEP's replica at once, every case's together, so the engine has them in flight
-        together; each case's answers in the order sent (their request ids differ by it:
+        together (SEQUENTIAL: one after another, each sent once the last has answered);
+        each case's answers in the order sent (their request ids differ by it:
         ``<step>-<i>``), and the counters around them all. Kept out of the run's answers,
         which hold one answer a case and step."""
         sends = [(case, i) for case in cases for i in range(1, k + 1)]
         before = self.counters()
         started = time.perf_counter()
-        answers = map_concurrently(
-            lambda sent: self.send(step.replica, sent[0].id, f"{step.name}-{sent[1]}",
-                                   sent[0].text, self.salt(sent[0].id)), sends, len(sends))
+
+        def send(sent: tuple[Case, int]) -> Answer:
+            return self.send(step.replica, sent[0].id, f"{step.name}-{sent[1]}",
+                             sent[0].text, self.salt(sent[0].id))
+
+        answers = ([send(sent) for sent in sends] if sequential
+                   else map_concurrently(send, sends, len(sends)))
         wall = time.perf_counter() - started
         totals = step_totals(group, step, answers, before, self.counters(), wall)
         found: dict[str, list[Answer]] = {}
         for (case, _), answer in zip(sends, answers, strict=True):
             found.setdefault(case.id, []).append(answer)
         self.log(f"{group} on {step.replica}: {k} identical requests of each of {len(cases)} "
-                 f"prompts at once, {wall:.1f}s, cached {totals.cached}, local "
+                 f"prompts {'one after another' if sequential else 'at once'}, {wall:.1f}s, "
+                 f"cached {totals.cached}, local "
                  f"{totals.local}, external {totals.external}")
         return found, totals
 

@@ -340,16 +340,22 @@ def _catalogue_lines(mine: list[Check], name: str, catalogue: Sequence[str] | No
 
 
 def identical_verdicts(name: str, cells: list[Check]) -> list[str]:
-    """The identical-requests cell's verdict (LMCache #4463's later report): K requests of
-    one prompt in flight together on one replica, every answer exact and all equal."""
+    """The identical-requests cells' verdicts (LMCache #4463's later report): K requests of
+    one prompt in flight together on one replica, or one after another, every answer exact
+    and all equal."""
     def head(detail: Mapping[str, Any]) -> str:
         prompts = detail.get("prompts")
-        return (f"IDENTICAL {name}: {detail.get('k')} identical requests at once on replica "
+        how = "one after another" if detail.get("sequential") else "at once"
+        return (f"IDENTICAL {name}: {detail.get('k')} identical requests {how} on replica "
                 f"{detail.get('replica')} after the prompt's KV was stored, for each of "
                 f"{len(prompts) if isinstance(prompts, list) else '?'} prompts")
 
-    return _cell_lines(cells, head, lambda _: "answers exact, each prompt's all equal, hits "
-                                              "as expected")
+    def passing(detail: Mapping[str, Any]) -> str:
+        return ("answers exact, each prompt's all equal, the first one's hit as expected"
+                if detail.get("sequential") else
+                "answers exact, each prompt's all equal, hits as expected")
+
+    return _cell_lines(cells, head, passing)
 
 
 def boundary_verdicts(name: str, cells: list[Check]) -> list[str]:
@@ -454,14 +460,25 @@ def _gap_audit(audit: Mapping[str, object]) -> str:
 
 def write_verdicts(name: str, cells: list[Check]) -> list[str]:
     """The L2 write-failure cell's verdict: writes refused by a full Redis while both
-    replicas stored the same prompts, then every answer from that L2 exact."""
+    replicas stored the same prompts, then every later answer exact, said with how many of
+    them hit the L2 at all."""
     def head(detail: Mapping[str, Any]) -> str:
         return (f"L2 WRITE {name}: {detail.get('refused', 'unknown')} L2 write(s) refused "
                 "while both replicas stored the same prompts (a Redis at its memory limit)")
 
     return _cell_lines(cells, head, lambda detail: (
-        "later answers from that L2 exact, no hit past what it held, the audit "
+        f"later answers exact{_l2_hits(detail)}, no hit past what it held, the audit "
         f"{'clean' if detail.get('audit') else 'off'}"), counted="held")
+
+
+def _l2_hits(detail: Mapping[str, Any]) -> str:
+    """How many of the cell's later answers hit anything in the L2: an answer of a prompt
+    the L2 kept nothing of is exact from a recompute, not from the L2."""
+    cached = detail.get("cached_by_request")
+    if not isinstance(cached, Mapping):
+        return " (which of them hit the L2: not recorded)"
+    hit = sum(1 for tokens in cached.values() if tokens)
+    return f" ({hit} with hits from that L2, {len(cached) - hit} hit nothing)"
 
 
 def model_table(checks: list[Check]) -> list[str]:

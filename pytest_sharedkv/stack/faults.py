@@ -52,6 +52,9 @@ class StubFaults:
     # both: identical requests (one prompt, one salt) in flight together answer differently
     # (LMCache #4463's later report)
     twins_diverge: bool = False
+    # both: each request of a prompt whose KV came from the pool answers differently (the
+    # report's own condition: requests one after another)
+    sequence_diverge: bool = False
     # both: a copy prompt of whole blocks loaded from the pool (its CPU tier) answers one
     # word off (vLLM #51094: the OffloadingConnector at exact chunk boundaries)
     boundary_diverge: bool = False
@@ -98,6 +101,8 @@ class StubFaults:
             argv.append("--no-hooks")
         if self.twins_diverge:
             argv.append("--twins-diverge")
+        if self.sequence_diverge:
+            argv.append("--sequence-diverge")
         if self.boundary_diverge:
             argv.append("--boundary-diverge")
         if self.gpu_blocks is not None:

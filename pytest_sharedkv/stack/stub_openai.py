@@ -38,9 +38,12 @@ nothing, so every hit comes from the pool (the in-process stack, LMCache's ``loc
 serving what the GPU prefix cache would have). ``--twins-diverge`` (a planted fault,
 LMCache #4463's later report): identical requests (one prompt, one salt) in flight together
 answer differently, each arriving while another is in flight one of its own.
-``--boundary-diverge`` (a planted fault, vLLM #51094): a copy prompt whose length is
-whole blocks (``<s>`` included), so its load from the pool ends on a block edge one token
-short of the prompt's end, answers one word off; every other prompt as constructed.
+``--sequence-diverge`` (a planted fault, LMCache #4463's later report: four sequential
+requests, four answers): each request of a prompt whose KV came from the pool answers one
+of its own, a different one each time. ``--boundary-diverge`` (a planted fault, vLLM
+#51094): a copy prompt whose length is whole blocks (``<s>`` included), so its load from
+the pool ends on a block edge one token short of the prompt's end, answers one word off;
+every other prompt as constructed.
 ``--gpu-blocks N`` keeps at most N blocks in the stub's own cache (the GPU's prefix cache),
 least recently used out, so a prompt evicted from it is served from its pool (vLLM's
 native offload under the service tier: hits from the GPU and the replica's CPU tier, in
@@ -153,6 +156,7 @@ class _State:
         # when the last came)
         self.arrived: dict[tuple[str, str], tuple[int, float]] = {}
         self.twin_came = threading.Condition(self.lock)
+        self.pool_served: dict[tuple[str, str], int] = {}  # --sequence-diverge: (salt, prompt)
         self.last = _ServerLookup()  # the hosts topology: this request's server lookup
         # --identity: what else than the salt a correct stack folds into its keys (weights,
         # RoPE scaling, kv-cache dtype, adapter); --identity-blind (planted) leaves it out
@@ -930,6 +934,11 @@ class _StubHandler(BaseHTTPRequestHandler):
         words = _answer_words(self.stub, prompt, max_tokens, pre, zeroed, effect)
         if twin:  # the planted fault: the twin's own answer
             words = _continuation(f"{prompt} twin {twin}", max_tokens)
+        if self.stub.args.sequence_diverge and pre.external:  # the planted fault: each load
+            with self.stub.lock:  # of this prompt from the pool answers one of its own
+                served = self.stub.pool_served.get((salt, prompt), 0) + 1
+                self.stub.pool_served[(salt, prompt)] = served
+            words = _continuation(f"{prompt} pool load {served}", max_tokens)
         out, finish = _apply_stop(words, request.get("stop") or [])
         usage = _usage(pre, out, self.stub.args.engine)
         choice = _choice(request, out, finish, pre.copy)
@@ -1015,6 +1024,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="its own cache serves nothing: every hit from the pool")
     parser.add_argument("--twins-diverge", action="store_true",
                         help="identical requests in flight together answer differently")
+    parser.add_argument("--sequence-diverge", action="store_true",
+                        help="each load of a prompt from the pool answers differently")
     parser.add_argument("--boundary-diverge", action="store_true",
                         help="a whole-block copy prompt loaded from the pool answers wrong")
     parser.add_argument("--gpu-blocks", type=int, default=None,

@@ -7,7 +7,8 @@ SimpleCPUOffloadConnector), the in-engine KV
 audit when SHAREDKV_KV_AUDIT_DIR is set, the triage's synchronize around KV transfers
 when SHAREDKV_SYNC_LOG is set, the fault catalogue's hook when SHAREDKV_FAULT_CONTROL is
 set, and the triage's stream remedy for LMCache's fallback copy when SHAREDKV_STREAM_REMEDY
-is set."""
+is set, and LMCache #4991's forced interleaving of two fs L2 writes when
+SHAREDKV_WRITE_RACE_DIR is set."""
 
 import os
 
@@ -72,6 +73,11 @@ if os.environ.get("SHAREDKV_STREAM_REMEDY"):
     from pytest_sharedkv.engine_hooks.stream_remedy_hook import install as remedy_copies
 
     remedy_copies()
+
+if os.environ.get("SHAREDKV_WRITE_RACE_DIR"):
+    from pytest_sharedkv.engine_hooks.write_race_hook import install as race_l2_writes
+
+    race_l2_writes()
 
 
 def _load_the_next_sitecustomize() -> None:
