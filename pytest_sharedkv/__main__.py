@@ -47,8 +47,9 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   model (--sharedkv-stack inprocess); --kind copy-memory: the copy
                   model's rule with a Gated DeltaNet memory of the prompt's first
                   word that never forgets, so a zeroed, foreign or rewritten
-                  recurrent state resumed anywhere after it answers <miss>. A DIR holding another kind (or other files) is
-                  refused unless --force, which replaces what is there
+                  recurrent state resumed anywhere after it answers <miss>. A DIR
+                  holding another kind (or other files) is refused unless --force,
+                  which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell (not judged where the engine flags differ:

@@ -102,7 +102,9 @@ def run_memory_matrix(model_dir: Path, requests: Sequence[tuple[str, list[int], 
     runner = CopyRunner(model_dir, dtype)
     torch = runner.torch
     b = common_boundary(requests, steps, chunk)
-    prefixes, earlier, start = [], [], []
+    prefixes: list[Any] = []
+    earlier: list[Any] = []
+    start: list[Any] = []
     with torch.no_grad():
         for _, ids, _ in requests:  # one prefill to b, the states at 1 and b - chunk kept
             cache = DynamicCache(config=runner.model.config)

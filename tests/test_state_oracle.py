@@ -1,0 +1,97 @@
+"""The state oracle (issue 48): a recurrent state B resumed from, judged against the
+model's own CPU reference (transformers) at that position, independently of replica A.
+A zeroed, stale (one chunk earlier) or foreign (another prompt's) state planted at a
+boundary far from any source is caught, for the memory copy model; the exact state,
+reached by another computation path (the prompt prefilled in pieces, as an engine's
+scheduler steps do), passes within the stated tolerance; a load with no reference fails
+unless the user opts out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers", reason="the oracle's reference runs transformers")
+
+CHUNK = 32
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pytest_sharedkv.models.copy_memory_model import make_memory_copy_model
+
+    return make_memory_copy_model(tmp_path_factory.mktemp("copy-memory")).path
+
+
+def _prompts() -> dict[str, list[int]]:
+    from pytest_sharedkv.corpus.copy_corpus import make_request
+    from pytest_sharedkv.models.copy_model import CopyModelRecipe
+
+    out = {}
+    for i, source_chunk in enumerate((0, 4)):
+        _, words = make_request(f"o-{i}", "s", f"oracle/{i}", 6 * CHUNK + 1, CHUNK,
+                                source_chunk, CopyModelRecipe())
+        out[f"o-{i}"] = [0, *words]
+    return out
+
+
+def _pieces(model_dir: Path, ids: list[int], cuts: list[int]
+            ) -> dict[int, dict[int, dict[str, Any]]]:
+    """States at CUTS from a prefill in 7-token pieces: another path to the same state."""
+    from pytest_sharedkv.engine_hooks.state_summary import summary_of_tensors
+    from pytest_sharedkv.models.state_reference import Reference
+
+    reference = Reference(model_dir)
+    steps = sorted(set(range(7, max(cuts) + 1, 7)) | set(cuts))
+    states = reference.states(ids, steps)
+    return {c: {layer: summary_of_tensors(pair) for layer, pair in states[c].items()}
+            for c in cuts}
+
+
+def test_planted_states_far_from_any_source(model_dir: Path) -> None:
+    from pytest_sharedkv.stack.state_oracle import (
+        RTOL,
+        OracleMode,
+        StateLoad,
+        judge,
+        reference_from_model,
+        zeroed,
+    )
+
+    prompts = _prompts()
+    boundary = 3 * CHUNK  # far from the first word, both sources and the ends
+    loaded = {rid: _pieces(model_dir, ids, [boundary - CHUNK, boundary])
+              for rid, ids in prompts.items()}
+    planted: dict[str, Callable[[str], dict[int, Any]]] = {
+        "exact": lambda rid: loaded[rid][boundary],
+        "stale": lambda rid: loaded[rid][boundary - CHUNK],
+        "foreign": lambda rid: loaded["o-1" if rid == "o-0" else "o-0"][boundary],
+        "zeroed": lambda rid: {k: zeroed(v) for k, v in loaded[rid][boundary].items()},
+    }
+    loads = [StateLoad(rid, kind, boundary // CHUNK - 1, boundary, layer, summary)
+             for kind, pick in planted.items() for rid in prompts
+             for layer, summary in pick(rid).items()]
+    report = judge(loads, reference_from_model(model_dir, prompts.get))
+    print(report.summary())
+    wrong = {(w.load.step, w.load.request) for w in report.wrong}
+    assert wrong == {(k, r) for k in ("stale", "foreign", "zeroed") for r in prompts}
+    assert report.exact == 2 * 3  # the exact state: every layer of both prompts
+    assert report.control_distance is not None and report.control_distance > 10 * RTOL
+    # the stale state is seen in every Gated DeltaNet layer, the memory layer included
+    # (its codeword is the same, its conv window is not), though the answers cannot see it
+    stale_layers = {w.load.layer for w in report.wrong if w.load.step == "stale"}
+    assert stale_layers == {0, 1, 2}
+    assert min(w.distance for w in report.wrong) > 2 * RTOL
+    assert report.status == "fail"
+    exact_only = judge([x for x in loads if x.step == "exact"],
+                       reference_from_model(model_dir, prompts.get))
+    assert exact_only.status == "pass", exact_only.summary()
+    # a load the oracle cannot place fails unless opted out, and is counted either way
+    unplaced = [StateLoad("elsewhere", "cross", 2, boundary, 0, {"norm": 1.0, "top": [1.0]})]
+    on = judge(unplaced, lambda rid, pos: None)
+    off = judge(unplaced, lambda rid, pos: None, OracleMode.OFF)
+    assert (on.status, off.status) == ("fail", "pass")
+    assert "1 loads in 1 requests had no reference" in on.summary()
