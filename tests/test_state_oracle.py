@@ -91,7 +91,31 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
     assert exact_only.status == "pass", exact_only.summary()
     # a load the oracle cannot place fails unless opted out, and is counted either way
     unplaced = [StateLoad("elsewhere", "cross", 2, boundary, 0, {"norm": 1.0, "top": [1.0]})]
-    on = judge(unplaced, lambda rid, pos: None)
-    off = judge(unplaced, lambda rid, pos: None, OracleMode.OFF)
+    on = judge(unplaced, lambda load: None)
+    off = judge(unplaced, lambda load: None, OracleMode.OFF)
     assert (on.status, off.status) == ("fail", "pass")
     assert "1 loads in 1 requests had no reference" in on.summary()
+
+
+def test_the_hook_summarizes_vllms_layout_as_the_reference_does() -> None:
+    """A recurrent layer's block as vLLM 0.26 keeps it ((kernel - 1, channels) conv
+    window, (head, value dim, key dim) state) summarizes as transformers' layout does, and
+    a state with two values swapped does not."""
+    import torch
+
+    from pytest_sharedkv.engine_hooks.kv_audit_hook import state_summary
+    from pytest_sharedkv.engine_hooks.state_summary import summary_of_tensors
+    from pytest_sharedkv.stack.state_oracle import RTOL, distance
+
+    gen = torch.Generator().manual_seed(0)
+    conv = torch.randn(160, 3, generator=gen)  # transformers: (channels, inputs)
+    ssm = torch.randn(4, 32, 32, generator=gen)  # transformers: (head, key, value)
+    reference = summary_of_tensors([conv, ssm])
+    blocks = [torch.zeros(5, 3, 160), torch.zeros(5, 4, 32, 32)]  # vLLM, 5 blocks
+    blocks[0][2] = conv.T
+    blocks[1][2] = ssm.transpose(-1, -2)
+    assert distance(state_summary(blocks, 2), reference) < 1e-6
+    swapped = ssm.clone()
+    swapped[0, 0, 1], swapped[0, 1, 0] = ssm[0, 1, 0], ssm[0, 0, 1]
+    blocks[1][2] = swapped  # not transposed back: another state
+    assert distance(state_summary(blocks, 2), reference) > RTOL

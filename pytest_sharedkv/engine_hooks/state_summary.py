@@ -17,6 +17,7 @@ norm), so a small state is compared value by value. vLLM 0.26 keeps the recurren
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -57,3 +58,14 @@ def canonical(conv: Any, ssm: Any) -> tuple[Any, Any]:
     if conv.shape[-2] == CONV_KEPT and conv.shape[-1] != CONV_KEPT:
         conv = conv.transpose(-1, -2)
     return conv, ssm.transpose(-1, -2)
+
+
+STUB_LAYER = "model.layers.0.linear_attn"  # the one recurrent layer the stub double models
+STUB_VALUES = 16
+
+
+def stub_state(key: str) -> list[float]:
+    """The stub double's recurrent state after a chunk: a function of the chunk's key (the
+    cache salt and every token up to the chunk's end), its stand-in for a model's state."""
+    raw = hashlib.sha256(key.encode()).digest()
+    return [(b - 127.5) / 127.5 for b in raw[:STUB_VALUES]]

@@ -135,6 +135,11 @@ def _name(engine_request: str) -> tuple[str, str]:
     return (tag[0], tag[1]) if tag else (engine_request, "?")
 
 
+def name_of(engine_request: str) -> tuple[str, str]:
+    """(corpus request, step) of an engine's request id (the engine's id when untagged)."""
+    return _name(engine_request)
+
+
 def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
     report = AuditReport()
     stored: dict[tuple[str, int, str], str] = {}  # A's (key, group, layer) -> digest

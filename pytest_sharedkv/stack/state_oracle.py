@@ -52,6 +52,7 @@ class StateLoad:
     position: int
     layer: int
     summary: Summary | None  # None: the record carries no state summary
+    key: str = ""  # the audit's chunk key (cache salt and tokens up to the chunk's end)
 
 
 @dataclass(frozen=True)
@@ -138,19 +139,19 @@ def zeroed(reference: Summary) -> Summary:
     return summary_of([0.0] * int(reference.get("count", 1)))
 
 
-# request, position -> layer -> the reference summary (None: no reference for it)
-ReferenceFn = Callable[[str, int], Mapping[int, Summary] | None]
+# a load -> layer -> the reference summary (None: no reference for it)
+ReferenceFn = Callable[[StateLoad], Mapping[int, Summary] | None]
 
 
 def judge(loads: Iterable[StateLoad], reference: ReferenceFn,
           mode: OracleMode = OracleMode.ON) -> OracleReport:
     report = OracleReport(mode)
-    cache: dict[tuple[str, int], Mapping[int, Summary] | None] = {}
+    cache: dict[tuple[str, int, str], Mapping[int, Summary] | None] = {}
     controls: list[float] = []
     for load in loads:
-        key = (load.request, load.position)
+        key = (load.request, load.position, load.key)
         if key not in cache:
-            cache[key] = reference(*key)
+            cache[key] = reference(load)
         layers = cache[key]
         expected = None if layers is None else layers.get(load.layer)
         if load.summary is None or expected is None:
@@ -194,7 +195,8 @@ def loads_from_records(records: Iterable[Mapping[str, Any]], chunk_tokens: int,
         chunk = int(r["chunk"])
         state = r.get("state")
         out.append(StateLoad(request, step, chunk, (chunk + 1) * chunk_tokens, layer,
-                             state if isinstance(state, Mapping) else None))
+                             state if isinstance(state, Mapping) else None,
+                             str(r.get("key", ""))))
     return out
 
 
@@ -207,11 +209,69 @@ def reference_from_model(model_dir: Any, tokens: Callable[[str], Sequence[int] |
 
     model = Reference(model_dir)
 
-    def reference(request: str, position: int) -> Mapping[int, Summary] | None:
-        ids = tokens(request)
-        if ids is None or position > len(ids):
+    def reference(load: StateLoad) -> Mapping[int, Summary] | None:
+        ids = tokens(load.request)
+        if ids is None or load.position > len(ids):
             return None
-        layers = model.states(ids, [position])[position]
+        layers = model.states(ids, [load.position])[load.position]
         return {index: summary_of_tensors(pair) for index, pair in layers.items()}
 
     return reference
+
+
+def reference_from_stub(load: StateLoad) -> Mapping[int, Summary] | None:
+    """The stub double's reference: its state function of the chunk's key (the salt and
+    tokens up to the chunk's end), computed here, not read from any replica."""
+    from pytest_sharedkv.engine_hooks.state_summary import STUB_LAYER, stub_state
+
+    index = layer_index(STUB_LAYER)
+    if not load.key or index is None:
+        return None
+    return {index: summary_of(stub_state(load.key))}
+
+
+def no_reference(load: StateLoad) -> Mapping[int, Summary] | None:
+    return None
+
+
+class ReferenceSource(str, Enum):
+    """Where a pair's reference states come from, chosen once in ``reference_source``."""
+
+    STUB = "the stub double's state function of the tokens"
+    MODEL = "the served copy model's CPU reference (transformers)"
+    NONE = "none: the served model's states cannot be computed here"
+
+
+def reference_source(provider: str, model_kind: str | None) -> ReferenceSource:
+    """The stub's own function for the stub pair; the model's CPU reference for a copy
+    model the suite made (its weights known exactly); else none."""
+    if provider.startswith("stub"):
+        return ReferenceSource.STUB
+    if model_kind in ("copy", "copy-memory"):
+        return ReferenceSource.MODEL
+    return ReferenceSource.NONE
+
+
+def chunk_tokens(records: Iterable[Mapping[str, Any]]) -> int | None:
+    """LMCache's chunk in tokens, from a replica's registration record."""
+    for r in records:
+        if r.get("kind") == "registered" and r.get("chunk"):
+            return int(r["chunk"])
+    return None
+
+
+def oracle_of(records: Sequence[Mapping[str, Any]], source: ReferenceSource,
+              reference: ReferenceFn | None, mode: OracleMode,
+              name: Callable[[str], tuple[str, str]]) -> OracleReport | None:
+    """The oracle over a pair's KV audit records, or None where B made no recurrent-state
+    load (nothing to judge: an attention-only model, or a stub without state loads)."""
+    chunk = chunk_tokens(records)
+    loads = loads_from_records(records, chunk or 0, name)
+    if not loads:
+        return None
+    if chunk is None:
+        return OracleReport(mode, void_reason="no replica registered its chunk size")
+    chosen = (reference_from_stub if source is ReferenceSource.STUB
+              else reference if source is ReferenceSource.MODEL and reference is not None
+              else no_reference)
+    return judge(loads, chosen, mode)
