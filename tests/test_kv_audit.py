@@ -374,3 +374,28 @@ def test_a_connector_without_the_entry_points_is_recorded_unsupported(
     patched().register_kv_caches({})
     records = kv_audit.read_records(tmp_path / "b")
     assert records[0]["kind"] == "unsupported" and "kv_caches" in records[0]["missing"]
+
+
+def test_requests_resumed_from_unkept_state_are_counted_per_size() -> None:
+    """Issue 48 item 6: per size, the cross-replica requests that resumed a recurrent layer
+    from a chunk A stored without its state; unknown where the audit proves nothing."""
+    from pytest_sharedkv.stack.kv_audit import AuditReport, compare, unkept_by_size
+
+    def rec(kind: str, role: str, request: str, key: str, layer: str, recurrent: bool
+            ) -> dict[str, object]:
+        return {"kind": kind, "role": role, "request": request, "chunk": 0, "key": key,
+                "group": 1 if recurrent else 0, "layer": layer, "recurrent": recurrent,
+                "digest": "d"}
+
+    records = [{"kind": "registered", "role": r} for r in "AB"]
+    for request in ("8k-000", "8k-001", "32k-000"):
+        records.append(rec("store", "A", request, f"k-{request}", "attn", False))
+        records.append(rec("load", "B", request, f"k-{request}", "attn", False))
+        if request != "8k-001":  # B resumed its state layer of a chunk A kept no state of
+            records.append(rec("load", "B", request, f"k-{request}", "gdn", True))
+    report = compare(records)
+    sizes = {"8k-000": "8k", "8k-001": "8k", "32k-000": "32k"}
+    assert unkept_by_size(report, sizes, ["8k", "32k", "128k"]) == {
+        "8k": 1, "32k": 1, "128k": 0}
+    assert unkept_by_size(None, sizes, ["8k"]) == {"8k": None}
+    assert unkept_by_size(AuditReport(), sizes, ["8k"]) == {"8k": None}  # VOID: unknown
