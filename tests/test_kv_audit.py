@@ -387,7 +387,7 @@ def test_requests_resumed_from_unkept_state_are_counted_per_size() -> None:
                 "group": 1 if recurrent else 0, "layer": layer, "recurrent": recurrent,
                 "digest": "d"}
 
-    records = [{"kind": "registered", "role": r} for r in "AB"]
+    records: list[dict[str, object]] = [{"kind": "registered", "role": r} for r in "AB"]
     for request in ("8k-000", "8k-001", "32k-000"):
         records.append(rec("store", "A", request, f"k-{request}", "attn", False))
         records.append(rec("load", "B", request, f"k-{request}", "attn", False))
