@@ -503,25 +503,26 @@ def _state_oracle(p: Any, r: ServiceRun, settings: Settings) -> OracleReport | N
     from pytest_sharedkv.stack import kv_audit, state_oracle
 
     records = kv_audit.read_records(p.kv_audit_dir)
+    served = p.record.model or settings.model  # the checkpoint the suite launched
     kind = None
-    if settings.model is not None:
+    if served is not None:
         from pytest_sharedkv.models.copy_model import model_kind
 
-        kind = model_kind(settings.model)
+        kind = model_kind(served)
     source = state_oracle.reference_source(str(p.labels.get("provider", "")), kind)
     reference = None
-    if source is state_oracle.ReferenceSource.MODEL and settings.model is not None:
+    if source is state_oracle.ReferenceSource.MODEL and served is not None:
         from pytest_sharedkv.corpus.choice import variant_recipe
         from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of
 
-        recipe = variant_recipe(settings.model) or CopyModelRecipe()
+        recipe = variant_recipe(served) or CopyModelRecipe()
         texts = {c.id: c for c in r.cases.cases}
 
         def tokens(request: str) -> list[int] | None:
             case = texts.get(request)
             return None if case is None else [0, *ids_of(case.text, recipe)]
 
-        reference = state_oracle.reference_from_model(settings.model, tokens)
+        reference = state_oracle.reference_from_model(served, tokens)
     return state_oracle.oracle_of(records, source, reference,
                                   state_oracle.OracleMode(settings.state_oracle),
                                   kv_audit.name_of)
