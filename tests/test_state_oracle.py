@@ -38,13 +38,11 @@ def _prompts() -> dict[str, list[int]]:
     return out
 
 
-def _pieces(model_dir: Path, ids: list[int], cuts: list[int]
+def _pieces(reference: Any, ids: list[int], cuts: list[int]
             ) -> dict[int, dict[int, dict[str, Any]]]:
     """States at CUTS from a prefill in 7-token pieces: another path to the same state."""
     from pytest_sharedkv.engine_hooks.state_summary import summary_of_tensors
-    from pytest_sharedkv.models.state_reference import Reference
 
-    reference = Reference(model_dir)
     steps = sorted(set(range(7, max(cuts) + 1, 7)) | set(cuts))
     states = reference.states(ids, steps)
     return {c: {layer: summary_of_tensors(pair) for layer, pair in states[c].items()}
@@ -52,6 +50,7 @@ def _pieces(model_dir: Path, ids: list[int], cuts: list[int]
 
 
 def test_planted_states_far_from_any_source(model_dir: Path) -> None:
+    from pytest_sharedkv.models.state_reference import Reference
     from pytest_sharedkv.stack.state_oracle import (
         RTOL,
         OracleMode,
@@ -63,7 +62,8 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
 
     prompts = _prompts()
     boundary = 3 * CHUNK  # far from the first word, both sources and the ends
-    loaded = {rid: _pieces(model_dir, ids, [boundary - CHUNK, boundary])
+    model = Reference(model_dir)  # one load: the pieces and the oracle's reference share it
+    loaded = {rid: _pieces(model, ids, [boundary - CHUNK, boundary])
               for rid, ids in prompts.items()}
     planted: dict[str, Callable[[str], dict[int, Any]]] = {
         "exact": lambda rid: loaded[rid][boundary],
@@ -74,7 +74,8 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
     loads = [StateLoad(rid, kind, boundary // CHUNK - 1, boundary, layer, summary)
              for kind, pick in planted.items() for rid in prompts
              for layer, summary in pick(rid).items()]
-    report = judge(loads, reference_from_model(model_dir, prompts.get))
+    reference = reference_from_model(model_dir, prompts.get, model)
+    report = judge(loads, reference)
     print(report.summary())
     wrong = {(w.load.step, w.load.request) for w in report.wrong}
     assert wrong == {(k, r) for k in ("stale", "foreign", "zeroed") for r in prompts}
@@ -86,8 +87,7 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
     assert stale_layers == {0, 1, 2}
     assert min(w.distance for w in report.wrong) > 2 * RTOL
     assert report.status == "fail"
-    exact_only = judge([x for x in loads if x.step == "exact"],
-                       reference_from_model(model_dir, prompts.get))
+    exact_only = judge([x for x in loads if x.step == "exact"], reference)
     assert exact_only.status == "pass", exact_only.summary()
     # a load the oracle cannot place fails unless opted out, and is counted either way
     unplaced = [StateLoad("elsewhere", "cross", 2, boundary, 0, {"norm": 1.0, "top": [1.0]})]

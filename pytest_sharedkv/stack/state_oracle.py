@@ -200,14 +200,15 @@ def loads_from_records(records: Iterable[Mapping[str, Any]], chunk_tokens: int,
     return out
 
 
-def reference_from_model(model_dir: Any, tokens: Callable[[str], Sequence[int] | None]
-                         ) -> ReferenceFn:
+def reference_from_model(model_dir: Any, tokens: Callable[[str], Sequence[int] | None],
+                         loaded: Any = None) -> ReferenceFn:
     """The copy models' reference: transformers on CPU over the request's tokens (with
-    ``<s>``) up to the position; None where TOKENS does not know the request."""
+    ``<s>``) up to the position; None where TOKENS does not know the request. LOADED: a
+    ``models.state_reference.Reference`` of MODEL_DIR already loaded."""
     from pytest_sharedkv.engine_hooks.state_summary import summary_of_tensors
     from pytest_sharedkv.models.state_reference import Reference
 
-    model = Reference(model_dir)
+    model = loaded if loaded is not None else Reference(model_dir)
 
     def reference(load: StateLoad) -> Mapping[int, Summary] | None:
         ids = tokens(load.request)
