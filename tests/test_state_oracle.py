@@ -55,6 +55,7 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
         RTOL,
         OracleMode,
         StateLoad,
+        distance,
         judge,
         reference_from_model,
         zeroed,
@@ -90,6 +91,16 @@ def test_planted_states_far_from_any_source(model_dir: Path) -> None:
     exact_only = judge([x for x in loads if x.step == "exact"], reference)
     assert exact_only.status == "pass", exact_only.summary()
     # a load the oracle cannot place fails unless opted out, and is counted either way
+    # the reference continues a request's prefill from one load to the next, and gives the
+    # states a prefill from the start gives
+    from pytest_sharedkv.engine_hooks.state_summary import summary_of_tensors
+
+    ids = prompts["o-0"]
+    model.state_at("o-0", ids, boundary - CHUNK)
+    continued = model.state_at("o-0", ids, boundary)
+    fresh = model.states(ids, [boundary])[boundary]
+    assert all(distance(summary_of_tensors(continued[k]), summary_of_tensors(fresh[k])) < 1e-6
+               for k in fresh)
     unplaced = [StateLoad("elsewhere", "cross", 2, boundary, 0, {"norm": 1.0, "top": [1.0]})]
     on = judge(unplaced, lambda load: None)
     off = judge(unplaced, lambda load: None, OracleMode.OFF)

@@ -214,7 +214,7 @@ def reference_from_model(model_dir: Any, tokens: Callable[[str], Sequence[int] |
         ids = tokens(load.request)
         if ids is None or load.position > len(ids):
             return None
-        layers = model.states(ids, [load.position])[load.position]
+        layers = model.state_at(load.request, ids, load.position)
         return {index: summary_of_tensors(pair) for index, pair in layers.items()}
 
     return reference
