@@ -56,3 +56,44 @@ def test_a_drifted_payload_is_an_error() -> None:
     request = bc.load(MANIFEST)[1]
     with pytest.raises(CorpusError, match="does not hash to the committed digest"):
         bc.words_of(dataclasses.replace(request, sha256="0" * 64), CHUNK)
+
+
+def test_the_memory_copy_model_shows_a_zeroed_state_at_each_kinds_boundary(
+        tmp_path: Path) -> None:
+    """B requests on the memory copy model (CPU, transformers), a shared system prompt, a
+    turn trimmed inside the previous one and the kept control: resumed at its boundary
+    from the exact state each answers as constructed, from a zeroed one it does not, at
+    boundaries kept and not kept alike."""
+    pytest.importorskip("transformers", reason="the memory copy model runs on transformers")
+    import copy
+
+    import torch
+    from transformers import DynamicCache
+
+    from pytest_sharedkv.models.copy_matrix import CopyRunner, batched
+    from pytest_sharedkv.models.copy_memory_model import make_memory_copy_model
+    from pytest_sharedkv.models.memory_matrix import _set_states, _states
+
+    runner = CopyRunner(make_memory_copy_model(tmp_path / "m").path)
+    requests = bc.load(MANIFEST)
+    picked = [next(r for r in requests if r.kind == kind and r.replica == "B"
+                   and r.family.endswith(f"-0{i % 2}"))
+              for i, kind in enumerate(("system-prompt", "turn-inside", "turn-extends"))]
+    for b in picked:
+        ids = [0, *bc.words_of(b, CHUNK)]
+        cache = DynamicCache(config=runner.model.config)
+        with torch.no_grad():
+            runner.model(input_ids=torch.tensor([ids[:b.boundary]]), use_cache=True,
+                         **{runner.cache_kw: cache})
+        rows = []
+        for states in (_states(cache), None):  # exact, zeroed
+            row = copy.deepcopy(cache)
+            _set_states(row, states)
+            rows.append(row)
+        merged = batched(rows)
+        with torch.no_grad():
+            runner.model(input_ids=torch.tensor([ids[b.boundary:-1]] * 2), use_cache=True,
+                         **{runner.cache_kw: merged})
+        (exact, _), (zeroed, _) = runner.continue_batch(merged, [ids[-1]] * 2, 4)
+        assert tuple(exact) == b.expected[:4], b.id
+        assert tuple(zeroed) != b.expected[:4], b.id
