@@ -399,3 +399,29 @@ def test_requests_resumed_from_unkept_state_are_counted_per_size() -> None:
         "8k": 1, "32k": 1, "128k": 0}
     assert unkept_by_size(None, sizes, ["8k"]) == {"8k": None}
     assert unkept_by_size(AuditReport(), sizes, ["8k"]) == {"8k": None}  # VOID: unknown
+
+
+def test_b_recurrent_loads_carry_the_state_it_resumed_from(tmp_path: Path) -> None:
+    """Issue 48: where vLLM registered a recurrent layer as [conv_state, ssm_state] (vLLM
+    0.26's layout, indexed by block), B's load record of that layer carries a summary of
+    the state block it loaded, in transformers' layout, for the state oracle; A's store
+    records and attention layers carry none."""
+    from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
+    from pytest_sharedkv.engine_hooks.state_summary import canonical, summary_of_tensors
+
+    g = torch.Generator().manual_seed(3)
+    conv, ssm = torch.randn(64, 3, 16, generator=g), torch.randn(64, 2, 8, 4, generator=g)
+    cls = patch_connector(connector_class(), AuditLog(tmp_path, "B"))
+    b = cls(kv_tensors(2))
+    b.register_kv_caches({**b.worker_adapter.kv_caches, "layers.2": [conv, ssm]})
+    rid = "cmpl-sharedkv.3k-001.cross.B-0-cd34"
+    b.metadata = Metadata([Meta(rid, "RETRIEVE", Op(TOKENS, [list(range(20, 28)),
+                                                             [0] * 7 + [29]], 0, 4 * CHUNK))])
+    b.start_load_kv(None)
+    b.finished = {rid}
+    b.get_finished(set())
+    loads = [r for r in kv_audit.read_records(tmp_path) if r.get("kind") == "load"]
+    [state] = [r for r in loads if r["layer"] == "layers.2"]
+    assert state["recurrent"] and state["chunk"] == 3
+    assert state["state"] == summary_of_tensors(list(canonical(conv[29], ssm[29])))
+    assert all("state" not in r for r in loads if r["layer"] != "layers.2")

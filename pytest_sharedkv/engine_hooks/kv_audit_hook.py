@@ -201,7 +201,10 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
                     "recurrent": recurrent,
                     "digest": digest_rows(rows[real])}
                 if direction == "load" and recurrent and name in states:
-                    record["state"] = state_summary(states[name], flat[real[-1]])
+                    try:  # a layout this reading does not know loses the summary alone
+                        record["state"] = state_summary(states[name], flat[real[-1]])
+                    except Exception as exc:
+                        record["state_error"] = repr(exc)[:200]
                 records.append(record)
     records.append({"kind": "cost", "direction": direction, "request": request_id,
                     "tokens": count * chunk, "seconds": time.perf_counter() - started})
