@@ -23,7 +23,7 @@ DEFAULT_JSON = "sharedkv-report.json"
 PROG = "python -m pytest_sharedkv"  # what users type, and what pytest's usage errors name
 USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
        python -m pytest_sharedkv make-model [--kind copy|tiny|geometry|27b-compute|
-                                            copy-attention] DIR
+                                            copy-attention|copy-memory] DIR
                                             [--seed N] [--force]
        python -m pytest_sharedkv compare BEFORE.json AFTER.json [--max-regression 10%]
                                          [--markdown OUT.md] [--force] [--allow-flag-change]
@@ -47,8 +47,12 @@ USAGE = """usage: python -m pytest_sharedkv [run] [PYTEST ARGS...]
                   serves it with random weights (--load-format dummy, fp8 where the
                   GPU has it); --kind copy-attention: the copy model's rule with
                   attention layers only (a Qwen3), for stacks that refuse a hybrid
-                  model (--sharedkv-stack inprocess). A DIR holding another kind (or other files) is
-                  refused unless --force, which replaces what is there
+                  model (--sharedkv-stack inprocess); --kind copy-memory: the copy
+                  model's rule with a Gated DeltaNet memory of the prompt's first
+                  word that never forgets, so a zeroed, foreign or rewritten
+                  recurrent state resumed anywhere after it answers <miss>. A DIR
+                  holding another kind (or other files) is refused unless --force,
+                  which replaces what is there
   compare         compare two JSON reports (before and after an upgrade): correctness
                   first (failed tests, VOID, leaks, divergence), then median TTFT and
                   session wall time per cell (not judged where the engine flags differ:
@@ -107,6 +111,14 @@ def make_model_command(args: Sequence[str]) -> int:
 
             digest = make_attention_copy_model(parsed.dir, AttentionCopyRecipe(
                 seed=parsed.seed)).digest
+        elif parsed.kind == "copy-memory":  # a wrong recurrent state shows far from the source
+            from pytest_sharedkv.models.copy_memory_model import (
+                MemoryCopyRecipe,
+                make_memory_copy_model,
+            )
+
+            digest = make_memory_copy_model(parsed.dir, MemoryCopyRecipe(seed=parsed.seed)
+                                            ).digest
         elif parsed.kind == "27b-compute":
             from pytest_sharedkv.models.compute_model import make_compute_model
 

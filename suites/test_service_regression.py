@@ -15,7 +15,7 @@ drift from cache-induced divergence.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.service.answers import ServiceRun
     from pytest_sharedkv.service.execute import Cell, Pass
     from pytest_sharedkv.stack.fixtures import PairSlot
+    from pytest_sharedkv.stack.state_oracle import OracleReport
 
 pytestmark = pytest.mark.service_regression
 TIER = "service_regression"
@@ -492,9 +493,24 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
         if caught == 0:
             void = (f"{kv_audit.VOID}: the gate zeroed chunk {zeroed} in B's retrieves and "
                     "the audit saw no mismatch there: it cannot see corrupted KV")
+    oracle = _state_oracle(pair, run, sharedkv_settings)
+    if oracle is not None:
+        lines.append(oracle.summary(label))
     for index, line in enumerate(lines):
         sharedkv_results.note(TIER, line, kind="audit-mismatch",
                               status="void" if index == 0 and report.void else "info")
+    if oracle is not None:
+        sharedkv_results.check(
+            TIER, {**pair.labels, "size": "audit", "step": "recurrent state"},
+            oracle.exact, oracle.judged + len(oracle.unreferenced), role="check",
+            kind="audit-mismatch", status=oracle.status, message=oracle.summary(label)[:600],
+            detail={"judged": oracle.judged, "exact": oracle.exact,
+                    "wrong": [w.line() for w in oracle.wrong[:200]],
+                    "unreferenced": len(oracle.unreferenced), "mode": oracle.mode.value,
+                    "control_distance": oracle.control_distance})
+        if oracle.status != "pass":
+            shown = [w.line() for w in oracle.wrong[:20]] or [oracle.summary(label)]
+            pytest.fail("\n".join(shown), pytrace=False)
     sharedkv_results.check(
         TIER, {**pair.labels, "size": "audit", "step": "kv digests"},
         report.compared - len(faults), report.compared, role="check", kind="audit-mismatch",
@@ -517,6 +533,36 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
         shown = [*([isolation] if isolation else []), *(m.line() for m in faults[:20])]
         more = f"\n... and {len(faults) - 20} more" if len(faults) > 20 else ""
         pytest.fail("\n".join(shown) + more, pytrace=False)
+
+
+def _state_oracle(p: Any, r: ServiceRun, settings: Settings) -> OracleReport | None:
+    """The state oracle over the pair's audit records (None: no recurrent-state load)."""
+    from pytest_sharedkv.stack import kv_audit, state_oracle
+
+    records = kv_audit.read_records(p.kv_audit_dir)
+    served = p.record.model or settings.model  # the checkpoint the suite launched
+    kind = None
+    if served is not None:
+        from pytest_sharedkv.models.copy_model import model_kind
+
+        kind = model_kind(served)
+    source = state_oracle.reference_source(str(p.labels.get("provider", "")), kind)
+    reference = None
+    if source is state_oracle.ReferenceSource.MODEL and served is not None:
+        from pytest_sharedkv.corpus.choice import variant_recipe
+        from pytest_sharedkv.models.copy_model import CopyModelRecipe, ids_of
+
+        recipe = variant_recipe(served) or CopyModelRecipe()
+        texts = {c.id: c for c in r.cases.cases}
+
+        def tokens(request: str) -> list[int] | None:
+            case = texts.get(request)
+            return None if case is None else [0, *ids_of(case.text, recipe)]
+
+        reference = state_oracle.reference_from_model(served, tokens)
+    return state_oracle.oracle_of(records, source, reference,
+                                  state_oracle.OracleMode(settings.state_oracle),
+                                  kv_audit.name_of)
 
 
 def test_l2_fault_gap(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairSlot,

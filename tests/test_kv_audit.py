@@ -374,3 +374,54 @@ def test_a_connector_without_the_entry_points_is_recorded_unsupported(
     patched().register_kv_caches({})
     records = kv_audit.read_records(tmp_path / "b")
     assert records[0]["kind"] == "unsupported" and "kv_caches" in records[0]["missing"]
+
+
+def test_requests_resumed_from_unkept_state_are_counted_per_size() -> None:
+    """Issue 48 item 6: per size, the cross-replica requests that resumed a recurrent layer
+    from a chunk A stored without its state; unknown where the audit proves nothing."""
+    from pytest_sharedkv.stack.kv_audit import AuditReport, compare, unkept_by_size
+
+    def rec(kind: str, role: str, request: str, key: str, layer: str, recurrent: bool
+            ) -> dict[str, object]:
+        return {"kind": kind, "role": role, "request": request, "chunk": 0, "key": key,
+                "group": 1 if recurrent else 0, "layer": layer, "recurrent": recurrent,
+                "digest": "d"}
+
+    records: list[dict[str, object]] = [{"kind": "registered", "role": r} for r in "AB"]
+    for request in ("8k-000", "8k-001", "32k-000"):
+        records.append(rec("store", "A", request, f"k-{request}", "attn", False))
+        records.append(rec("load", "B", request, f"k-{request}", "attn", False))
+        if request != "8k-001":  # B resumed its state layer of a chunk A kept no state of
+            records.append(rec("load", "B", request, f"k-{request}", "gdn", True))
+    report = compare(records)
+    sizes = {"8k-000": "8k", "8k-001": "8k", "32k-000": "32k"}
+    assert unkept_by_size(report, sizes, ["8k", "32k", "128k"]) == {
+        "8k": 1, "32k": 1, "128k": 0}
+    assert unkept_by_size(None, sizes, ["8k"]) == {"8k": None}
+    assert unkept_by_size(AuditReport(), sizes, ["8k"]) == {"8k": None}  # VOID: unknown
+
+
+def test_b_recurrent_loads_carry_the_state_it_resumed_from(tmp_path: Path) -> None:
+    """Issue 48: where vLLM registered a recurrent layer as [conv_state, ssm_state] (vLLM
+    0.26's layout, indexed by block), B's load record of that layer carries a summary of
+    the state block it loaded, in transformers' layout, for the state oracle; A's store
+    records and attention layers carry none."""
+    from pytest_sharedkv.engine_hooks.kv_audit_hook import AuditLog, patch_connector
+    from pytest_sharedkv.engine_hooks.state_summary import canonical, summary_of_tensors
+
+    g = torch.Generator().manual_seed(3)
+    conv, ssm = torch.randn(64, 3, 16, generator=g), torch.randn(64, 2, 8, 4, generator=g)
+    cls = patch_connector(connector_class(), AuditLog(tmp_path, "B"))
+    b = cls(kv_tensors(2))
+    b.register_kv_caches({**b.worker_adapter.kv_caches, "layers.2": [conv, ssm]})
+    rid = "cmpl-sharedkv.3k-001.cross.B-0-cd34"
+    b.metadata = Metadata([Meta(rid, "RETRIEVE", Op(TOKENS, [list(range(20, 28)),
+                                                             [0] * 7 + [29]], 0, 4 * CHUNK))])
+    b.start_load_kv(None)
+    b.finished = {rid}
+    b.get_finished(set())
+    loads = [r for r in kv_audit.read_records(tmp_path) if r.get("kind") == "load"]
+    [state] = [r for r in loads if r["layer"] == "layers.2"]
+    assert state["recurrent"] and state["chunk"] == 3
+    assert state["state"] == summary_of_tensors(list(canonical(conv[29], ssm[29])))
+    assert all("state" not in r for r in loads if r["layer"] != "layers.2")

@@ -654,6 +654,14 @@ class Settings:
         "--no-sharedkv-kv-audit turns it off (its cost per audited token is in the report; "
         "VOID when the hook finds nothing to audit; external endpoints have none)",
         parse_bool, flag=True)
+    state_oracle: str = setting(
+        "on",
+        "replica tiers, with the KV audit: judge every recurrent-state load replica B "
+        "makes against the served model's own reference state at that position (the copy "
+        "models' CPU reference, the stub double's function of the tokens): on fails the "
+        "audit for loads it cannot judge (no state recorded, no reference); off counts "
+        "them without failing (default {default})",
+        parse_choice("on", "off"), metavar="on|off")
     gate: bool = setting(
         True,
         "service tier: the sensitivity gate, a hook in the launched stack that zeroes one "

@@ -12,6 +12,7 @@ from pytest_sharedkv.config.provider import Provider
 from pytest_sharedkv.corpus.cases import CaseSet
 from pytest_sharedkv.corpus.copy_corpus import PLAN
 from pytest_sharedkv.corpus.text_corpus import case_id
+from pytest_sharedkv.models.copy_model import CopyModelRecipe
 
 MANIFEST = "copy-corpus-c{chunk}.json"
 
@@ -20,15 +21,23 @@ def served_kind(settings: Settings) -> str:
     """copy: the copy model (default, or --sharedkv-model pointing at it or at its
     attention-only variant); text: any
     other checkpoint, or external endpoints serving an unknown model."""
-    from pytest_sharedkv.models.copy_attention_model import corpus_recipe
     from pytest_sharedkv.models.copy_model import is_copy_model
 
-    if settings.model is not None:  # the attention-only copy model answers by the same rule
-        copy = is_copy_model(settings.model) or corpus_recipe(settings.model) is not None
+    if settings.model is not None:  # its attention-only and memory variants: the same rule
+        copy = is_copy_model(settings.model) or variant_recipe(settings.model) is not None
         return "copy" if copy else "text"
     if settings.endpoints and settings.provider in (Provider.AUTO, Provider.EXTERNAL):
         return "text"
     return "copy"
+
+
+def variant_recipe(model: Path) -> CopyModelRecipe | None:
+    """The copy recipe whose corpus a copy-model variant at MODEL serves (the
+    attention-only or the memory copy model), else None."""
+    from pytest_sharedkv.models import copy_attention_model, copy_memory_model
+
+    return (copy_attention_model.corpus_recipe(model)
+            or copy_memory_model.corpus_recipe(model))
 
 
 def wanted(settings: Settings, size: str) -> bool:
@@ -69,7 +78,7 @@ def bundled_manifest(chunk: int) -> Path:
 def case_set(settings: Settings) -> CaseSet:
     from pytest_sharedkv.corpus import copy_corpus
     from pytest_sharedkv.corpus.cases import copy_case_set
-    from pytest_sharedkv.models.copy_model import CopyModelRecipe, load_card
+    from pytest_sharedkv.models.copy_model import load_card
 
     if served_kind(settings) == "text":
         from pytest_sharedkv.corpus.text_corpus import build_text
@@ -80,9 +89,7 @@ def case_set(settings: Settings) -> CaseSet:
         context = max_position_embeddings(settings.model, 131_072 + 1024)
         return _limited(settings, build_text(settings.model, chunk, context,
                                              sizes=settings.service_sizes))
-    from pytest_sharedkv.models.copy_attention_model import corpus_recipe
-
-    recipe = ((corpus_recipe(settings.model) or load_card(settings.model).recipe)
+    recipe = ((variant_recipe(settings.model) or load_card(settings.model).recipe)
               if settings.model is not None else CopyModelRecipe())
     chunk = copy_chunk(settings)
     manifest = bundled_manifest(chunk)

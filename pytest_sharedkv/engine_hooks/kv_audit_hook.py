@@ -125,6 +125,25 @@ def gather(tensor: Any, blocks: Sequence[int]) -> Any:
 # ``recurrent_state``; 0.5.3 re-views the page as a one-block sliding window and flags
 # nothing, so the registration is what says which digests are recurrent state.
 STATE_LAYERS = "_sharedkv_state_layers"
+# ... and those lists themselves ([conv_state, ssm_state], indexed by block): B's load
+# records of a recurrent layer carry a summary of the state it resumed from (the chunk's
+# last non-null block), in transformers' layout (state_summary.canonical), which the state
+# oracle judges. Read from vLLM 0.26's source (MambaStateShapeCalculator); not yet run on
+# a GPU.
+STATE_TENSORS = "_sharedkv_state_tensors"
+
+
+def state_tensors(kv_caches: Any) -> dict[str, list[Any]]:
+    items = kv_caches.items() if hasattr(kv_caches, "items") else ()
+    return {str(n): list(t) for n, t in items if isinstance(t, (list, tuple)) and len(t) == 2}
+
+
+def state_summary(tensors: Sequence[Any], block: int) -> dict[str, Any]:
+    """The state summary of one block of a recurrent layer's (conv, ssm) tensors."""
+    from pytest_sharedkv.engine_hooks.state_summary import canonical, summary_of_tensors
+
+    conv, ssm = canonical(tensors[0][block], tensors[1][block])
+    return summary_of_tensors([conv, ssm])
 
 
 def state_layer_names(kv_caches: Any) -> frozenset[str]:
@@ -151,6 +170,7 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
     per_group = adapter._block_ids_per_group(op)
     tensors = list(adapter.kv_caches.items())
     state_layers: frozenset[str] = getattr(connector, STATE_LAYERS, frozenset())
+    states: dict[str, list[Any]] = getattr(connector, STATE_TENSORS, {})
     count = (int(op.end) - int(op.start)) // chunk
     first = int(op.start) // chunk
     skip = int(getattr(op, "skip_first_n_tokens", 0) or 0) if direction == "load" else 0
@@ -175,11 +195,17 @@ def audit_op(connector: Any, direction: str, request_id: str, op: Any, salt: str
                 real = [j for j in range(i * bpc, (i + 1) * bpc) if flat[j] != NULL_BLOCK]
                 if not real:
                     continue  # align-mode recurrent state: only some chunks hold any
-                records.append({
+                record = {
                     "kind": direction, "request": request_id, "chunk": first + i,
                     "key": keys[i], "group": g, "layer": name,
                     "recurrent": recurrent,
-                    "digest": digest_rows(rows[real])})
+                    "digest": digest_rows(rows[real])}
+                if direction == "load" and recurrent and name in states:
+                    try:  # a layout this reading does not know loses the summary alone
+                        record["state"] = state_summary(states[name], flat[real[-1]])
+                    except Exception as exc:
+                        record["state_error"] = repr(exc)[:200]
+                records.append(record)
     records.append({"kind": "cost", "direction": direction, "request": request_id,
                     "tokens": count * chunk, "seconds": time.perf_counter() - started})
     return records
@@ -214,6 +240,7 @@ def patch_connector(cls: Any, log: AuditLog) -> Any:
 
     def register_kv_caches(self: Any, kv_caches: Any) -> Any:
         state = state_layer_names(kv_caches)  # before LMCache re-views them
+        tensors = state_tensors(kv_caches)
         result = orig_register(self, kv_caches)
 
         def registered() -> list[dict[str, Any]]:
@@ -222,6 +249,7 @@ def patch_connector(cls: Any, log: AuditLog) -> Any:
             if missing:
                 return [{"kind": "unsupported", "missing": missing}]
             setattr(self, STATE_LAYERS, state)
+            setattr(self, STATE_TENSORS, tensors)
             names = list(adapter.kv_caches)
             groups = [{"layers": list(g.layer_indices),
                        "tokens_per_block": int(getattr(g, "tokens_per_block", 0) or 0),

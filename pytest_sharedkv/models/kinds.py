@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KINDS = ("copy", "tiny", "geometry", "27b-compute", "copy-attention")
+KINDS = ("copy", "tiny", "geometry", "27b-compute", "copy-attention", "copy-memory")
 
 
 def kind_in(path: Path) -> str | None:

@@ -65,6 +65,11 @@ class StubFaults:
     # both: the GPU KV cache size the start log says, in tokens, in place of the true one
     # (a start log that says more than the cache keeps)
     gpu_kv_tokens: int | None = None
+    # B: a hybrid's recurrent-state load for the last chunk of every pool hit, with the
+    # state it resumed from in its audit record (the state oracle's input): "exact" (the
+    # stub's state of those tokens), "zeroed" or "stale" (the chunk before's), planted;
+    # None: no state loads (the other self-tests' audit counts stay as they are)
+    state_loads: str | None = None
 
     def argv(self, replica: str, arm: str, replica_env: Mapping[str, str]) -> list[str]:
         """The flags REPLICA ("A" or "B") of an ARM pair starts with; REPLICA_ENV: what
@@ -109,6 +114,8 @@ class StubFaults:
             argv += ["--gpu-blocks", str(self.gpu_blocks)]
         if self.gpu_kv_tokens is not None:
             argv += ["--gpu-kv-tokens", str(self.gpu_kv_tokens)]
+        if b and self.state_loads is not None:
+            argv += ["--state-loads", self.state_loads]
         return argv
 
 

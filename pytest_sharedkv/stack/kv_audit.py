@@ -153,6 +153,11 @@ def _name(engine_request: str) -> tuple[str, str]:
     return (tag[0], tag[1]) if tag else (engine_request, "?")
 
 
+def name_of(engine_request: str) -> tuple[str, str]:
+    """(corpus request, step) of an engine's request id (the engine's id when untagged)."""
+    return _name(engine_request)
+
+
 def compare(records: Iterable[Mapping[str, Any]]) -> AuditReport:
     report = AuditReport()
     stored: dict[tuple[str, int, str], str] = {}  # A's (key, group, layer) -> digest
@@ -250,3 +255,19 @@ def correlation(faults: list[Mismatch], diverged: list[str], cases: Mapping[str,
                      "(a chunk they do not copy from, or state the answer did not need): "
                      + ", ".join(silent[:20]))
     return lines
+
+
+def unkept_by_size(report: AuditReport | None, size_of: Mapping[str, str],
+                   sizes: Iterable[str]) -> dict[str, int | None]:
+    """Per size group, how many cross-replica requests resumed a recurrent layer from a
+    state no engine kept (a chunk A stored with its state region null): the 27b-compute
+    model's count (issue 48 item 6), where answers cannot be judged. None (unknown, never
+    0) where the audit did not run or proves nothing."""
+    if report is None or report.void is not None:
+        return {size: None for size in sizes}
+    counts = {size: 0 for size in sizes}
+    for request in report.unkept_state:
+        size = size_of.get(request)
+        if size in counts:
+            counts[size] += 1
+    return dict(counts)

@@ -393,10 +393,31 @@ class _State:
             if self.stale_pool:
                 data = hashlib.sha256(data + b"stale").digest() * 4
             records.append(record("load", c, data))
+        if self.args.state_loads and loaded:  # a hybrid resumes from the last chunk's state
+            records.append(state_load(request_id, keys, max(loaded), self.args.state_loads))
         records += [{"kind": "cost", "direction": d, "request": request_id,
                      "tokens": n * block, "seconds": time.perf_counter() - started}
                     for d, n in (("store", len(stored)), ("load", len(loaded))) if n]
         self.audit.write(records)
+
+
+def state_load(request_id: str, keys: list[str], chunk: int, mode: str) -> dict[str, Any]:
+    """B's recurrent-state load record for CHUNK: what a hybrid resumes from, in the audit
+    hook's format with the state summary the oracle reads; MODE exact, zeroed or stale."""
+    from pytest_sharedkv.engine_hooks.state_summary import (
+        STUB_LAYER,
+        STUB_VALUES,
+        stub_state,
+        summary_of,
+    )
+
+    values = (stub_state(keys[chunk]) if mode == "exact" else
+              stub_state(keys[chunk - 1]) if mode == "stale" and chunk > 0
+              else [0.0] * STUB_VALUES)
+    return {"kind": "load", "request": request_id, "chunk": chunk, "key": keys[chunk],
+            "group": 1, "layer": STUB_LAYER, "recurrent": True,
+            "digest": hashlib.blake2b(repr(values).encode(), digest_size=16).hexdigest(),
+            "state": summary_of(values)}
 
 
 def block_bytes(key: str) -> bytes:
@@ -1035,6 +1056,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "--gpu-blocks of --block tokens; neither: no line)")
     parser.add_argument("--offload-log", action="store_true",
                         help="log pool traffic as vLLM's offloading connector does")
+    parser.add_argument("--state-loads", choices=("exact", "zeroed", "stale"), default=None,
+                        help="report a recurrent-state load for the last chunk B loads")
     parser.add_argument("--kv-audit", type=Path, default=None,
                         help="write kv_audit_hook's digest records into this directory")
     parser.add_argument("--l2-adapter", default=None,
