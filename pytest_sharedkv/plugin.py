@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_sharedkv.config import options
+from pytest_sharedkv.config import combinations, options
 from pytest_sharedkv.config.markers import GPU_MARKER, MarkerError, is_gated
 from pytest_sharedkv.config.markers import register as register_markers
 from pytest_sharedkv.config.tiers import (
@@ -179,7 +179,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     register_markers(config)
-    settings = options.load_settings(config)
+    settings = combinations.load_settings(config)
     state = RunState(settings=settings, is_worker=hasattr(config, "workerinput"),
                      active=options.given(settings))
     config.stash[STATE] = state

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_sharedkv.config.errors import OptionError
+
 
 def _refuse(text: str) -> ValueError:
-    """options.OptionError (imported here: options imports this module's parsers)."""
-    from pytest_sharedkv.config.options import OptionError
-
+    """The option's usage error."""
     return OptionError(text)
 
 

@@ -21,22 +21,19 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
+from pytest_sharedkv.config.engine import ENGINE_NAMES, Engine
+from pytest_sharedkv.config.errors import OptionError as OptionError
 from pytest_sharedkv.config.identity_input import (
     parse_adapter,
     parse_other_model,
     parse_release_site,
     parse_salt,
 )
-from pytest_sharedkv.config.engine import ENGINE_NAMES, Engine, engine_problem
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
-from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, stack_problem
+from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, NativeConnector, Stack
 
 OPTION_PREFIX = "--sharedkv-"
 DEST_PREFIX = "sharedkv_"
-
-
-class OptionError(ValueError):
-    """A value that does not parse; the message says what is allowed."""
 
 
 _SIZE_UNITS = {
@@ -206,6 +203,14 @@ def parse_provider(text: str) -> Provider:
 
 def parse_engine(text: str) -> Engine:
     return Engine(parse_choice(*ENGINE_NAMES)(text))
+
+
+def parse_stack(text: str) -> Stack:
+    return Stack(parse_choice(*STACKS)(text))
+
+
+def parse_native_connector(text: str) -> NativeConnector:
+    return NativeConnector(parse_choice(*NATIVE_CONNECTORS)(text))
 
 
 def parse_subset(*allowed: str) -> Callable[[str], tuple[str, ...]]:
@@ -722,15 +727,15 @@ class Settings:
         "fault_inject adapter) fails to load this chunk of every prompt, so B takes the "
         "chunks before it from L2 and recomputes the rest (default {default}; 1 to 4096)",
         whole_number(1, 4096), metavar="CHUNK")
-    stack: str = setting(
-        "mp",
+    stack: Stack = setting(
+        Stack.MP,
         "replica tiers: the KV stack a launched pair runs: mp (LMCache's MP server, "
         "LMCacheMPConnector), inprocess (LMCache's LMCacheConnectorV1 in each replica, "
         "sharing through a Redis the suite starts; needs an attention-only --sharedkv-model) "
         "or native (vLLM's own CPU offload, the GPU cache sized so the corpus is served "
         "from the CPU tier); the stub double models each as it models the MP server "
         "(default {default})",
-        parse_choice(*STACKS), metavar="NAME")
+        parse_stack, metavar="NAME")
     engine: Engine = setting(
         Engine.VLLM,
         "replica tiers: the serving engine in each launched replica: vllm, or sglang "
@@ -739,13 +744,13 @@ class Settings:
         "test; the stub double answers as SGLang does; the KV audit is n/a) "
         "(default {default})",
         parse_engine, metavar="vllm|sglang")
-    native_connector: str = setting(
-        "offloading",
+    native_connector: NativeConnector = setting(
+        NativeConnector.OFFLOADING,
         "native stack: the vLLM connector each replica's CPU offload runs: offloading "
         "(OffloadingConnector) or simple (SimpleCPUOffloadConnector, through "
         "VLLM_USE_SIMPLE_KV_OFFLOAD=1: vLLM #45704's path); given with another stack, a "
         "usage error (default {default})",
-        parse_choice(*NATIVE_CONNECTORS), metavar="offloading|simple")
+        parse_native_connector, metavar="offloading|simple")
     # The in-process stack's tiers (issue 37 item 1), per replica, as LMCache sizes them.
     inprocess_cpu_gib: float | None = setting(
         None,
@@ -806,8 +811,8 @@ class Settings:
     @property
     def treatment_arms(self) -> tuple[str, ...]:
         """The arms the perf tier screens against OFF: --sharedkv-native-arm's ON,NATIVE
-        where it is on (load_settings refuses a --sharedkv-perf-arms that says otherwise),
-        else --sharedkv-perf-arms."""
+        where it is on (combinations.load_settings refuses a --sharedkv-perf-arms that
+        says otherwise), else --sharedkv-perf-arms."""
         return NATIVE_SHORTHAND if self.native_arm else self.perf_arms
 
     def settle_for(self, delay: int) -> float:
@@ -868,7 +873,7 @@ def given(settings: Settings) -> bool:
 def asked(config: pytest.Config) -> bool:
     """Whether a --sharedkv-* option or sharedkv_* ini value is given, asked before the
     command line is fully parsed (``pytest_load_initial_conftests``); a value that does not
-    read counts as given (load_settings then names it)."""
+    read counts as given (combinations.load_settings then names it)."""
     namespace = getattr(config, "known_args_namespace", config.option)
     for opt in OPTIONS:
         if getattr(namespace, opt.dest, None) is not None:
@@ -916,8 +921,10 @@ def _from_ini(config: pytest.Config, opt: Option) -> tuple[Any, str] | None:
     return value, where
 
 
-def load_settings(config: pytest.Config) -> Settings:
-    """Read every option (command line first, then ini) and validate it, or raise UsageError."""
+def read_settings(config: pytest.Config) -> Settings:
+    """Read every option (command line first, then ini), each value parsed, or raise
+    UsageError naming the option. What cannot run together is
+    ``config.combinations.load_settings``'s to refuse."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for opt in OPTIONS:
@@ -934,11 +941,7 @@ def load_settings(config: pytest.Config) -> Settings:
             except OptionError as exc:
                 raise pytest.UsageError(f"{where}: {exc}") from None
         sources[opt.field] = where
-    settings = Settings(**values, sources=sources)
-    problem = _combination_problem(settings)
-    if problem is not None:
-        raise pytest.UsageError(problem)
-    return settings
+    return Settings(**values, sources=sources)
 
 
 def uses_l2(settings: Settings) -> bool:
@@ -950,67 +953,3 @@ def needs_l2(settings: Settings) -> bool:
     """Whether anything this run launches shares an L2: the hosts topology, or the perf
     tier's HOSTS arm (its blocks launch in the hosts topology whatever the topology)."""
     return uses_l2(settings) or "HOSTS" in settings.treatment_arms
-
-
-def _requested_provider(settings: Settings) -> Provider:
-    """The provider asked for, ``auto`` resolved as far as the settings say (external
-    where endpoints are given)."""
-    if settings.provider is Provider.AUTO and settings.endpoints:
-        return Provider.EXTERNAL
-    return settings.provider
-
-
-def _provider_named_by(settings: Settings) -> str:
-    """The options (or ini keys) that chose the provider, as an error names them."""
-    given = [settings.source_of(f) for f in ("provider", "endpoints")
-             if settings.sources.get(f, "default") != "default"]
-    return ", ".join(given) or settings.source_of("provider")
-
-
-def _combination_problem(settings: Settings) -> str | None:
-    """Options that each parse but do nothing together, or say two things, said before
-    the run instead of being ignored without a word."""
-    if settings.native_arm and settings.sources.get("perf_arms", "default") != "default" \
-            and settings.perf_arms != NATIVE_SHORTHAND:
-        return (f"{settings.source_of('native_arm')} is shorthand for "
-                f"{settings.source_of('perf_arms')} {','.join(NATIVE_SHORTHAND)}, but "
-                f"{settings.source_of('perf_arms')} gives {','.join(settings.perf_arms)}; "
-                "give one of them, or both alike")
-    provider = _requested_provider(settings)
-    if settings.inject_delay and provider in (Provider.STUB, Provider.EXTERNAL):
-        where = settings.source_of("inject_delay")
-        return (f"{where}: the {provider} provider launches no process to delay (the "
-                "delay goes into launched LMCache processes: provider vllm, transfer, or "
-                "auto without endpoints); drop it or choose one of those")
-    if settings.topology == "hosts" and provider is Provider.EXTERNAL:
-        return (f"{settings.source_of('topology')}: the hosts topology launches one LMCache "
-                f"server per replica, and the external provider ({_provider_named_by(settings)})"
-                " serves a deployment the suite never starts or stops; drop one of them")
-    if "HOSTS" in settings.treatment_arms and provider is Provider.EXTERNAL:
-        return (f"{settings.source_of('perf_arms')}: the HOSTS arm launches one LMCache "
-                f"server per replica, and the external provider ({_provider_named_by(settings)})"
-                " serves a deployment the suite never starts or stops; drop one of them")
-    hosts_only = [settings.source_of(f) for f in ("l2", "l2_fault_gap")
-                  if settings.sources.get(f, "default") != "default"]
-    if hosts_only and not needs_l2(settings):
-        return (f"{', '.join(hosts_only)}: only the hosts topology uses an L2, and "
-                f"{settings.source_of('topology')} is {settings.topology}; give "
-                f"{OPTION_PREFIX}topology hosts or drop {' and '.join(hosts_only)}")
-
-
-    if settings.fault_catalogue is not None and provider is Provider.EXTERNAL:
-        return (f"{settings.source_of('fault_catalogue')}: the fault catalogue relaunches the "
-                f"pair with each fault, and the external provider "
-                f"({_provider_named_by(settings)}) serves a deployment the suite never starts "
-                "or stops; drop one of them")
-    if settings.triage and provider is Provider.EXTERNAL:
-        return (f"{settings.source_of('triage')}: the triage relaunches the pair under each "
-                f"of its controls, and the external provider ({_provider_named_by(settings)}) "
-                "serves a deployment the suite never starts or stops; drop one of them")
-    engine = engine_problem(settings, provider)  # --sharedkv-engine sglang
-    if engine is not None:
-        return engine
-    stack = stack_problem(settings, provider)  # --sharedkv-stack inprocess|native
-    if stack is not None:
-        return stack
-    return None

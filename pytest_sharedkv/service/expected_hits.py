@@ -75,7 +75,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE
+from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE, Stack
 from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT
 from pytest_sharedkv.stack.steps import STEPS, Step
 
@@ -247,14 +247,15 @@ INPROCESS_HITS = {
 }
 
 
-def expected_hits(stack: str | None, prefix_caching: bool = True, remote: bool = True
-                  ) -> StackHits:
+def expected_hits(stack: Stack | str | None, prefix_caching: bool = True,
+                  remote: bool = True) -> StackHits:
     """STACK's expectations (None: a pair whose launch names no stack, the MP server's);
     PREFIX_CACHING False: with vLLM's GPU prefix cache off; REMOTE False: the in-process
     stack's replicas share no remote (a KeyError for another stack run either way)."""
+    stack = Stack(stack) if stack else MP  # a launch record's text, parsed once
     if prefix_caching and remote:
-        return STACK_HITS[stack or MP]
-    if stack != INPROCESS:
+        return STACK_HITS[stack]
+    if stack is not INPROCESS:
         raise KeyError(f"no expected hits for {stack or MP} without "
                        + ("prefix caching" if not prefix_caching else "a remote"))
     return INPROCESS_HITS[(prefix_caching, remote)]

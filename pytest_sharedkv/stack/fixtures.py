@@ -18,6 +18,7 @@ import pytest
 
 from pytest_sharedkv.config.options import Settings
 from pytest_sharedkv.config.provider import Provider, Resolved, resolve
+from pytest_sharedkv.config.stack_choice import Stack
 from pytest_sharedkv.config.tiers import is_sharedkv_item, parametrizes
 from pytest_sharedkv.state import WORKER_USAGE_ERROR, state_of
 
@@ -168,12 +169,12 @@ def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
     its tests skip saying so)."""
     settings = state_of(config).settings
     resolved = resolve_provider(settings)
-    if settings.stack == "mp" or not resolved.launched or not any(
+    if settings.stack is Stack.MP or not resolved.launched or not any(
             SLOT in getattr(item, "fixturenames", ()) for item in items):
         return
     from pytest_sharedkv.stack.stack_launch import inprocess_problem, native_problem
 
-    if settings.stack == "native":
+    if settings.stack is Stack.NATIVE:
         problem = native_problem(settings)
     else:
         problem = None if resolved.missing is not None else inprocess_problem(settings)
@@ -218,7 +219,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     launched = provider.launched
     allocators = settings.allocators if launched else ("n/a",)
     delays = settings.delays if launched else (0,)  # only launched processes get the hook
-    if launched and settings.stack != "mp":  # no MP server, no allocator: one cell, the stack
+    if launched and settings.stack is not Stack.MP:  # no MP server, no allocator: one cell
         allocators = (settings.stack,)
     metafunc.parametrize(
         SLOT,
@@ -495,7 +496,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
                               kv_audit=audit, engine=engine, gate=settings.gate,
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
                               l1_size_gb=l1, serving=serving)
-            if settings.stack != "mp":  # the double models the stack, and says so
+            if settings.stack is not Stack.MP:  # the double models the stack, and says so
                 from pytest_sharedkv.stack.stack_launch import inprocess_tiers, stub_spec
 
                 spec = stub_spec(spec, settings.stack, settings.native_connector,
@@ -519,7 +520,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             from pytest_sharedkv.stack.sglang_engine import launch_sglang_pair
 
             return launch_sglang_pair(edit(spec) if edit is not None else spec)
-        if settings.stack != "mp":  # --sharedkv-stack inprocess|native
+        if settings.stack is not Stack.MP:  # --sharedkv-stack inprocess|native
             from pytest_sharedkv.stack.stack_launch import (
                 StackUnavailable,
                 inprocess_tiers,

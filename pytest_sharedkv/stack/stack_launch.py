@@ -21,6 +21,8 @@ from pytest_sharedkv.config.stack_choice import (
     NATIVE,
     OFFLOADING,
     SIMPLE,
+    NativeConnector,
+    Stack,
 )
 from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT as INPROCESS_NO_AUDIT
 from pytest_sharedkv.stack.pair import ReplicaPair
@@ -205,7 +207,8 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
 
 
 def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
-                 concurrency: int, connector: str = OFFLOADING) -> StackLaunch:
+                 concurrency: int, connector: NativeConnector | str = OFFLOADING
+                 ) -> StackLaunch:
     """vLLM's native offload for the corpus: the GPU cache (blocks) too small to keep the
     smallest size group, a CPU tier that holds it, the first ``mamba_cache_mode`` vLLM
     runs for the model, through CONNECTOR (``offloading`` or ``simple``: both replicas
@@ -234,7 +237,8 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
         per_token = None  # a hybrid's padded pages: the CPU tier is the pool's size
     tier = cpu_gb(tokens, per_token) if per_token else spec.l1_size_gb
     modes = mamba_cache_modes(config)
-    simple = connector == SIMPLE
+    connector = NativeConnector(connector)
+    simple = connector is SIMPLE
     plan = NativeOffloadPlan(tier, blocks, block, modes[0] if modes else None,
                              simple_connector=simple, bytes_per_token=per_token)
     extra = native_extra(plan.argv())
@@ -303,9 +307,9 @@ def native_problem(settings: Settings) -> str | None:
     return None
 
 
-def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
+def stacked_spec(spec: LaunchSpec, stack: Stack | str, cases: CaseSet, concurrency: int,
                  tiers: InprocessTiers = InprocessTiers(),
-                 native_connector: str = OFFLOADING) -> LaunchSpec:
+                 native_connector: NativeConnector | str = OFFLOADING) -> LaunchSpec:
     """SPEC (the MP stack's, for a launched vLLM pair) for STACK; the in-process stack's
     Redis is planned here (its port; found and started by ``launch_stack_pair``), unless
     TIERS share no remote;
@@ -314,7 +318,7 @@ def stacked_spec(spec: LaunchSpec, stack: str, cases: CaseSet, concurrency: int,
 
     assert spec.model is not None
     config = read_config(spec.model)
-    if stack == INPROCESS:
+    if Stack(stack) is Stack.INPROCESS:
         from pytest_sharedkv.stack.inprocess_connector import redis_url
 
         redis = PlannedRedis(spec.log_dir) if tiers.remote else None
@@ -394,7 +398,7 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
 STUB_GPU_BLOCKS = 256
 
 
-def stub_stack(stack: str, native_connector: str = OFFLOADING,
+def stub_stack(stack: Stack | str, native_connector: NativeConnector | str = OFFLOADING,
                tiers: InprocessTiers = InprocessTiers()) -> StackLaunch:
     """The stub double's model of STACK: a pool shared through the stubs (in-process over
     a remote) or one pool each (native offload, with a GPU cache of STUB_GPU_BLOCKS that
@@ -406,33 +410,36 @@ def stub_stack(stack: str, native_connector: str = OFFLOADING,
     the stubs' own caches serve nothing (every hit from the pool, as LMCache's would);
     without a remote: "remote_url": None, a pool of each stub's own (its LMCache's
     local_cpu) and no gate, as the launched stack."""
+    stack, native_connector = Stack(stack), NativeConnector(native_connector)
     native = {"gate": "the stub's own (--corrupt-control on B's CPU-tier loads)",
               "gpu_blocks": STUB_GPU_BLOCKS,
-              "stands_for": CONNECTOR_CLASSES[native_connector]} if stack == NATIVE else {}
-    off = stack == INPROCESS and not tiers.prefix_caching
-    alone = stack == INPROCESS and not tiers.remote
+              "stands_for": CONNECTOR_CLASSES[native_connector]} if stack is NATIVE else {}
+    off = stack is INPROCESS and not tiers.prefix_caching
+    alone = stack is INPROCESS and not tiers.remote
     return StackLaunch(stack, STUB_ARMS[stack], record={
         "stack": stack, "connector": STUB_CONNECTOR,
         "modelled": f"{stack} modelled by the stub as it models the MP server: "
                     + ("a pool of each stub's own (no remote)" if alone
-                       else "one pool both stubs share" if stack == INPROCESS
+                       else "one pool both stubs share" if stack is INPROCESS
                        else "a pool of each stub's own, its offload log, a GPU cache of "
                             f"{STUB_GPU_BLOCKS} blocks")
                     + ("; no prefix cache of its own (--no-prefix-caching)" if off else ""),
         **native, **({"prefix_caching": False} if off else {}),
-        **({"kv_audit": f"n/a: {INPROCESS_NO_AUDIT}"} if stack == INPROCESS else {}),
+        **({"kv_audit": f"n/a: {INPROCESS_NO_AUDIT}"} if stack is INPROCESS else {}),
         **({"remote_url": None, "gate": "none", "no_gate": INPROCESS_NO_REMOTE}
            if alone else {})},
         description=f"stub x2 (test double) modelling --sharedkv-stack {stack}"
                     + (" without prefix caching" if off else ""))
 
 
-def stub_spec(spec: LaunchSpec, stack: str, native_connector: str = OFFLOADING,
+def stub_spec(spec: LaunchSpec, stack: Stack | str,
+              native_connector: NativeConnector | str = OFFLOADING,
               tiers: InprocessTiers = InprocessTiers()) -> LaunchSpec:
     """SPEC on the stub's model of STACK; without the gate (--no-sharedkv-gate) its record
     says "gate": "off", as a launched stack's does."""
+    stack = Stack(stack)
     modelled = stub_stack(stack, native_connector, tiers)
     if not spec.gate and modelled.record.get("gate") != "none":
         modelled = replace(modelled, record={**modelled.record, "gate": "off"})
-    return replace(spec, arm=STUB_ARMS[stack], kv_audit=spec.kv_audit and stack != INPROCESS,
+    return replace(spec, arm=STUB_ARMS[stack], kv_audit=spec.kv_audit and stack is not INPROCESS,
                    stack=modelled)
