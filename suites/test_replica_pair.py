@@ -130,8 +130,9 @@ def test_transfer_write_failure_across_hosts(sharedkv_settings: Settings, tmp_pa
     the chunk. No write refused is VOID."""
     from pytest_sharedkv.config.markers import skip_not_asked
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.stack import l2_transfer, redis_server
-    from pytest_sharedkv.stack.l2 import adapter_problem
+    from pytest_sharedkv.stack import l2_transfer
+    from pytest_sharedkv.stack.l2 import redis_server
+    from pytest_sharedkv.stack.l2.backends import adapter_problem
 
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the write-failure cell across hosts runs in the hosts "

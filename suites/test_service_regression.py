@@ -600,7 +600,7 @@ def test_l2_write_failure(sharedkv_service_pass: Pass, sharedkv_pair_slot: PairS
     is what A or B stored. No write refused: VOID."""
     from pytest_sharedkv.config.options import uses_l2
     from pytest_sharedkv.service.execute import write_failure_cell
-    from pytest_sharedkv.stack import redis_server
+    from pytest_sharedkv.stack.l2 import redis_server
 
     _skip_not_applicable("l2", sharedkv_service_pass, request)
     if not uses_l2(sharedkv_settings):

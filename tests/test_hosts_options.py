@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from pytest_sharedkv.stack import l2, redis_server
+from pytest_sharedkv.stack.l2 import backends as l2
+from pytest_sharedkv.stack.l2 import redis_server
 from tests.conftest import keep_loaded
 
 # redis (the unreachable L2's ping) loaded outside any inner run: dropped after one, it

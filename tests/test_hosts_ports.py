@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.processes.managed import free_port
-from pytest_sharedkv.stack import l2, redis_server
+from pytest_sharedkv.stack.l2 import backends as l2
+from pytest_sharedkv.stack.l2 import redis_server
 from tests.conftest import keep_loaded
 
 keep_loaded("redis", "redis.backoff", "redis.retry")

@@ -110,7 +110,7 @@ def test_the_step_split_judge(tmp_path: Path) -> None:
     from pytest_sharedkv.corpus.cases import Case, CaseSet
     from pytest_sharedkv.service.answers import Answer, ServiceRun
     from pytest_sharedkv.service.checks import split_problems
-    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.l2.log import KeySplit
     from pytest_sharedkv.stack.steps import step
 
     cross = step("cross")

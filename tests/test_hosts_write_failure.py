@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.stack import l2_transfer
-from pytest_sharedkv.stack.l2 import L2Unavailable, adapter_problem
-from pytest_sharedkv.stack.l2_log import KeySplit, store_failures
+from pytest_sharedkv.stack.l2.backends import L2Unavailable, adapter_problem
+from pytest_sharedkv.stack.l2.log import KeySplit, store_failures
+from pytest_sharedkv.stack.l2.redis_server import missing
 from pytest_sharedkv.stack.l2_transfer import (
     KEYS,
     HostsOutcome,
@@ -28,7 +29,6 @@ from pytest_sharedkv.stack.l2_transfer import (
     WriteFailureSeen,
     judge_write_failure,
 )
-from pytest_sharedkv.stack.redis_server import missing
 from pytest_sharedkv.stack.transfer_provider import CHUNK
 from tests.conftest import keep_loaded
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
@@ -239,7 +239,7 @@ def test_the_cell_is_a_record_of_the_replica_tier(pytester: pytest.Pytester,
                                                   wrong: bool) -> None:
     monkeypatch.setattr(l2_transfer, "check_write_failure",
                         lambda workdir, salt: _outcome(wrong))
-    monkeypatch.setattr("pytest_sharedkv.stack.redis_server.find_redis_server",
+    monkeypatch.setattr("pytest_sharedkv.stack.l2.redis_server.find_redis_server",
                         lambda path=None: object())
     result = pytester.runpytest_inprocess(*BASE, "--sharedkv-topology=hosts")
     result.assert_outcomes(**{"failed" if wrong else "passed": 1})

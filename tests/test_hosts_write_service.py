@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.config.options import MEASURED_ENV
-from pytest_sharedkv.stack.redis_server import missing
+from pytest_sharedkv.stack.l2.redis_server import missing
 from tests.conftest import keep_loaded
 from tests.launch_faults import LaunchFaults, Planted, StubFaults
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
@@ -97,7 +97,7 @@ def test_the_hit_judge_after_refused_writes() -> None:
     from pytest_sharedkv.report.records import Problem
     from pytest_sharedkv.service.answers import Answer
     from pytest_sharedkv.service.execute import held_hit_problem, refused_void
-    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.l2.log import KeySplit
 
     def judged(cached: int | None, whole: int | None = 3,
                split: KeySplit | None = None) -> str | None:

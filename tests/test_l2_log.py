@@ -1,4 +1,4 @@
-"""What an LMCache 0.5.6 server's log says about its L2 (stack/l2_log.py), read from lines
+"""What an LMCache 0.5.6 server's log says about its L2 (stack/l2/log.py), read from lines
 its servers wrote on this CPU host: an adapter attached or not, and where a lookup's keys
 came from (unknown where it logged nothing, never 0)."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pytest_sharedkv.stack import l2_log
-from pytest_sharedkv.stack.l2_log import KeySplit
+from pytest_sharedkv.stack.l2 import log as l2_log
+from pytest_sharedkv.stack.l2.log import KeySplit
 
 ESC = "\x1b"
 RESP = json.dumps({"type": "resp", "host": "127.0.0.1", "port": 16379})

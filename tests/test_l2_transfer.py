@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from pytest_sharedkv.stack import l2, l2_transfer
-from pytest_sharedkv.stack.l2_log import KeySplit
+from pytest_sharedkv.stack import l2_transfer
+from pytest_sharedkv.stack.l2 import backends as l2
+from pytest_sharedkv.stack.l2.log import KeySplit
 from pytest_sharedkv.stack.l2_transfer import KEYS, HostCase, judge
 from pytest_sharedkv.stack.transfer_provider import CHUNK, NUM_TOKENS
 from tests.conftest import isolate, run_directory

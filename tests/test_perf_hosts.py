@@ -17,7 +17,7 @@ from pytest_sharedkv.perf.observations import Floor, PerfRun, from_json, to_json
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.statistics import analyse
 from pytest_sharedkv.perf.tables import hit_verdict
-from pytest_sharedkv.stack.l2 import DirectoryL2
+from pytest_sharedkv.stack.l2.backends import DirectoryL2
 from tests.test_perf_suite import TTFT_PLAN, _shares, small_plan
 
 

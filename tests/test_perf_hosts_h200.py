@@ -15,7 +15,7 @@ from pytest_sharedkv.cli.merge import main
 from pytest_sharedkv.perf.observations import PerfRun, from_json
 from pytest_sharedkv.perf.statistics import analyse
 from pytest_sharedkv.perf.tables import report_lines
-from pytest_sharedkv.stack.l2_log import ANSI, RETAINED
+from pytest_sharedkv.stack.l2.log import ANSI, RETAINED
 from tests.h200_logs import H200, sections
 
 HOSTS = H200 / "perf-27b-compiled-hosts1.json"

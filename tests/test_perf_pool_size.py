@@ -234,7 +234,7 @@ def test_the_hosts_arm_drops_what_the_l2_directory_cannot_hold() -> None:
 def test_the_pool_note_names_each_hosts_servers_own_l1(tmp_path: Path) -> None:
     from pytest_sharedkv.perf.fixtures import _l2_free_bytes, _pool_note
     from pytest_sharedkv.perf.pool_size import PoolSize
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
 
     pool = PoolSize(64.0, "the largest size", hosts_gb=32.0)
     note = _pool_note(pool, ("OFF", "HOSTS"))

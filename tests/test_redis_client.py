@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import l2, redis_server, stack_launch
+from pytest_sharedkv.stack import stack_launch
+from pytest_sharedkv.stack.l2 import backends as l2
+from pytest_sharedkv.stack.l2 import redis_server
 from tests.conftest import keep_loaded
 from tests.test_stacks_wiring import cases, model, spec_for
 

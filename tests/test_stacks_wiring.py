@@ -14,7 +14,8 @@ from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.cli.compare.stacks import INPROCESS, MP, NATIVE, STUB, stack_change, stack_of
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import redis_server, stack_launch
+from pytest_sharedkv.stack import stack_launch
+from pytest_sharedkv.stack.l2 import redis_server
 from pytest_sharedkv.stack.launch_record import LaunchRecord
 from pytest_sharedkv.stack.providers import EngineSettings, LaunchSpec, _vllm_pair
 
@@ -291,7 +292,7 @@ def test_planning_the_inprocess_stack_needs_no_redis_its_launch_names_it(
 def test_the_inprocess_redis_stops_with_the_pair_or_a_failed_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_sharedkv.stack import providers
-    from pytest_sharedkv.stack.redis_server import ping
+    from pytest_sharedkv.stack.l2.redis_server import ping
 
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                      "inprocess", cases({"3k": (4, 3009)}), 8)

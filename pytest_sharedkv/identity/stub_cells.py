@@ -111,7 +111,7 @@ def _restart(spec: LaunchSpec, prompt: str, salt: str) -> StubRun:
     """Two stub servers over a persistent fs L2: A stores, every process stops; restarted
     servers (fresh L1s, the same L2) of the same configuration must hit; of a changed one
     under the same name (vLLM #56311's condition) must not hit, or answer exactly."""
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
     from pytest_sharedkv.stack.topology import HostsSpec
 
     l2 = DirectoryL2(spec.log_dir / "persistent-l2")

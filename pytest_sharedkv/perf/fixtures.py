@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
     from pytest_sharedkv.stack.faults import StubFaults
-    from pytest_sharedkv.stack.l2 import L2
+    from pytest_sharedkv.stack.l2.backends import L2
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.providers import EngineSettings
     from pytest_sharedkv.stack.topology import HostsSpec
@@ -552,7 +552,7 @@ def _l2_free_bytes(l2: L2 | None) -> int | None:
     that keeps its entries elsewhere (a Redis: its memory, not sized here)."""
     import shutil
 
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
 
     if not isinstance(l2, DirectoryL2):
         return None

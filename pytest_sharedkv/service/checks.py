@@ -27,7 +27,7 @@ from pytest_sharedkv.service.expected_hits import (
 from pytest_sharedkv.stack.steps import STEPS, Step
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.l2.log import KeySplit
     from pytest_sharedkv.stack.topology import L2Wait
 
 SHOWN_WORDS = 8

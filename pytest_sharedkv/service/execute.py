@@ -27,8 +27,8 @@ from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.fixtures import PairSlot
-    from pytest_sharedkv.stack.l2 import L2
-    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.l2.backends import L2
+    from pytest_sharedkv.stack.l2.log import KeySplit
     from pytest_sharedkv.stack.providers import LaunchSpec
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
@@ -170,7 +170,7 @@ def gap_cell(service_pass: Pass, slot: PairSlot, l2: L2, gap: int) -> GapCell:
 
     from pytest_sharedkv.corpus.cases import prompt_size
     from pytest_sharedkv.service.checks import diverged, gap_hit_problem, hosts_step
-    from pytest_sharedkv.stack.l2 import fault_inject
+    from pytest_sharedkv.stack.l2.backends import fault_inject
     from pytest_sharedkv.stack.pair import ReplicaError
     from pytest_sharedkv.stack.steps import step as step_named
 
@@ -572,9 +572,9 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
     from pytest_sharedkv.corpus.cases import prompt_size
     from pytest_sharedkv.processes.thread_pool import map_concurrently
     from pytest_sharedkv.service.checks import diverged
-    from pytest_sharedkv.stack import l2 as l2_module
-    from pytest_sharedkv.stack import redis_server
-    from pytest_sharedkv.stack.l2_log import store_failures
+    from pytest_sharedkv.stack.l2 import backends as l2_module
+    from pytest_sharedkv.stack.l2 import redis_server
+    from pytest_sharedkv.stack.l2.log import store_failures
     from pytest_sharedkv.stack.pair import ReplicaError
     from pytest_sharedkv.stack.steps import Step
     from pytest_sharedkv.stack.topology import L2_DEADLINE_S, POLL_S

@@ -47,7 +47,7 @@ from pytest_sharedkv.stack.request_tags import request_tag
 from pytest_sharedkv.stack.steps import OTHER, STEPS, Step
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.l2_log import KeySplit
+    from pytest_sharedkv.stack.l2.log import KeySplit
     from pytest_sharedkv.stack.topology import L2Wait
 
 Salts = Callable[[str], str]  # case or session id -> a fresh cache_salt
@@ -180,7 +180,7 @@ class Runner:
     def read_splits(self, step: Step, cases: Sequence[Case]) -> str:
         """Server 2's split of each request of STEP (its log, read once), kept by (case,
         step); the line the progress log gets."""
-        from pytest_sharedkv.stack.l2_log import KeySplit
+        from pytest_sharedkv.stack.l2.log import KeySplit
 
         assert self.topology is not None
         found = self.topology.splits(step.replica)

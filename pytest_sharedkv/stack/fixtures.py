@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.stack.faults import StubFaults
-    from pytest_sharedkv.stack.l2 import L2
+    from pytest_sharedkv.stack.l2.backends import L2
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
@@ -120,7 +120,7 @@ def _check_l2(config: pytest.Config) -> None:
     config.stash[TOPOLOGY_LINE] = topology_line(settings)
     if not needs_l2(settings):
         return
-    from pytest_sharedkv.stack.l2 import configure_problem
+    from pytest_sharedkv.stack.l2.backends import configure_problem
 
     stub = resolve_provider(settings).provider is Provider.STUB
     problem = configure_problem(settings.l2, stub=stub)
@@ -330,7 +330,7 @@ def sharedkv_l2(pytestconfig: pytest.Config,
     temporary directory, a Redis the suite starts (stopped at the end, nothing of it left),
     or the user's existing L2 (checked, never started or stopped). What keeps it from
     serving fails every test that needs it, naming the option."""
-    from pytest_sharedkv.stack import l2
+    from pytest_sharedkv.stack.l2 import backends as l2
 
     settings = state_of(pytestconfig).settings
     named = f"{settings.source_of('l2')} {settings.l2}"

@@ -175,7 +175,7 @@ def run_identity(workdir: Path, salt: str, other_salt: str, salt_blind: bool = F
                  timeout: float = 300.0, restart: bool = True) -> Observed:
     """The salt, chunk-size and restart cells' observations (see the module's doc);
     RESTART False: server W's part alone (the salt's cells)."""
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
 
     l2 = DirectoryL2(workdir / "l2")
     l2.start()
@@ -200,7 +200,7 @@ def run_identity(workdir: Path, salt: str, other_salt: str, salt_blind: bool = F
 
 def run_releases(workdir: Path, salt: str, site: Path, timeout: float = 300.0) -> Observed:
     """Each release writes its own salt into one L2; restarted servers of each fetch both."""
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
 
     l2 = DirectoryL2(workdir / "l2")
     l2.start()

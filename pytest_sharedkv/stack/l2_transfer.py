@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.l2 import FILE_SUFFIX, L2, DirectoryL2, first_gap
-from pytest_sharedkv.stack.l2_log import KeySplit
+from pytest_sharedkv.stack.l2.backends import FILE_SUFFIX, L2, DirectoryL2, first_gap
+from pytest_sharedkv.stack.l2.log import KeySplit
 from pytest_sharedkv.stack.transfer_provider import (
     CHUNK,
     NUM_TOKENS,
@@ -432,7 +432,7 @@ def check_through(l2: L2, workdir: Path, salt: str, gap: int,
     writer and a reader over L2, a reader through fault_inject (gap index GAP) over it, a
     reader without an L2 (the control); cases none, corrupt (a byte flipped in L2), gap and
     no-l2. The servers run on CPU and are stopped before this returns."""
-    from pytest_sharedkv.stack.l2 import fault_inject
+    from pytest_sharedkv.stack.l2.backends import fault_inject
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if env is None else env
@@ -598,8 +598,8 @@ class FullRedis(FullL2):
     """A Redis the suite starts, tightened to HEADROOM above its own use, noeviction."""
 
     def __init__(self, workdir: Path, headroom: int) -> None:
-        from pytest_sharedkv.stack import l2 as l2_module
-        from pytest_sharedkv.stack.l2 import RedisL2
+        from pytest_sharedkv.stack.l2 import backends as l2_module
+        from pytest_sharedkv.stack.l2.backends import RedisL2
 
         self.headroom = headroom
         redis = l2_module.suite_redis(workdir, "resp", maxmemory=64 << 20)  # tightened below
@@ -607,7 +607,7 @@ class FullRedis(FullL2):
         self.l2 = self.redis = redis
 
     def start(self) -> str:
-        from pytest_sharedkv.stack import redis_server
+        from pytest_sharedkv.stack.l2 import redis_server
 
         self.redis.start()
         limit = redis_server.limit_memory(self.redis.host, self.redis.port, self.headroom)
@@ -615,7 +615,7 @@ class FullRedis(FullL2):
                 "policy noeviction")
 
     def seen(self, failed: tuple[int | None, ...], held: list[str] | None) -> WriteFailureSeen:
-        from pytest_sharedkv.stack import redis_server
+        from pytest_sharedkv.stack.l2 import redis_server
 
         return WriteFailureSeen(redis_server.refused_writes(self.redis.host, self.redis.port),
                                 failed, None if held is None else len(held))
@@ -652,7 +652,7 @@ class FullDirectory(FullL2):
 
     def start(self) -> str:
         from pytest_sharedkv.processes.mount_ns import MountRefused
-        from pytest_sharedkv.stack.l2 import L2Problem, L2Unavailable, adapter_problem
+        from pytest_sharedkv.stack.l2.backends import L2Problem, L2Unavailable, adapter_problem
 
         missing = adapter_problem(self.adapter_type)
         if missing is not None:
@@ -691,7 +691,7 @@ class FullDirectory(FullL2):
 
 def logged_failures(log: Path, salt: str) -> int | None:
     """store_failures of the log at LOG; None where it cannot be read (unknown, not 0)."""
-    from pytest_sharedkv.stack.l2_log import store_failures
+    from pytest_sharedkv.stack.l2.log import store_failures
 
     try:
         return store_failures(log.read_text(errors="replace"), salt)
@@ -722,7 +722,7 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
     that L2: a miss, or a hit of only what the L2 holds, byte for byte A's. L2Unavailable
     where no Redis can be started or no tmpfs mounted."""
     from pytest_sharedkv.processes.managed import ProcessFailed
-    from pytest_sharedkv.stack.l2_log import store_failures
+    from pytest_sharedkv.stack.l2.log import store_failures
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if env is None else env

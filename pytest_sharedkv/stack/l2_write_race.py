@@ -265,7 +265,7 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
     writer 2 keeps its staging file until writer 1's clean-up has unlinked it; TRUNCATE:
     the truncating order (writer 1 truncates writer 2's written staging file, then fails)."""
     from pytest_sharedkv.engine_hooks.hook_log import read_log
-    from pytest_sharedkv.stack.l2 import DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import DirectoryL2
     from pytest_sharedkv.stack.l2_transfer import logged_failures
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 

@@ -6,9 +6,9 @@ whose copies go through ``lmcache_memcpy_async``) or ``--no-l1-use-lazy``
 the engine's block size. Where pinning is unsupported (no CUDA) LMCache itself turns lazy
 off; the server's effective allocator is read from its log and reported.
 
-With ``l2_adapters`` (``--l2-adapter`` JSON, ``stack/l2.py`` makes them) servers on different
-hosts share KV through an L2; a server that answers ``/`` but serves without its L2 is a
-start failure (``stack/l2_log.py`` reads why from its log).
+With ``l2_adapters`` (``--l2-adapter`` JSON, ``stack/l2/backends.py`` makes them) servers on
+different hosts share KV through an L2; a server that answers ``/`` but serves without its L2 is a
+start failure (``stack/l2/log.py`` reads why from its log).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pytest_sharedkv.processes.managed import (
     http_ok,
     tcp_open,
 )
-from pytest_sharedkv.stack import l2_log
+from pytest_sharedkv.stack.l2 import log as l2_log
 
 ALLOCATORS = ("lazy", "mixed")
 LAZY_DISABLED = "Disabling l1-use-lazy"

@@ -333,7 +333,7 @@ def topology_of(spec: LaunchSpec, servers: list[ServerView]) -> Topology:
     its adapter JSON: nothing is started or stopped through it)."""
     if spec.hosts is None:
         return Topology(SHARED, tuple(servers), chunk=spec.chunk_size)
-    from pytest_sharedkv.stack.l2 import parse_adapter
+    from pytest_sharedkv.stack.l2.backends import parse_adapter
 
     l2, _ = parse_adapter(json.loads(spec.hosts.adapter))
     return Topology(HOSTS, tuple(servers), l2=l2, spec=spec.hosts, chunk=spec.chunk_size)
@@ -561,7 +561,7 @@ def stub_l1_blocks(spec: LaunchSpec) -> int | None:
 def _attached(pair: ReplicaPair, hosts: HostsSpec) -> None:
     """Each stub's server logged its L2 attached (as an LMCache server's start is judged);
     L2NotAttached names the adapter and the line, the pair stopped."""
-    from pytest_sharedkv.stack.l2_log import l2_attach_error
+    from pytest_sharedkv.stack.l2.log import l2_attach_error
     from pytest_sharedkv.stack.lmcache_server import L2NotAttached
 
     for (name, replica), adapter in zip(pair.replicas.items(), hosts.adapters, strict=True):

@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.stack.inprocess_connector import InprocessLaunch
+    from pytest_sharedkv.stack.l2.redis_server import RedisServer
     from pytest_sharedkv.stack.launch_record import LaunchRecord
     from pytest_sharedkv.stack.providers import LaunchSpec
-    from pytest_sharedkv.stack.redis_server import RedisServer
 
 STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no KV stack
 # the LaunchSpec arm each stack launches on: no MP server (the stack's flags give the
@@ -82,7 +82,7 @@ def inprocess_problem(settings: Settings) -> str | None:
     (``--sharedkv-inprocess-remote redis``, the default) here: no redis-server, or no Python
     client to see it answer (redis_server.missing); None where nothing is missing or no
     Redis is started. Said before any test, as ``stacked_spec`` would at the start."""
-    from pytest_sharedkv.stack.redis_server import missing
+    from pytest_sharedkv.stack.l2.redis_server import missing
 
     if not inprocess_tiers(settings).remote:
         return None
@@ -339,7 +339,7 @@ class PlannedRedis:
 
     def __init__(self, log_dir: Path) -> None:
         from pytest_sharedkv.processes.managed import free_port
-        from pytest_sharedkv.stack.redis_server import HOST
+        from pytest_sharedkv.stack.l2.redis_server import HOST
 
         self.log_dir = log_dir
         self.host = HOST
@@ -347,7 +347,7 @@ class PlannedRedis:
         self.server: RedisServer | None = None
 
     def start(self) -> PlannedRedis:
-        from pytest_sharedkv.stack.redis_server import (
+        from pytest_sharedkv.stack.l2.redis_server import (
             MISSING,
             RedisServer,
             client_missing,

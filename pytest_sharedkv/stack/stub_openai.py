@@ -444,17 +444,17 @@ def l2_entry(key: str) -> bytes:
 
 
 def _l2_of(text: str | None) -> tuple[Any, tuple[int, ...]]:
-    """The L2 an --l2-adapter JSON names (stack.l2's classes) and its fault_inject gaps."""
+    """The L2 an --l2-adapter JSON names (stack.l2.backends' classes) and its fault_inject gaps."""
     if not text:
         return None, ()
-    from pytest_sharedkv.stack.l2 import parse_adapter
+    from pytest_sharedkv.stack.l2.backends import parse_adapter
 
     return parse_adapter(json.loads(text))
 
 
 def _entry(salt: str, key: str, l2: Any) -> str:
     """KEY's L2 entry, named as LMCache names one (model@kv_rank@group@hash@salt)."""
-    from pytest_sharedkv.stack.l2 import FILE_SUFFIX, DirectoryL2
+    from pytest_sharedkv.stack.l2.backends import FILE_SUFFIX, DirectoryL2
 
     name = f"stub@0x00000000@0@{key[:32]}" + (f"@{salt}" if salt else "")
     return name + FILE_SUFFIX if isinstance(l2, DirectoryL2) else name
@@ -938,7 +938,7 @@ class _StubHandler(BaseHTTPRequestHandler):
                   if pre.copy else [])
         request_id = self.headers.get("X-Request-Id") or f"cmpl-stub-{pre.done}"
         if pre.server is not None and pre.server.split[0]:  # as LMCache logs a lookup that hit
-            from pytest_sharedkv.stack.l2_log import retained_line
+            from pytest_sharedkv.stack.l2.log import retained_line
 
             engine_id = (f"cmpl-{request_id}-0-"
                          f"{hashlib.sha256(request_id.encode()).hexdigest()[:8]}")
@@ -1093,7 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pool is not None:
         args.pool.mkdir(parents=True, exist_ok=True)
     if args.l2_adapter:  # what an LMCache server logs of its L2 (l2_log reads it)
-        from pytest_sharedkv.stack.l2_log import CONNECTOR_ERROR, attach_lines
+        from pytest_sharedkv.stack.l2.log import CONNECTOR_ERROR, attach_lines
 
         for line in ([f"{CONNECTOR_ERROR} connection failed"] if args.l2_unattached
                      else attach_lines(json.loads(args.l2_adapter))):

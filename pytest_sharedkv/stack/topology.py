@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.l2_log import KeySplit, split_for_tag, splits_by_tag
+from pytest_sharedkv.stack.l2.log import KeySplit, split_for_tag, splits_by_tag
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.l2 import L2, Held
+    from pytest_sharedkv.stack.l2.backends import L2, Held
 
 SHARED, HOSTS = "shared", "hosts"
 EVICTED = "lmcache_mp_l1_evicted_chunks"  # OTel counter "lmcache_mp.l1_evicted", unit chunks

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_sharedkv.processes.managed import ProcessFailed
-from pytest_sharedkv.stack import redis_server
+from pytest_sharedkv.stack.l2 import redis_server
 
 ProblemKind = Literal["bad-spec", "redis-missing", "client-missing", "port-in-use",
                       "start-failed", "unreachable", "not-writable", "adapter-missing",
