@@ -572,6 +572,7 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
     from pytest_sharedkv.corpus.cases import prompt_size
     from pytest_sharedkv.processes.thread_pool import map_concurrently
     from pytest_sharedkv.service.checks import diverged
+    from pytest_sharedkv.stack.checks.l2_transfer import wait_writes_over
     from pytest_sharedkv.stack.l2 import backends as l2_module
     from pytest_sharedkv.stack.l2 import redis_server
     from pytest_sharedkv.stack.l2.log import store_failures
@@ -658,21 +659,18 @@ def write_failure_cell(service_pass: Pass, slot: PairSlot, work_dir: Path) -> Wr
             steps = (Step("cold", "A", "none"), Step("cold-b", "B", "none"))
             map_concurrently(lambda s: mine.step(WRITE_GROUP, s, cases), steps, 2)
             salts = {mine.salt(c.id): need[c.id] for c in cases}
-            started, pending = time.monotonic(), dict(salts)
-            held: dict[str, int | None] = {}
-            while True:  # each salt's writes over: all in the L2, or each writer's failure
-                logs = [s.log() for s in topology.servers]
-                for salt in list(pending):
-                    found = redis.held(salt)
-                    held[salt] = None if found is None else found.whole
-                    if (found is not None and found.whole >= pending[salt]) or all(
-                            store_failures(log, salt) for log in logs):
-                        del pending[salt]
-                if not pending or time.monotonic() - started > L2_DEADLINE_S:
-                    break
-                time.sleep(POLL_S)
-            if pending:
-                cell.unknown.append(f"the L2 writes of {len(pending)} of {len(salts)} "
+
+            def held_now(salt: str) -> int | None:
+                found = redis.held(salt)
+                return None if found is None else found.whole
+
+            def failures(salt: str) -> tuple[int | None, ...]:
+                return tuple(store_failures(s.log(), salt) for s in topology.servers)
+
+            over = wait_writes_over(salts, held_now, failures, L2_DEADLINE_S, POLL_S)
+            held: dict[str, int | None] = dict(over.held)
+            if over.pending:
+                cell.unknown.append(f"the L2 writes of {len(over.pending)} of {len(salts)} "
                                     f"salt(s) were not over {L2_DEADLINE_S:g} s after the "
                                     "cold steps (neither every chunk held nor a failure "
                                     "logged by each server)")

@@ -16,8 +16,8 @@ see exactly that page wrong); ``gap`` (the reader's ``fault_inject`` adapter fai
 key's load: the lookup trims to the prefix before it, which must be byte-exact; a hit past
 the gap fails).
 
-    python -m pytest_sharedkv.stack.l2_transfer store --url URL --workdir DIR --salt S...
-    python -m pytest_sharedkv.stack.l2_transfer fetch --workdir DIR --job NAME URL SALT...
+    python -m pytest_sharedkv.stack.checks.l2_transfer store --url URL --workdir DIR --salt S...
+    python -m pytest_sharedkv.stack.checks.l2_transfer fetch --workdir DIR --job NAME URL SALT...
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.l2.backends import FILE_SUFFIX, L2, DirectoryL2, first_gap
-from pytest_sharedkv.stack.l2.log import KeySplit
-from pytest_sharedkv.stack.transfer_provider import (
+from pytest_sharedkv.stack.checks.transfer_provider import (
     CHUNK,
     NUM_TOKENS,
     REPLICA_ENV,
@@ -48,12 +46,14 @@ from pytest_sharedkv.stack.transfer_provider import (
     page,
     unsupported_void,
 )
+from pytest_sharedkv.stack.l2.backends import FILE_SUFFIX, L2, DirectoryL2, first_gap
+from pytest_sharedkv.stack.l2.log import KeySplit
 
 if TYPE_CHECKING:
     from pytest_sharedkv.processes.managed import ManagedProcess
     from pytest_sharedkv.processes.mount_ns import CappedTmpfs
+    from pytest_sharedkv.stack.checks.transfer_provider import Client
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
-    from pytest_sharedkv.stack.transfer_provider import Client
 
 KEYS = NUM_TOKENS // CHUNK  # LMCache's keys for one store: one a chunk (one KV rank)
 MODEL = "sharedkv-transfer"
@@ -186,7 +186,7 @@ def _replica(role: str, argv: list[str], workdir: Path) -> ManagedProcess:
 
     env = {**os.environ, **REPLICA_ENV, "CUDA_VISIBLE_DEVICES": ""}
     return ManagedProcess(f"l2 transfer replica {role}", [
-        sys.executable, "-m", "pytest_sharedkv.stack.l2_transfer", role, "--workdir",
+        sys.executable, "-m", "pytest_sharedkv.stack.checks.l2_transfer", role, "--workdir",
         str(workdir), *argv], workdir / f"replica-{role}.log", env=env)
 
 
@@ -354,7 +354,7 @@ def store_salts(client: Client, workdir: Path, salts: list[str]) -> dict[str, An
 
 def fetch_jobs(model: str, workdir: Path, jobs: list[list[str]]) -> dict[str, Any]:
     """B: per job (NAME, URL, SALT), a client of that reader, the transfer provider's fetch."""
-    from pytest_sharedkv.stack.transfer_provider import Client, fetch_role
+    from pytest_sharedkv.stack.checks.transfer_provider import Client, fetch_role
 
     results: dict[str, Any] = {}
     for name, url, salt in jobs:
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (the slow imports, before any wait: they overlap it)
 
-    from pytest_sharedkv.stack.transfer_provider import Client, _lmcache_version
+    from pytest_sharedkv.stack.checks.transfer_provider import Client, _lmcache_version
 
     missing = missing_api()
     if args.after is not None:
@@ -689,6 +689,43 @@ class FullDirectory(FullL2):
         return self.mount.stop()
 
 
+@dataclass
+class WritesOver:
+    """Where the L2 writes of each salt stood when the two writers' stores were over (or
+    the deadline passed): each salt's entries held at the last poll (None: unknown), each
+    writer's failed keys as its log said them (None: unread), the salts still pending
+    (neither every entry held nor a failure logged by every writer), the seconds waited."""
+
+    held: dict[str, int | None]
+    failed: dict[str, tuple[int | None, ...]]
+    pending: tuple[str, ...]
+    seconds: float
+
+
+def wait_writes_over(need: Mapping[str, int], held: Callable[[str], int | None],
+                     failures: Callable[[str], tuple[int | None, ...]], deadline_s: float,
+                     poll_s: float = 0.01) -> WritesOver:
+    """The two-writers cell's wait, one implementation for the model-free check and the
+    service tier's cell: poll until each salt of NEED (salt -> entries it stores) is over,
+    the L2 holding its entries (HELD: how many it holds now, None unknown) or every writer
+    having logged a failed write of it (FAILURES: each writer's count, None unread), or
+    DEADLINE_S passed."""
+    started = time.monotonic()
+    seen: dict[str, int | None] = {}
+    failed: dict[str, tuple[int | None, ...]] = {}
+    pending = dict(need)
+    while True:
+        for salt in list(pending):
+            seen[salt], failed[salt] = held(salt), failures(salt)
+            count = seen[salt]
+            if (count is not None and count >= pending[salt]) or all(failed[salt]):
+                del pending[salt]
+        if not pending or time.monotonic() - started > deadline_s:
+            break
+        time.sleep(poll_s)
+    return WritesOver(seen, failed, tuple(pending), round(time.monotonic() - started, 4))
+
+
 def logged_failures(log: Path, salt: str) -> int | None:
     """store_failures of the log at LOG; None where it cannot be read (unknown, not 0)."""
     from pytest_sharedkv.stack.l2.log import store_failures
@@ -772,24 +809,26 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
             if not result.get("stored") or result.get("visible_hit_tokens") != NUM_TOKENS:
                 outcome.problems.append(Problem("process", f"{name}'s store did not become "
                                                 f"visible in its own server: {result}"))
-        started = time.monotonic()
-        while True:  # each writer's L2 write over: every key there, or its failure logged
-            held = l2.entries(salt)
-            failed: tuple[int | None, ...] = (
-                tuple(store_failures(w.process.log_text(), salt) for w in writers)
-                if l2_type == "resp" else
-                tuple(logged_failures(w.process.log_path, salt) for w in writers))
-            if (held is not None and len(held) >= KEYS) or all(failed):
-                break
-            if time.monotonic() - started > deadline_s:
-                outcome.problems.append(Problem("l2", f"{deadline_s:g}s after both stores "
-                                                f"returned, {l2.describe()} held "
-                                                f"{'unknown' if held is None else len(held)} "
-                                                f"of the {KEYS} entries and the writers had "
-                                                f"logged {list(failed)} failed key(s)"))
-                break
-            time.sleep(0.01)
-        outcome.l2_visible_s = round(time.monotonic() - started, 4)  # the stores over
+        entries: dict[str, Any] = {}
+
+        def held_now(name: str) -> int | None:
+            entries[name] = l2.entries(name)
+            return None if entries[name] is None else len(entries[name])
+
+        def failures(name: str) -> tuple[int | None, ...]:
+            return (tuple(store_failures(w.process.log_text(), name) for w in writers)
+                    if l2_type == "resp" else
+                    tuple(logged_failures(w.process.log_path, name) for w in writers))
+
+        over = wait_writes_over({salt: KEYS}, held_now, failures, deadline_s)
+        held, failed = entries.get(salt), over.failed.get(salt, ())
+        if over.pending:  # each writer's L2 write over: every key there, or its failure logged
+            outcome.problems.append(Problem("l2", f"{deadline_s:g}s after both stores "
+                                            f"returned, {l2.describe()} held "
+                                            f"{'unknown' if held is None else len(held)} "
+                                            f"of the {KEYS} entries and the writers had "
+                                            f"logged {list(failed)} failed key(s)"))
+        outcome.l2_visible_s = over.seconds  # the stores over
         seen = full.seen(failed, held)
         (workdir / L2_READY).touch()
         code = fetch.wait_exit(timeout, "finish its fetch")
