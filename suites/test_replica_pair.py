@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import CaseSet
     from pytest_sharedkv.report.records import ResultSink
+    from pytest_sharedkv.stack.checks.transfer_provider import TransferCase
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
-    from pytest_sharedkv.stack.transfer_provider import TransferCase
 
 PROMPTS = 3
 
@@ -59,7 +59,7 @@ def test_transfer_pair_moves_every_byte_through_the_server(
     leased GPU per allocator, undelayed and delayed): A stores, B (a fresh process) finds
     every token, a fresh salt finds none, and every byte B retrieves equals A's."""
     from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
-    from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, run_pair
+    from pytest_sharedkv.stack.checks.transfer_provider import NUM_TOKENS, run_pair
 
     transfer_case = sharedkv_transfer_case
     outcome = run_pair(tmp_path, sharedkv_kv_namespace("transfer").salt,
@@ -91,7 +91,7 @@ def test_transfer_across_hosts(sharedkv_settings: Settings, tmp_path: Path,
     the hit to the chunks before it; a server 2 without the L2 hits nothing."""
     from pytest_sharedkv.config.markers import skip_not_asked
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.stack.l2_transfer import check_through, record_verdict
+    from pytest_sharedkv.stack.checks.l2_transfer import check_through, record_verdict
 
     if not uses_l2(sharedkv_settings):
         skip_not_asked(request.node, "the transfer check across hosts runs in the hosts "
@@ -130,7 +130,7 @@ def test_transfer_write_failure_across_hosts(sharedkv_settings: Settings, tmp_pa
     the chunk. No write refused is VOID."""
     from pytest_sharedkv.config.markers import skip_not_asked
     from pytest_sharedkv.config.options import uses_l2
-    from pytest_sharedkv.stack import l2_transfer
+    from pytest_sharedkv.stack.checks import l2_transfer
     from pytest_sharedkv.stack.l2 import redis_server
     from pytest_sharedkv.stack.l2.backends import adapter_problem
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import l2_transfer
-from pytest_sharedkv.stack.l2_transfer import HostsOutcome, Problem, record_verdict
+from pytest_sharedkv.stack.checks import l2_transfer
+from pytest_sharedkv.stack.checks.l2_transfer import HostsOutcome, Problem, record_verdict
 from tests.conftest import keep_loaded
 
 # the replica tier's modules import these; their extensions do not survive a second import

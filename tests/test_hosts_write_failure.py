@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import l2_transfer
-from pytest_sharedkv.stack.l2.backends import L2Unavailable, adapter_problem
-from pytest_sharedkv.stack.l2.log import KeySplit, store_failures
-from pytest_sharedkv.stack.l2.redis_server import missing
-from pytest_sharedkv.stack.l2_transfer import (
+from pytest_sharedkv.stack.checks import l2_transfer
+from pytest_sharedkv.stack.checks.l2_transfer import (
     KEYS,
     HostsOutcome,
     Problem,
     WriteFailureSeen,
     judge_write_failure,
 )
-from pytest_sharedkv.stack.transfer_provider import CHUNK
+from pytest_sharedkv.stack.checks.transfer_provider import CHUNK
+from pytest_sharedkv.stack.l2.backends import L2Unavailable, adapter_problem
+from pytest_sharedkv.stack.l2.log import KeySplit, store_failures
+from pytest_sharedkv.stack.l2.redis_server import missing
 from tests.conftest import keep_loaded
 from tests.test_l2_transfer import REQUIRE_REDIS_ENV
 from tests.test_mount_ns import NO_SYS_ADMIN

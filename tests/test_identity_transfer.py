@@ -41,7 +41,7 @@ def test_the_real_server_pairs_pass_and_the_release_pair_names_its_option(
 
 
 def test_the_drivers_salt_blind_fault_is_an_isolation_failure(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.identity_transfer import run_identity
+    from pytest_sharedkv.stack.checks.identity_transfer import run_identity
 
     observed = run_identity(tmp_path, "tenant-1", "tenant-2", salt_blind=True, restart=False)
     same, other = judge(Dimension.SALT, *sides(observed, Dimension.SALT))

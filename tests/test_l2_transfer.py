@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from pytest_sharedkv.stack import l2_transfer
+from pytest_sharedkv.stack.checks import l2_transfer
+from pytest_sharedkv.stack.checks.l2_transfer import KEYS, HostCase, judge
+from pytest_sharedkv.stack.checks.transfer_provider import CHUNK, NUM_TOKENS
 from pytest_sharedkv.stack.l2 import backends as l2
 from pytest_sharedkv.stack.l2.log import KeySplit
-from pytest_sharedkv.stack.l2_transfer import KEYS, HostCase, judge
-from pytest_sharedkv.stack.transfer_provider import CHUNK, NUM_TOKENS
 from tests.conftest import isolate, run_directory
 
 REQUIRE_REDIS_ENV = "SHAREDKV_REQUIRE_REDIS"  # CI: a missing redis-server fails, not skips
@@ -256,7 +256,7 @@ def test_a_reader_that_never_answers_fails_its_case_alone(monkeypatch: pytest.Mo
                                                           tmp_path: Path) -> None:
     """A server whose Redis is down answers ``/`` ok and never answers a lookup (seen: no
     answer in 30 s): that case fails, B goes on to the next reader."""
-    from pytest_sharedkv.stack import transfer_provider
+    from pytest_sharedkv.stack.checks import transfer_provider
 
     class Client:
         def __init__(self, url: str, model: str) -> None:

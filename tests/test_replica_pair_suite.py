@@ -160,7 +160,7 @@ def test_group_members_sees_nothing_for_a_dead_group() -> None:
 
 
 def test_transfer_judge_can_fail() -> None:
-    from pytest_sharedkv.stack.transfer_provider import NUM_TOKENS, judge
+    from pytest_sharedkv.stack.checks.transfer_provider import NUM_TOKENS, judge
 
     store = {"stored": True, "visible_hit_tokens": NUM_TOKENS}
     good = {"hit_tokens": NUM_TOKENS, "control_hit_tokens": 0, "retrieved": True,
@@ -179,7 +179,7 @@ def test_transfer_judge_can_fail() -> None:
 
 
 def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
-    from pytest_sharedkv.stack.transfer_provider import TransferOutcome, judge
+    from pytest_sharedkv.stack.checks.transfer_provider import TransferOutcome, judge
 
     fetch = {"hit_tokens": 2048, "control_hit_tokens": 0, "retrieved": True,
              "pages_compared": 256, "mismatched_pages": 0, "untouched_pages_changed": 0}
@@ -194,7 +194,7 @@ def test_transfer_score_counts_pages_and_voids_count_nothing() -> None:
 
 
 def test_transfer_record_kind_and_status_come_from_the_outcome() -> None:
-    from pytest_sharedkv.stack.transfer_provider import TransferOutcome
+    from pytest_sharedkv.stack.checks.transfer_provider import TransferOutcome
 
     assert TransferOutcome().verdict() == ("bytes", "pass")
     assert TransferOutcome(problems=["wrong bytes"]).verdict() == ("bytes", "fail")
@@ -214,7 +214,7 @@ def test_transfer_matrix_adds_gpu_cells_per_allocator_and_delay() -> None:
 
 
 def test_transfer_locations() -> None:
-    from pytest_sharedkv.stack.transfer_provider import HEAD_DIM, HEADS, where
+    from pytest_sharedkv.stack.checks.transfer_provider import HEAD_DIM, HEADS, where
 
     per_token = HEADS * 2 * HEAD_DIM * 2
     assert where(0) == "token 0, head 0, byte 0"

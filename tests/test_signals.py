@@ -32,7 +32,7 @@ import pytest
 from tests.process_tags import TAG_ENV, Proc, tagged
 
 DEADLINE_S = 60.0  # only a process that never goes fails; benchmarks/signals.py times it
-LAUNCHED = ("stub_openai", "lmcache", "stack.transfer_provider", "supervise")
+LAUNCHED = ("stub_openai", "lmcache", "checks.transfer_provider", "supervise")
 
 HOLD_STUB = """
 import os, time
@@ -51,7 +51,7 @@ import pytest
 
 @pytest.mark.replica_pair
 def test_transfer(tmp_path):
-    from pytest_sharedkv.stack.transfer_provider import run_pair
+    from pytest_sharedkv.stack.checks.transfer_provider import run_pair
 
     open(os.path.join(os.environ["READY_DIR"], str(os.getpid())), "w").close()
     run_pair(tmp_path, "signal-test")
@@ -185,7 +185,7 @@ def test_transfer_provider_leaves_nothing(pytester: pytest.Pytester, sig: signal
         pytest.skip("lmcache not installed")
 
     def replica_up() -> bool:  # the replicas start with the server; wait until it is ready
-        return any("stack.transfer_provider" in p.cmdline for p in launched(tag)) and any(
+        return any("checks.transfer_provider" in p.cmdline for p in launched(tag)) and any(
             (pytester.path / f"bt-{tag[:8]}").rglob("server.ready"))
 
     with inner_run(pytester, HOLD_TRANSFER, xdist) as (proc, tag, _ready):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import transfer_provider as tp
+from pytest_sharedkv.stack.checks import transfer_provider as tp
 
 
 def _fake_lmcache(monkeypatch: pytest.MonkeyPatch, *, drop: str = "") -> None:

@@ -1,4 +1,4 @@
-"""LMCache #4991's condition forced and shown (``stack/l2_write_race.py``, its hook
+"""LMCache #4991's condition forced and shown (``stack/checks/l2_write_race.py``, its hook
 ``engine_hooks/write_race_hook.py``): the judge on planted hook lines and fetches; the real
 cell (three CPU LMCache servers over one ``fs`` directory, about 50 s of one worker) where
 LMCache is installed; and the committed reports of its runs
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import l2_write_race
-from pytest_sharedkv.stack.l2_write_race import Verdict, judge
+from pytest_sharedkv.stack.checks import l2_write_race
+from pytest_sharedkv.stack.checks.l2_write_race import Verdict, judge
 from tests.conftest import keep_loaded
 
 keep_loaded("torch", "lmcache")

@@ -16,8 +16,8 @@ from pytest_sharedkv.report.records import Status
 
 if TYPE_CHECKING:
     from pytest_sharedkv.report.records import ResultSink
+    from pytest_sharedkv.stack.checks.identity_transfer import Observed
     from pytest_sharedkv.stack.faults import LaunchFaults
-    from pytest_sharedkv.stack.identity_transfer import Observed
 
 TIER = "identity"
 NO_RELEASE_SITE = ("the two-release cells need a second LMCache release in a site of its "
@@ -91,7 +91,7 @@ def run_cell(cell: IdentityCell, inputs: Inputs, sink: ResultSink) -> CellOutcom
         if inputs.release_site is None:
             outcome.skip = f"{cell.dimension} on {cell.stack}: {NO_RELEASE_SITE}"
             return outcome
-        from pytest_sharedkv.stack.identity_transfer import run_releases
+        from pytest_sharedkv.stack.checks.identity_transfer import run_releases
 
         observed = run_releases(inputs.log_dir, inputs.salt, inputs.release_site)
         for direction in transfer_cells.DIRECTIONS:

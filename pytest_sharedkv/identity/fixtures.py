@@ -18,7 +18,7 @@ from pytest_sharedkv.state import state_of
 if TYPE_CHECKING:
     from pytest_sharedkv.identity.cells import Inputs
     from pytest_sharedkv.report.terminal import TierReport
-    from pytest_sharedkv.stack.identity_transfer import Observed
+    from pytest_sharedkv.stack.checks.identity_transfer import Observed
 
 CELL = "sharedkv_identity_cell"
 
@@ -57,7 +57,7 @@ def sharedkv_identity_transfer(tmp_path_factory: pytest.TempPathFactory,
 
     def observed() -> Observed:
         if not found:
-            from pytest_sharedkv.stack.identity_transfer import run_identity
+            from pytest_sharedkv.stack.checks.identity_transfer import run_identity
 
             salt = _salt(pytestconfig)
             blind = planted(pytestconfig).transfer.salt_blind

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_sharedkv.identity.judge import SideResult
 from pytest_sharedkv.identity.table import Dimension, Side
-from pytest_sharedkv.stack.identity_transfer import Observed
+from pytest_sharedkv.stack.checks.identity_transfer import Observed
 
 SIDES: dict[Dimension, tuple[tuple[str, str], tuple[str, str]]] = {
     # (op, part that ran it) of the same side, of the other side

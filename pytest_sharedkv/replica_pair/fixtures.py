@@ -25,8 +25,8 @@ def transfer_cases(settings: Settings, faults: TransferFaults | None = None) -> 
     without CUDA, so mixed only, and no delay: the hook delays GPU streams), then on a
     leased GPU every allocator, undelayed and, in fault-sensitivity mode, delayed. FAULTS:
     what a self-test planted in every cell."""
+    from pytest_sharedkv.stack.checks.transfer_provider import TransferCase
     from pytest_sharedkv.stack.faults import TransferFaults
-    from pytest_sharedkv.stack.transfer_provider import TransferCase
 
     planted = faults if faults is not None else TransferFaults()
     cases = [TransferCase("cpu", "mixed", 0, planted)]

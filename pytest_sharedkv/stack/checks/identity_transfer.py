@@ -12,7 +12,7 @@ configuration under the same name) fetches it (must miss, or bytes exact).
 L2; restarted servers of each release fetch both salts: the same release's is the control,
 the other's is the direction (keys found and bytes exact / refused / wrong bytes served).
 
-    python -m pytest_sharedkv.stack.identity_transfer --url URL --workdir DIR --name NAME
+    python -m pytest_sharedkv.stack.checks.identity_transfer --url URL --workdir DIR --name NAME
         --ops JSON [--salt-blind]
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_sharedkv.stack.transfer_provider import (
+from pytest_sharedkv.stack.checks.transfer_provider import (
     BLOCK,
     CHUNK,
     NUM_TOKENS,
@@ -92,7 +92,7 @@ class _Part:
                                                  chunk_size=chunk, l2_adapters=(l2_json,)),
                                     workdir, env=env, role=name)
         self.ready = workdir / f"{name}.ready"
-        argv = [sys.executable, "-m", "pytest_sharedkv.stack.identity_transfer", "--url",
+        argv = [sys.executable, "-m", "pytest_sharedkv.stack.checks.identity_transfer", "--url",
                 self.server.url, "--workdir", str(workdir), "--name", name, "--ops",
                 json.dumps(ops), "--after", str(self.ready), *extra]
         self.driver = ManagedProcess(f"identity driver {name}", argv,
@@ -117,7 +117,7 @@ class _Part:
     def __exit__(self, *exc: object) -> None:
         self.driver.stop()
         if self.driver.proc is not None:
-            from pytest_sharedkv.stack.transfer_provider import _cleanup_shm
+            from pytest_sharedkv.stack.checks.transfer_provider import _cleanup_shm
 
             _cleanup_shm(self.driver.proc.pid)
         self.server.stop()
@@ -237,7 +237,7 @@ def _fetch(client: Any, kv: dict[str, Any], op: dict[str, Any], salt: str,
            workdir: Path) -> dict[str, Any]:
     import torch
 
-    from pytest_sharedkv.stack.transfer_provider import block_plan, page
+    from pytest_sharedkv.stack.checks.transfer_provider import block_plan, page
 
     _, b_ids = block_plan()
     rid = f"sharedkv-identity-{op['name']}"
@@ -257,7 +257,7 @@ def _fetch(client: Any, kv: dict[str, Any], op: dict[str, Any], salt: str,
 def _drive(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from pytest_sharedkv.stack.transfer_provider import (
+    from pytest_sharedkv.stack.checks.transfer_provider import (
         Client,
         block_plan,
         make_kv,
@@ -306,7 +306,7 @@ def _drive(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pytest_sharedkv.stack.transfer_provider import _wait_for
+    from pytest_sharedkv.stack.checks.transfer_provider import _wait_for
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)

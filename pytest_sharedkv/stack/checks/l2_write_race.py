@@ -17,7 +17,7 @@ they are) and the hook's lines go into the JSON report ``run`` writes.
 LMCache's ``fs_native`` adapter writes in C++ (``lmcache_fs``: ``<key>.tmp``, ``write_all``,
 ``rename``), where a hook in Python cannot stop a write part-way: it is not raced here.
 
-    python -m pytest_sharedkv.stack.l2_write_race run --workdir DIR --out REPORT.json
+    python -m pytest_sharedkv.stack.checks.l2_write_race run --workdir DIR --out REPORT.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.engine_hooks import write_race_hook as hook
-from pytest_sharedkv.stack.transfer_provider import (
+from pytest_sharedkv.stack.checks.transfer_provider import (
     BLOCK,
     CHUNK,
     LAYERS,
@@ -163,7 +163,7 @@ def judge(events: list[dict[str, Any]], fetch: dict[str, Any] | None, hold: bool
 def store(url: str, workdir: Path, seed: int) -> dict[str, Any]:
     import torch
 
-    from pytest_sharedkv.stack.transfer_provider import Client
+    from pytest_sharedkv.stack.checks.transfer_provider import Client
 
     a_ids, _ = block_plan()
     kv = make_kv(seed)
@@ -188,7 +188,7 @@ def fetch(url: str, writers: list[Path]) -> dict[str, Any]:
     """Lookup and retrieve through the reader; each served page named by whose it is."""
     import torch
 
-    from pytest_sharedkv.stack.transfer_provider import Client
+    from pytest_sharedkv.stack.checks.transfer_provider import Client
 
     _, b_ids = block_plan()
     sources = {name: torch.load(d / "pages.pt") for name, d in zip(SEEDS, writers, strict=True)}
@@ -244,7 +244,7 @@ def _replica(role: str, argv: list[str], workdir: Path) -> Any:
 
     env = {**os.environ, **REPLICA_ENV, "CUDA_VISIBLE_DEVICES": ""}
     return ManagedProcess(f"write race {role}", [
-        sys.executable, "-m", "pytest_sharedkv.stack.l2_write_race", role, "--workdir",
+        sys.executable, "-m", "pytest_sharedkv.stack.checks.l2_write_race", role, "--workdir",
         str(workdir), *argv], workdir / f"replica-{role}.log", env=env)
 
 
@@ -265,8 +265,8 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
     writer 2 keeps its staging file until writer 1's clean-up has unlinked it; TRUNCATE:
     the truncating order (writer 1 truncates writer 2's written staging file, then fails)."""
     from pytest_sharedkv.engine_hooks.hook_log import read_log
+    from pytest_sharedkv.stack.checks.l2_transfer import logged_failures
     from pytest_sharedkv.stack.l2.backends import DirectoryL2
-    from pytest_sharedkv.stack.l2_transfer import logged_failures
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     run_dir, directory = workdir / "race", DirectoryL2(workdir / "l2", "fs")

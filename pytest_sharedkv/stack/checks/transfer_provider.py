@@ -13,7 +13,7 @@ GPU copy path (lazy or mixed L1), and an injected delay (fault-sensitivity mode)
 whether that path is stream-ordered: 8 chunks, more than the server's 4 staging buffers,
 so both a stale store (D2H) and an overwritten retrieve (H2D) can show.
 
-    python -m pytest_sharedkv.stack.transfer_provider store|fetch --url URL --model NAME
+    python -m pytest_sharedkv.stack.checks.transfer_provider store|fetch --url URL --model NAME
         --workdir DIR --salt SALT [--device cpu|cuda] [--off-by-one]
 """
 
@@ -453,8 +453,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
         server.launch()
         for role, after in (("store", ready), ("fetch", workdir / "store.json")):
             name = "A" if role == "store" else "B"
-            argv = [sys.executable, "-m", "pytest_sharedkv.stack.transfer_provider", role, "--url",
-                    server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
+            argv = [sys.executable, "-m", "pytest_sharedkv.stack.checks.transfer_provider", role,
+                    "--url", server.url, "--model", "sharedkv-transfer", "--workdir", str(workdir),
                     "--salt", salt, "--device", device, "--after", str(after),
                     "--after-timeout", str(timeout + server.config.ready_timeout)]
             if role == "fetch" and faults is not None:
