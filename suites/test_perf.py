@@ -57,7 +57,7 @@ def test_screening(sharedkv_perf_screening: BlockRunner, sharedkv_settings: Sett
     """The blocks run end to end; every measured request pairs with its partner; the
     screening's wall time is mostly the requests and restarts it measures."""
     from pytest_sharedkv.perf.fixtures import attach_run
-    from pytest_sharedkv.stack.engine_start import starts_note
+    from pytest_sharedkv.stack.launch.engine_start import starts_note
     from pytest_sharedkv.stack.offload_traffic import traffic_note
 
     runner = sharedkv_perf_screening

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.inprocess_connector import (
+from pytest_sharedkv.stack.launch.inprocess_connector import (
     REPLICA_ENV,
     InprocessSettings,
     inprocess_launch,

@@ -16,15 +16,15 @@ from pytest_sharedkv.cli.compare.engines import ENGINE_CHANGE, engine_change, en
 from pytest_sharedkv.cli.compare.reading import Report, read_report
 from pytest_sharedkv.config.engine import SGLANG_LMCACHE_MODULES, Engine
 from pytest_sharedkv.service.references import baseline, engine_key
-from pytest_sharedkv.stack.launch_record import LaunchRecord
-from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, ReplicaPair
-from pytest_sharedkv.stack.providers import EngineSettings, LaunchSpec
-from pytest_sharedkv.stack.sglang_engine import (
+from pytest_sharedkv.stack.launch.providers import EngineSettings, LaunchSpec
+from pytest_sharedkv.stack.launch.sglang_engine import (
     engine_fact,
     plan_sglang_pair,
     sglang_answer,
     sglang_counters,
 )
+from pytest_sharedkv.stack.launch_record import LaunchRecord
+from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, ReplicaPair
 
 STUB = "--sharedkv-provider=stub"
 
@@ -400,7 +400,7 @@ def test_a_launched_sglang_pair_starts_and_stops_through_managed_processes(
     if importlib.util.find_spec("lmcache") is None:
         pytest.skip("lmcache not installed: the launch starts its real server")
 
-    from pytest_sharedkv.stack.sglang_engine import launch_sglang_pair
+    from pytest_sharedkv.stack.launch.sglang_engine import launch_sglang_pair
 
     fake = tmp_path / "fake"
     (fake / "sglang").mkdir(parents=True)

@@ -3,7 +3,7 @@ logged on the H200 (the 27b-compute screening's second session), and the report'
 
 from __future__ import annotations
 
-from pytest_sharedkv.stack.engine_start import READY, describe, starts_note, vllm_phases
+from pytest_sharedkv.stack.launch.engine_start import READY, describe, starts_note, vllm_phases
 from tests.h200_logs import H200, sections
 
 LOG = H200 / "perf-27b-compiled-s2-engine-start.log"

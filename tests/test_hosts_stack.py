@@ -297,8 +297,8 @@ def test_a_write_the_stubs_l2_refuses_is_logged_and_b_recomputes(
 def test_the_stub_pair_across_hosts_is_refused_when_a_server_lacks_its_l2(
         tmp_path: Path) -> None:
     from pytest_sharedkv.stack.faults import StubFaults
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
     from pytest_sharedkv.stack.lmcache_server import L2NotAttached
-    from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
 
     backend = l2.DirectoryL2(tmp_path / "l2")
     backend.start()
@@ -313,7 +313,7 @@ def test_the_stub_pair_across_hosts_is_refused_when_a_server_lacks_its_l2(
 
 
 def test_the_stub_pair_across_hosts_is_recorded_as_such(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
 
     backend = l2.DirectoryL2(tmp_path / "l2")
     backend.start()
@@ -338,7 +338,7 @@ def test_the_stub_pair_across_hosts_is_recorded_as_such(tmp_path: Path) -> None:
 
 def test_the_launched_pair_across_hosts_connects_each_replica_to_its_own_server(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
     from tests.test_launcher import _FakeServer
 
     ports = iter((5001, 5002))
@@ -378,7 +378,8 @@ def test_a_host_without_the_metrics_exporter_launches_servers_that_count_nothing
     exporter is missing (seen on the H200 host): the servers then launch without counting,
     and the evictions are unknown with the reason, never 0 and never a failed launch."""
     from pytest_sharedkv.service.summary import evictions_line
-    from pytest_sharedkv.stack import lmcache_server, providers
+    from pytest_sharedkv.stack import lmcache_server
+    from pytest_sharedkv.stack.launch import providers
 
     monkeypatch.setattr(lmcache_server, "eviction_counting_problem",
                         lambda: "LMCache's eviction counter needs the PyPI package X")

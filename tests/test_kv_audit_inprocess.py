@@ -19,8 +19,9 @@ from pytest_sharedkv.engine_hooks import kv_audit_hook
 from pytest_sharedkv.engine_hooks.switches import arms_a_hook
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
 from pytest_sharedkv.service.expected_hits import NOT_APPLICABLE, not_applicable
-from pytest_sharedkv.stack import inprocess_connector, stack_launch
-from pytest_sharedkv.stack.providers import LaunchSpec, _vllm_pair
+from pytest_sharedkv.stack.launch import inprocess_connector
+from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.providers import LaunchSpec, _vllm_pair
 from tests.test_stacks_wiring import cases, spec_for
 
 WHY = NOT_APPLICABLE["kv_audit"]["inprocess"]

@@ -155,8 +155,8 @@ def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: 
 
 
 def test_restart_gives_a_fresh_process_that_still_reaches_the_pool(tmp_path: Path) -> None:
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, external_pair, stub_pair
     from pytest_sharedkv.stack.pair import ReplicaError
-    from pytest_sharedkv.stack.providers import LaunchSpec, external_pair, stub_pair
 
     pair = stub_pair(LaunchSpec(log_dir=tmp_path))
     try:
@@ -230,7 +230,7 @@ def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path, hosts: bool
     """One server both replicas share sees both GPUs; in the hosts topology each replica's
     own server sees its replica's GPU, with the L2 adapter. A launch that fails stops every
     server it made."""
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
     from pytest_sharedkv.stack.topology import HostsSpec
 
     seen: list[tuple[str, tuple[str, ...]]] = []
@@ -303,7 +303,7 @@ def test_a_launch_that_fails_after_the_server_started_stops_the_server(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Anything that raises between the server's start and the replicas' (here: building a
     replica's command line) stops the server then and there, not at the watchdog's."""
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
 
     stopped: list[str] = []
     monkeypatch.setattr(_FakeServer, "stopped", stopped)
@@ -332,8 +332,8 @@ def test_each_arm_launches_vllm_with_its_own_cache_path(
         tmp_path: Path, arm: str, wanted: list[str], unwanted: list[str]) -> None:
     """ON: LMCache's MP connector; OFF: GPU prefix caching alone; NATIVE: vLLM's own CPU
     offloading at the pool's size (per replica, not shared)."""
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, vllm_argv
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
-    from pytest_sharedkv.stack.providers import LaunchSpec, vllm_argv
 
     spec = LaunchSpec(log_dir=tmp_path, arm=arm, l1_size_gb=16.0)
     server = LMCacheServer(ServerConfig(), tmp_path) if arm == "ON" else None
@@ -408,7 +408,7 @@ def test_logged_errors_reads_chains_and_bare_lines() -> None:
 def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path: Path) -> None:
     """The engine flags come from one recorded structure: EngineSettings() keeps eager mode
     (the service tier), PERF_ENGINE runs with CUDA graphs as production does."""
-    from pytest_sharedkv.stack.providers import PERF_ENGINE, LaunchSpec, vllm_argv
+    from pytest_sharedkv.stack.launch.providers import PERF_ENGINE, LaunchSpec, vllm_argv
 
     eager = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path))
     graphs = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path, engine=PERF_ENGINE))
@@ -425,7 +425,7 @@ def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path
 def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from pytest_sharedkv.stack.providers import (
+    from pytest_sharedkv.stack.launch.providers import (
         PERF_ENGINE,
         EngineSettings,
         LaunchSpec,
@@ -466,7 +466,7 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
     each replica's devices (its placement)."""
     from dataclasses import replace
 
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
     from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
     started: list[bool] = []
@@ -512,7 +512,7 @@ def test_every_provider_constructs_its_pair_with_one_launch_record(
     rest unknown (None), never a guess; a record cannot change once the pair has it."""
     import dataclasses
 
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
 
     monkeypatch.setattr(providers, "start_all", lambda pair, together=False: None)
     stub = providers.stub_pair(providers.LaunchSpec(tmp_path, kv_audit=True, arm="NATIVE"))
@@ -545,7 +545,7 @@ def test_every_provider_constructs_its_pair_with_one_launch_record(
 
 def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:
     """Two engines compiling at once never share VLLM_CACHE_ROOT; the server gets none."""
-    from pytest_sharedkv.stack.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, process_env
 
     spec = LaunchSpec(log_dir=tmp_path, compile_cache=tmp_path / "cache")
     a = process_env(spec, role="replica A", base={})

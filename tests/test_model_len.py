@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_sharedkv.stack.providers import ANSWER_MARGIN, MIN_MODEL_LEN, max_model_len
+from pytest_sharedkv.stack.launch.providers import ANSWER_MARGIN, MIN_MODEL_LEN, max_model_len
 
 
 def _model(tmp_path: Path, context: int | None) -> Path:

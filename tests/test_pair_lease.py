@@ -132,7 +132,8 @@ def test_the_pair_takes_its_devices_from_its_lease_not_the_environment(
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.config.provider import Provider, Resolved
     from pytest_sharedkv.corpus.cases import CaseSet
-    from pytest_sharedkv.stack import fixtures, providers
+    from pytest_sharedkv.stack import fixtures
+    from pytest_sharedkv.stack.launch import providers
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)

@@ -36,7 +36,7 @@ from pytest_sharedkv.perf.observations import (
 from pytest_sharedkv.perf.pairing import pair_observations
 from pytest_sharedkv.perf.statistics import analyse
 from pytest_sharedkv.perf.tables import hit_verdict
-from pytest_sharedkv.stack.engine_start import starts_note
+from pytest_sharedkv.stack.launch.engine_start import starts_note
 from pytest_sharedkv.stack.offload_traffic import traffic_note
 from tests.conftest import isolate
 from tests.golden import assert_golden

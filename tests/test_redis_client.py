@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import stack_launch
 from pytest_sharedkv.stack.l2 import backends as l2
 from pytest_sharedkv.stack.l2 import redis_server
+from pytest_sharedkv.stack.launch import stacks as stack_launch
 from tests.conftest import keep_loaded
 from tests.test_stacks_wiring import cases, model, spec_for
 
@@ -84,7 +84,7 @@ def test_a_redis_the_suite_starts_or_reaches_names_the_client() -> None:
 def test_the_inprocess_stacks_redis_names_the_client(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning the launch needs neither; starting it names the client, before a replica."""
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
 
     def launched(_: object) -> None:
         raise AssertionError("the replicas started without their Redis")

@@ -17,7 +17,7 @@ from pytest_sharedkv.config.options import MEASURED_ENV
 from pytest_sharedkv.service.answers import StepTotals
 from pytest_sharedkv.service.checks import totals_problems
 from pytest_sharedkv.service.expected_hits import NOT_APPLICABLE, expected_hits
-from pytest_sharedkv.stack.native_offload import boundary_cached
+from pytest_sharedkv.stack.launch.native_offload import boundary_cached
 from tests.launch_faults import StubFaults, plant
 
 BASE = ["--pyargs", "pytest_sharedkv.suites", "-m", "service_regression",

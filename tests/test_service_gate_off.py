@@ -49,12 +49,12 @@ def test_no_hook_reaches_a_launched_server_or_replica(tmp_path: Path) -> None:
     suite builds for it); the native stack's model on the stub records its gate off."""
     from pytest_sharedkv.engine_hooks import corrupt_hook, native_gate_hook
     from pytest_sharedkv.engine_hooks.delay_hook import SERVER_ROLE
-    from pytest_sharedkv.stack.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, process_env
 
     on, off = LaunchSpec(log_dir=tmp_path), LaunchSpec(log_dir=tmp_path, gate=False)
     assert corrupt_hook.CONTROL_ENV in process_env(on, base={}, role=SERVER_ROLE)
     assert corrupt_hook.CONTROL_ENV not in process_env(off, base={}, role=SERVER_ROLE)
-    from pytest_sharedkv.stack import stack_launch
+    from pytest_sharedkv.stack.launch import stacks as stack_launch
 
     native = stack_launch.stub_spec(off, "native")
     assert native.stack is not None

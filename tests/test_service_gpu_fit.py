@@ -19,8 +19,8 @@ from pytest_sharedkv.service.answers import ServiceRun, StepTotals
 from pytest_sharedkv.service.checks import totals_problems
 from pytest_sharedkv.service.expected_hits import EXTERNAL, LOCAL, expected_hits, past_gpu
 from pytest_sharedkv.service.gpu_fit import gpu_fit, header_line, judged, pool_note
-from pytest_sharedkv.stack.engine_start import gpu_kv_tokens
 from pytest_sharedkv.stack.faults import StubFaults
+from pytest_sharedkv.stack.launch.engine_start import gpu_kv_tokens
 from tests.launch_faults import plant
 
 # as replica A's log of the GPU run holds them (vLLM 0.26.0, an attention-only model with

@@ -20,8 +20,8 @@ from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.service.answers import Answer, StepTotals
 from pytest_sharedkv.service.checks import hit_problem, totals_problems
 from pytest_sharedkv.service.expected_hits import expected_hits
-from pytest_sharedkv.stack import stack_launch
-from pytest_sharedkv.stack.providers import _vllm_pair
+from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.providers import _vllm_pair
 from pytest_sharedkv.stack.steps import step
 from tests.launch_faults import StubFaults, plant
 from tests.test_stacks_inprocess_tiers import ATTENTION

@@ -216,8 +216,8 @@ def test_every_stack_has_an_expectation_for_every_step() -> None:
 
 
 def test_a_native_launch_passes_its_gpu_to_the_stub(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack import stack_launch
-    from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch import stacks as stack_launch
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
 
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native"))
     try:

@@ -22,7 +22,7 @@ from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.report.records import Check
 from pytest_sharedkv.report.terminal import verdict
 from pytest_sharedkv.service.summary import boundary_verdicts, verdicts
-from pytest_sharedkv.stack.native_offload import STATE_ALIGNED, boundary_cached
+from pytest_sharedkv.stack.launch.native_offload import STATE_ALIGNED, boundary_cached
 from tests.h200_logs import sections
 from tests.recorded import LMCACHE_H200, checks, read, run_log
 
@@ -283,7 +283,7 @@ def test_on_the_attention_only_model_a_prompt_of_whole_blocks_reloaded_whole() -
     that run's code (whole blocks of all but the last token) failed; ``hit_rule`` now
     gives WHOLE_PROMPT for this stack, and its cached tokens are what was measured. Every
     other check of the run passed but the copy model's corruption matrix (a user model)."""
-    from pytest_sharedkv.stack.native_offload import WHOLE_PROMPT, hit_rule
+    from pytest_sharedkv.stack.launch.native_offload import WHOLE_PROMPT, hit_rule
 
     report = read(LMCACHE_H200 / f"{NATIVE_CA}.json")
     stack = _fact(report, "stack")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.stack.inprocess_connector import (
+from pytest_sharedkv.stack.launch.inprocess_connector import (
     CONFIG_ENV,
     CONNECTOR,
     InprocessConfigError,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import stack_launch
-from pytest_sharedkv.stack.providers import _vllm_pair
+from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.providers import _vllm_pair
 from tests.test_stacks_wiring import cases, model, spec_for
 
 ATTENTION = config_dict(AttentionCopyRecipe())

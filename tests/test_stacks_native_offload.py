@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack.native_offload import (
+from pytest_sharedkv.stack.launch.native_offload import (
     NativeOffloadError,
     NativeOffloadPlan,
     attention_bytes_per_token,
@@ -125,7 +125,7 @@ def test_boundary_prompts_straddle_whole_offload_blocks() -> None:
 
 
 def test_a_full_hit_at_a_block_edge_is_whole_blocks_short_of_the_last_token() -> None:
-    from pytest_sharedkv.stack.native_offload import boundary_cached
+    from pytest_sharedkv.stack.launch.native_offload import boundary_cached
 
     assert [boundary_cached(n, BLOCK) for n in boundary_lengths(BLOCK, (64,))] == [
         1008, 1008, 1024]  # one short of, at, one past 64 blocks
@@ -134,7 +134,7 @@ def test_a_full_hit_at_a_block_edge_is_whole_blocks_short_of_the_last_token() ->
 
 
 def test_vllm_connectors_hit_a_prompt_of_whole_blocks_by_the_model() -> None:
-    from pytest_sharedkv.stack.native_offload import (
+    from pytest_sharedkv.stack.launch.native_offload import (
         ALL_BUT_LAST,
         STATE_ALIGNED,
         WHOLE_PROMPT,
@@ -159,7 +159,7 @@ def test_vllm_connectors_hit_a_prompt_of_whole_blocks_by_the_model() -> None:
 def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:
     import hashlib
 
-    from pytest_sharedkv.stack.native_offload import BOUNDARY, boundary_cases
+    from pytest_sharedkv.stack.launch.native_offload import BOUNDARY, boundary_cases
 
     requests = boundary_requests(BLOCK, (64,), chunk=32)
     cases = boundary_cases(BLOCK, (64,), chunk=32)
@@ -171,7 +171,7 @@ def test_boundary_cases_are_the_requests_the_service_tier_sends() -> None:
 
 
 def test_the_boundary_blocks_keep_prompts_short_and_on_chunk_edges() -> None:
-    from pytest_sharedkv.stack.native_offload import boundary_blocks
+    from pytest_sharedkv.stack.launch.native_offload import boundary_blocks
 
     assert boundary_blocks(16, 32) == [64, 128]  # 16-token blocks, 32-token chunks
     assert boundary_blocks(32, 32) == [32, 64]  # the stub: block = chunk

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_sharedkv.service import references
-from pytest_sharedkv.stack import stack_launch
-from pytest_sharedkv.stack.providers import LaunchSpec, stub_pair
+from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
 
 
 def _pair(provider: str, stack: dict[str, Any] | None) -> Any:
@@ -55,7 +55,7 @@ def test_a_launched_stack_names_itself_in_its_record(tmp_path: Path, stack: str)
 
 def test_the_inprocess_record_names_its_stack(tmp_path: Path) -> None:
     from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-    from pytest_sharedkv.stack.providers import _vllm_pair
+    from pytest_sharedkv.stack.launch.providers import _vllm_pair
     from tests.test_stacks_wiring import cases, spec_for
 
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),

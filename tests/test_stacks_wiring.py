@@ -14,10 +14,10 @@ from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.cli.compare.stacks import INPROCESS, MP, NATIVE, STUB, stack_change, stack_of
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-from pytest_sharedkv.stack import stack_launch
 from pytest_sharedkv.stack.l2 import redis_server
+from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.providers import EngineSettings, LaunchSpec, _vllm_pair
 from pytest_sharedkv.stack.launch_record import LaunchRecord
-from pytest_sharedkv.stack.providers import EngineSettings, LaunchSpec, _vllm_pair
 
 HYBRID = {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}
 USER_ARGS = ("--max-num-seqs", "4")
@@ -216,7 +216,7 @@ def test_the_simple_connector_runs_in_both_replicas_and_its_record_says_so(
     from dataclasses import replace
 
     from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
-    from pytest_sharedkv.stack.native_offload import SIMPLE_ENV
+    from pytest_sharedkv.stack.launch.native_offload import SIMPLE_ENV
 
     base = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
     group = cases({"3k": (200, 3009)})
@@ -248,7 +248,7 @@ def test_the_simple_connector_runs_in_both_replicas_and_its_record_says_so(
 
 
 def test_the_stub_says_which_native_connector_it_stands_for(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.providers import stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
 
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native", "simple"))
     try:
@@ -268,7 +268,7 @@ def test_a_native_corpus_that_fits_the_gpu_cannot_run(tmp_path: Path) -> None:
 
 def test_planning_the_inprocess_stack_needs_no_redis_its_launch_names_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sharedkv.stack import providers
+    from pytest_sharedkv.stack.launch import providers
 
     monkeypatch.setattr(redis_server, "find_redis_server", lambda path=None: None)
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
@@ -291,8 +291,8 @@ def test_planning_the_inprocess_stack_needs_no_redis_its_launch_names_it(
 @pytest.mark.skipif(REDIS_MISSING is not None, reason=str(REDIS_MISSING))
 def test_the_inprocess_redis_stops_with_the_pair_or_a_failed_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sharedkv.stack import providers
     from pytest_sharedkv.stack.l2.redis_server import ping
+    from pytest_sharedkv.stack.launch import providers
 
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                      "inprocess", cases({"3k": (4, 3009)}), 8)
@@ -320,7 +320,7 @@ def test_the_inprocess_redis_stops_with_the_pair_or_a_failed_start(
 @pytest.mark.parametrize(("stack", "flag"), [("inprocess", "--pool"),
                                              ("native", "--offload-log")])
 def test_the_stub_models_a_stack_and_says_so(tmp_path: Path, stack: str, flag: str) -> None:
-    from pytest_sharedkv.stack.providers import stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
 
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), stack))
     try:

@@ -1,5 +1,5 @@
 """Which serving engine a pair's replicas run (``--sharedkv-engine``): vLLM, the default,
-or SGLang over LMCache's MP server (``stack/sglang_engine.py``). One typed value, chosen
+or SGLang over LMCache's MP server (``stack/launch/sglang_engine.py``). One typed value, chosen
 here; what cannot run with it is said before any test (``config/combinations.py``).
 
 SGLang 0.5.17 reaches LMCache through ``sglang/srt/mem_cache/storage/lmcache/

@@ -2,8 +2,8 @@
 cannot run with it is said before any test by ``config/combinations.py``): ``mp``
 (LMCache's MP server and ``LMCacheMPConnector``, the default), ``inprocess`` (LMCache's
 ``LMCacheConnectorV1`` in each replica, sharing through a Redis the suite starts:
-``stack/inprocess_connector.py``) or ``native`` (vLLM's own CPU offload:
-``stack/native_offload.py``), whose connector ``--sharedkv-native-connector`` chooses:
+``stack/launch/inprocess_connector.py``) or ``native`` (vLLM's own CPU offload:
+``stack/launch/native_offload.py``), whose connector ``--sharedkv-native-connector`` chooses:
 ``offloading`` (``OffloadingConnector``, the default) or ``simple``
 (``SimpleCPUOffloadConnector``, vLLM #45704's)."""
 
@@ -42,9 +42,9 @@ OFFLOADING, SIMPLE = NativeConnector.OFFLOADING, NativeConnector.SIMPLE
 NATIVE_CONNECTORS: tuple[str, ...] = tuple(c.value for c in NativeConnector)
 # the connector class vLLM 0.26 runs for each (config/vllm.py: VLLM_USE_SIMPLE_KV_OFFLOAD)
 CONNECTOR_CLASSES = {OFFLOADING: "OffloadingConnector", SIMPLE: "SimpleCPUOffloadConnector"}
-# the Settings fields that size the in-process stack's tiers (stack_launch.inprocess_tiers)
+# the Settings fields that size the in-process stack's tiers (stack.launch.stacks.inprocess_tiers)
 INPROCESS_TIERS = ("inprocess_cpu_gib", "inprocess_disk_gib", "inprocess_remote")
-# the in-process stack's engine switches (stack_launch.inprocess_tiers), each on by
+# the in-process stack's engine switches (stack.launch.stacks.inprocess_tiers), each on by
 # default: turned off, they apply to its replicas alone
 INPROCESS_ENGINE = ("inprocess_prefix_caching",)
 # model_type values of the Mamba-family hybrids (their layer types are not listed)

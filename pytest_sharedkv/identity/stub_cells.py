@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from pytest_sharedkv.identity.judge import SideResult
 from pytest_sharedkv.identity.table import Dimension, Side
-from pytest_sharedkv.stack.identity_launch import ReplicaIdentity, StubIdentity
+from pytest_sharedkv.stack.launch.identity_launch import ReplicaIdentity, StubIdentity
 
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.faults import StubFaults
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
     from pytest_sharedkv.stack.pair import ReplicaPair
-    from pytest_sharedkv.stack.providers import LaunchSpec
 
 CHUNK = 32  # the stub's pool chunk (the other chunk: twice it)
 PROMPT_WORDS = 255  # with <s>: 256 tokens, 7 whole chunks hit (hits stop one token short)
@@ -83,7 +83,7 @@ def _other(pair: ReplicaPair, prompt: str, salt: str, fresh: str) -> SideResult:
 
 def run(dimension: Dimension, log_dir: Path, salt: str, faults: StubFaults) -> StubRun:
     """DIMENSION's two cells on stub pairs under LOG_DIR (every pair closed)."""
-    from pytest_sharedkv.stack.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
 
     prompt = copy_prompt(f"identity-{dimension}")
     spec = LaunchSpec(log_dir=log_dir, chunk_size=CHUNK, gate=False, stub_faults=faults,
@@ -137,7 +137,7 @@ def _restart(spec: LaunchSpec, prompt: str, salt: str) -> StubRun:
 
 
 def _launch(spec: LaunchSpec) -> ReplicaPair:
-    from pytest_sharedkv.stack.providers import stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
 
     spec.log_dir.mkdir(parents=True, exist_ok=True)
     return stub_pair(spec)

@@ -39,7 +39,7 @@ from pytest_sharedkv.perf.payloads import Payload, PayloadSet, SessionPayload
 from pytest_sharedkv.perf.timing import Timing, observation, stream_timing
 from pytest_sharedkv.processes.thread_pool import map_concurrently, thread_pool
 from pytest_sharedkv.stack.completions import request_body
-from pytest_sharedkv.stack.engine_start import describe
+from pytest_sharedkv.stack.launch.engine_start import describe
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
 from pytest_sharedkv.stack.offload_traffic import logged_traffic
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair

@@ -21,15 +21,15 @@ from pytest_sharedkv.service.answers import Answer, ServiceRun
 from pytest_sharedkv.service.protocol import run_protocol
 from pytest_sharedkv.service.runner import Runner, Salts
 from pytest_sharedkv.service.sensitivity import GATE_OFF, UNPROVEN, GateResult, run_gate
+from pytest_sharedkv.stack.launch.native_offload import ALL_BUT_LAST, STATE_ALIGNED, WHOLE_PROMPT
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
-from pytest_sharedkv.stack.native_offload import ALL_BUT_LAST, STATE_ALIGNED, WHOLE_PROMPT
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.fixtures import PairSlot
     from pytest_sharedkv.stack.l2.backends import L2
     from pytest_sharedkv.stack.l2.log import KeySplit
-    from pytest_sharedkv.stack.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
 IDENTICAL = "identical"  # the stage of the identical requests in flight together
@@ -454,7 +454,7 @@ def boundary_cell(runner: Runner) -> BoundaryCell:
         totals_unknown,
     )
     from pytest_sharedkv.service.sensitivity import evict
-    from pytest_sharedkv.stack.native_offload import (
+    from pytest_sharedkv.stack.launch.native_offload import (
         boundary_blocks,
         boundary_cached,
         boundary_cases,

@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_sharedkv.config.stack_choice import INPROCESS, MP, NATIVE, Stack
-from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT
+from pytest_sharedkv.stack.launch.inprocess_connector import NO_AUDIT
 from pytest_sharedkv.stack.steps import STEPS, Step
 
 LOCAL, EXTERNAL = "local", "external"  # vllm:prefix_cache_hits, vllm:external_prefix_cache_hits

@@ -32,7 +32,7 @@ from pytest_sharedkv.service.triage import (
     proven_line,
     suggestion_line,
 )
-from pytest_sharedkv.stack.native_offload import STATE_ALIGNED, WHOLE_PROMPT
+from pytest_sharedkv.stack.launch.native_offload import STATE_ALIGNED, WHOLE_PROMPT
 
 TIER = "service_regression"
 PAIR_KEYS = ("provider", "allocator", "delay")

@@ -28,10 +28,10 @@ if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.l2.backends import L2
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
-    from pytest_sharedkv.stack.providers import LaunchSpec
     from pytest_sharedkv.stack.topology import HostsSpec
 
     Edit = Callable[[LaunchSpec], LaunchSpec]
@@ -172,7 +172,7 @@ def _check_stack(config: pytest.Config, items: list[pytest.Item]) -> None:
     if settings.stack is Stack.MP or not resolved.launched or not any(
             SLOT in getattr(item, "fixturenames", ()) for item in items):
         return
-    from pytest_sharedkv.stack.stack_launch import inprocess_problem, native_problem
+    from pytest_sharedkv.stack.launch.stacks import inprocess_problem, native_problem
 
     if settings.stack is Stack.NATIVE:
         problem = native_problem(settings)
@@ -470,7 +470,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
     hosts topology a server per replica over HOSTS's L2; each server's L1 the option's)."""
     from pytest_sharedkv.config.engine import Engine
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
-    from pytest_sharedkv.stack.providers import (
+    from pytest_sharedkv.stack.launch.providers import (
         EngineSettings,
         LaunchSpec,
         external_pair,
@@ -497,7 +497,7 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
                               stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
                               l1_size_gb=l1, serving=serving)
             if settings.stack is not Stack.MP:  # the double models the stack, and says so
-                from pytest_sharedkv.stack.stack_launch import inprocess_tiers, stub_spec
+                from pytest_sharedkv.stack.launch.stacks import inprocess_tiers, stub_spec
 
                 spec = stub_spec(spec, settings.stack, settings.native_connector,
                                  inprocess_tiers(settings))
@@ -517,11 +517,11 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
             kv_audit=audit, engine=engine, hosts=hosts, count_evictions=counts,
             l1_size_gb=l1, gate=settings.gate, serving=serving)
         if serving is Engine.SGLANG:  # SGLang replicas over the MP server
-            from pytest_sharedkv.stack.sglang_engine import launch_sglang_pair
+            from pytest_sharedkv.stack.launch.sglang_engine import launch_sglang_pair
 
             return launch_sglang_pair(edit(spec) if edit is not None else spec)
         if settings.stack is not Stack.MP:  # --sharedkv-stack inprocess|native
-            from pytest_sharedkv.stack.stack_launch import (
+            from pytest_sharedkv.stack.launch.stacks import (
                 StackUnavailable,
                 inprocess_tiers,
                 launch_stack_pair,

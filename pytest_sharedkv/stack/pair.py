@@ -108,7 +108,7 @@ class Replica:
     start_seconds: list[float] = field(default_factory=list)
     # why this replica can never become ready although its process lives (a peer failed)
     abort: Callable[[], str | None] | None = None
-    # the engine's dialect (stack/sglang_engine.py): its /metrics text read into the
+    # the engine's dialect (stack/launch/sglang_engine.py): its /metrics text read into the
     # suite's counter names, its answers' usage into vLLM's shape; None: vLLM's own
     counters_from: Callable[[str], Counters] | None = None
     answer_shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None

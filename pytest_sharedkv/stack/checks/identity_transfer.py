@@ -38,7 +38,7 @@ from pytest_sharedkv.stack.checks.transfer_provider import (
 
 MODEL = "sharedkv-identity"  # one served name for every server and release
 OTHER_CHUNK = 2 * CHUNK
-CHECKOUT = Path(__file__).resolve().parents[2]  # what a driver of another release imports
+CHECKOUT = Path(__file__).resolve().parents[3]  # what a driver of another release imports
 
 
 @dataclass

@@ -45,10 +45,10 @@ from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.stack.topology import HOSTS, SHARED, HostsSpec, ServerView, Topology
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.identity_launch import StubIdentity
-    from pytest_sharedkv.stack.stack_launch import StackLaunch
+    from pytest_sharedkv.stack.launch.identity_launch import StubIdentity
+    from pytest_sharedkv.stack.launch.stacks import StackLaunch
 
-INJECT_DIR = Path(__file__).parent.parent / "engine_hooks" / "inject"
+INJECT_DIR = Path(__file__).resolve().parents[2] / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
 # with the shared LMCache pool / GPU prefix caching alone / vLLM's own CPU offloading
 # (one pool of l1_size_gb per replica, not shared)
@@ -157,12 +157,12 @@ class LaunchSpec:
     # observability on; the stub's L1 then holds l1_size_gb at STUB_TOKEN_BYTES a token)
     hosts: HostsSpec | None = None
     count_evictions: bool = False
-    # --sharedkv-stack inprocess|native (stack/stack_launch.py): each replica's extra flags
+    # --sharedkv-stack inprocess|native (stack/launch/stacks.py): each replica's extra flags
     # and variables and the record's naming of the stack; None: the MP server's stack
     stack: StackLaunch | None = None
-    # the identity tier: what each stub replica serves as (stack/identity_launch.py)
+    # the identity tier: what each stub replica serves as (stack/launch/identity_launch.py)
     identity: StubIdentity | None = None
-    # --sharedkv-engine: the engine in each replica (stack/sglang_engine.py for SGLang;
+    # --sharedkv-engine: the engine in each replica (stack/launch/sglang_engine.py for SGLang;
     # the stub double answers as it does)
     serving: Engine = Engine.VLLM
 
@@ -412,7 +412,7 @@ def start_record(servers: list[LMCacheServer],
                  replicas: Mapping[str, Replica]) -> dict[str, dict[str, float]]:
     """Each launched process's start: the suite's ready time, and for an engine the
     phases vLLM's log names."""
-    from pytest_sharedkv.stack.engine_start import READY, vllm_phases
+    from pytest_sharedkv.stack.launch.engine_start import READY, vllm_phases
 
     starts: dict[str, dict[str, float]] = {}
     for server in servers:
@@ -432,7 +432,7 @@ def start_record(servers: list[LMCacheServer],
 def gpu_kv_capacity(replicas: Mapping[str, Replica]) -> dict[str, int | None]:
     """Each replica's GPU KV cache in tokens, as its engine's start log says it (vLLM's
     "GPU KV cache size" line; the stub double logs its own); None where no line says it."""
-    from pytest_sharedkv.stack.engine_start import gpu_kv_tokens
+    from pytest_sharedkv.stack.launch.engine_start import gpu_kv_tokens
 
     return {name: gpu_kv_tokens(replica.process.log_text())
             if replica.process is not None else None for name, replica in replicas.items()}
@@ -518,7 +518,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.stack is not None:  # the stack the double models, said in its record
         record = spec.stack.named_in(record)
     elif spec.serving is Engine.SGLANG:  # the engine it answers as, said in its record
-        from pytest_sharedkv.stack.sglang_engine import engine_fact
+        from pytest_sharedkv.stack.launch.sglang_engine import engine_fact
 
         record = replace(record, stack=engine_fact(None))
     a, b = replicas["A"], replicas["B"]
@@ -543,7 +543,7 @@ def _dialect(spec: LaunchSpec) -> dict[str, Any]:
     """The Replica fields that read an SGLang stub's answers and counters as SGLang's."""
     if spec.serving is not Engine.SGLANG:
         return {}
-    from pytest_sharedkv.stack.sglang_engine import sglang_answer, sglang_counters
+    from pytest_sharedkv.stack.launch.sglang_engine import sglang_answer, sglang_counters
 
     return {"counters_from": sglang_counters, "answer_shape": sglang_answer}
 

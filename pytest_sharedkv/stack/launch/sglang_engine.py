@@ -46,7 +46,7 @@ from pytest_sharedkv.stack.pair import (
 )
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
 
 SGLANG_VERSION = "0.5.17"  # the release whose LMCache path this module is written for
 SERVED_NAME = "sharedkv-model"
@@ -135,7 +135,7 @@ def plan_sglang_pair(spec: LaunchSpec, server_port: int, ports: tuple[int, int],
     """The pair SPEC describes over the LMCache server at SERVER_PORT: each replica's argv,
     variables (its devices, the hooks' switches from ``process_env``), log and YAML.
     Raises ValueError with ``plan_problem``'s words where it cannot run."""
-    from pytest_sharedkv.stack.providers import process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
 
     problem = plan_problem(spec)
     if problem is not None:
@@ -196,7 +196,7 @@ def launch_sglang_pair(spec: LaunchSpec) -> ReplicaPair:
     """The LMCache server, then both SGLang replicas (``plan_sglang_pair``), each a
     managed process; a start that fails part way stops what it had started."""
     from pytest_sharedkv.processes.managed import ManagedProcess, free_port
-    from pytest_sharedkv.stack.providers import (
+    from pytest_sharedkv.stack.launch.providers import (
         gpu_kv_capacity,
         lmcache_servers,
         replica_devices,
@@ -240,7 +240,7 @@ def launch_sglang_pair(spec: LaunchSpec) -> ReplicaPair:
 def sglang_record(spec: LaunchSpec, plan: SGLangPlan, server: Any) -> LaunchRecord:
     """The launch record of an SGLang pair: the server first, then both replicas, and
     the engine named (``stack``: what ``compare`` reads as the engine)."""
-    from pytest_sharedkv.stack.providers import audit_dir, gate_paths, inject_log
+    from pytest_sharedkv.stack.launch.providers import audit_dir, gate_paths, inject_log
 
     processes = [launched(server.process.name, server.process.argv, server.process.env)]
     processes += [launched(p.name, list(p.argv), dict(p.env), base={}) for p in plan.replicas]

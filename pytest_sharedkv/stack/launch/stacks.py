@@ -24,16 +24,16 @@ from pytest_sharedkv.config.stack_choice import (
     NativeConnector,
     Stack,
 )
-from pytest_sharedkv.stack.inprocess_connector import NO_AUDIT as INPROCESS_NO_AUDIT
+from pytest_sharedkv.stack.launch.inprocess_connector import NO_AUDIT as INPROCESS_NO_AUDIT
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import CaseSet
-    from pytest_sharedkv.stack.inprocess_connector import InprocessLaunch
     from pytest_sharedkv.stack.l2.redis_server import RedisServer
+    from pytest_sharedkv.stack.launch.inprocess_connector import InprocessLaunch
+    from pytest_sharedkv.stack.launch.providers import LaunchSpec
     from pytest_sharedkv.stack.launch_record import LaunchRecord
-    from pytest_sharedkv.stack.providers import LaunchSpec
 
 STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no KV stack
 # the LaunchSpec arm each stack launches on: no MP server (the stack's flags give the
@@ -123,7 +123,7 @@ class StackLaunch:
 
         env = dict(dict(self.envs).get(name, ()))
         if arms_a_hook(env.items()):
-            from pytest_sharedkv.stack.providers import INJECT_DIR
+            from pytest_sharedkv.stack.launch.providers import INJECT_DIR
 
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(INJECT_DIR), os.environ.get("PYTHONPATH", "")) if p)
@@ -163,7 +163,7 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
     ``--no-enable-prefix-caching`` to both replicas and say so in the record.
     StackUnavailable names the option of a tier that cannot run."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
-    from pytest_sharedkv.stack.inprocess_connector import (
+    from pytest_sharedkv.stack.launch.inprocess_connector import (
         InprocessConfigError,
         InprocessSettings,
         inprocess_launch,
@@ -189,7 +189,7 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
     gate = None
     if spec.gate and remote_url is not None:
         from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
-        from pytest_sharedkv.stack.providers import gate_paths
+        from pytest_sharedkv.stack.launch.providers import gate_paths
 
         gate = gate_paths(spec.log_dir)
         envs["B"] = tuple(sorted({**dict(envs["B"]), hook.CONTROL_ENV: str(gate[0]),
@@ -215,7 +215,7 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
     run it, and B's gate hook is the one written for it). StackUnavailable where the group
     would fit on the GPU anyway."""
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
-    from pytest_sharedkv.stack.native_offload import (
+    from pytest_sharedkv.stack.launch.native_offload import (
         NativeOffloadError,
         NativeOffloadPlan,
         attention_bytes_per_token,
@@ -246,7 +246,7 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
     gate = None
     if spec.gate:  # B's hook, as the in-process stack arms B's LMCache
         from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
-        from pytest_sharedkv.stack.providers import gate_paths
+        from pytest_sharedkv.stack.launch.providers import gate_paths
 
         hook = simple_gate_hook if simple else native_gate_hook
         gate = gate_paths(spec.log_dir)
@@ -290,8 +290,8 @@ def native_problem(settings: Settings) -> str | None:
     from pytest_sharedkv.models.config_file import read_config
     from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
     from pytest_sharedkv.stack.fixtures import longest_prompt
-    from pytest_sharedkv.stack.native_offload import NativeOffloadError, gpu_blocks
-    from pytest_sharedkv.stack.providers import max_model_len
+    from pytest_sharedkv.stack.launch.native_offload import NativeOffloadError, gpu_blocks
+    from pytest_sharedkv.stack.launch.providers import max_model_len
 
     cases = case_set(settings)
     config = (read_config(settings.model) if settings.model is not None
@@ -319,7 +319,7 @@ def stacked_spec(spec: LaunchSpec, stack: Stack | str, cases: CaseSet, concurren
     assert spec.model is not None
     config = read_config(spec.model)
     if Stack(stack) is Stack.INPROCESS:
-        from pytest_sharedkv.stack.inprocess_connector import redis_url
+        from pytest_sharedkv.stack.launch.inprocess_connector import redis_url
 
         redis = PlannedRedis(spec.log_dir) if tiers.remote else None
         launch = inprocess_stack(spec, config,
@@ -369,7 +369,7 @@ def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
     """The stacked pair, started: its backend first (the in-process stack's Redis;
     StackUnavailable where none can start here) and its config files, then the replicas;
     the backend stops with the pair."""
-    from pytest_sharedkv.stack.providers import launch_vllm_pair
+    from pytest_sharedkv.stack.launch.providers import launch_vllm_pair
 
     stack = spec.stack
     assert stack is not None
