@@ -462,7 +462,7 @@ def _engine_lines(settings: options.Settings | None) -> list[str]:
     if settings is None or settings.engine is Engine.VLLM:
         return []
     from pytest_sharedkv.host.environment import dist_version
-    from pytest_sharedkv.stack.launch.sglang_engine import KV_AUDIT
+    from pytest_sharedkv.stack.launch.sglang_dialect import KV_AUDIT
 
     version = dist_version("sglang")
     return [f"sharedkv: engine sglang {version or 'not installed'} (replicas over one "

@@ -466,7 +466,7 @@ def test_kv_audit(sharedkv_service_pass: Pass, sharedkv_settings: Settings,
     from pytest_sharedkv.service.references import engine_of
 
     if engine_of(pair) is Engine.SGLANG:  # said in the header before the run
-        from pytest_sharedkv.stack.launch.sglang_engine import KV_AUDIT
+        from pytest_sharedkv.stack.launch.sglang_dialect import KV_AUDIT
 
         skip_not_asked(request.node, f"{KV_AUDIT} (--sharedkv-engine sglang)")
     if pair.kv_audit_dir is None:

@@ -233,7 +233,8 @@ def test_every_switch_arms_a_hook_in_sitecustomize_and_puts_it_on_the_path(
     """A control set through the server's environment alone (a gate-less relaunch) still
     gets the hooks on the server's path, or its hook never loads and the cell is VOID."""
     from pytest_sharedkv.engine_hooks.delay_hook import SERVER_ROLE
-    from pytest_sharedkv.stack.launch.providers import INJECT_DIR, LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
+    from pytest_sharedkv.stack.launch.spec import INJECT_DIR, LaunchSpec
 
     source = (INJECT_DIR / "sitecustomize.py").read_text()
     assert [s for s in switches.SWITCHES if f'os.environ.get("{s}")' not in source] == []

@@ -3,7 +3,7 @@ escapes and comments are Prometheus's business, not a hand-written split."""
 
 from __future__ import annotations
 
-from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, parse_counters
+from pytest_sharedkv.stack.metrics import EXTERNAL_HITS, LOCAL_HITS, parse_counters
 
 # What vLLM serves (through prometheus_client), one sample with a timestamp.
 EXPOSITION = """\
@@ -39,7 +39,7 @@ def test_garbage_is_no_counters() -> None:
 
 
 def test_an_unread_or_missing_before_is_no_zero() -> None:
-    from pytest_sharedkv.stack.pair import counter_delta
+    from pytest_sharedkv.stack.metrics import counter_delta
 
     after = {LOCAL_HITS: 192.0}
     assert counter_delta({LOCAL_HITS: 96.0}, after, LOCAL_HITS) == 96

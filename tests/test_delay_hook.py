@@ -92,7 +92,8 @@ def test_a_delay_that_never_reached_the_server_voids_the_result() -> None:
 
 
 def test_delayed_launches_run_without_cuda_launch_blocking(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     base = {"CUDA_LAUNCH_BLOCKING": "1", "PATH": "/bin"}
     assert process_env(LaunchSpec(tmp_path), base=base)["CUDA_LAUNCH_BLOCKING"] == "1"

@@ -16,15 +16,13 @@ from pytest_sharedkv.cli.compare.engines import ENGINE_CHANGE, engine_change, en
 from pytest_sharedkv.cli.compare.reading import Report, read_report
 from pytest_sharedkv.config.engine import SGLANG_LMCACHE_MODULES, Engine
 from pytest_sharedkv.service.references import baseline, engine_key
-from pytest_sharedkv.stack.launch.providers import EngineSettings, LaunchSpec
-from pytest_sharedkv.stack.launch.sglang_engine import (
-    engine_fact,
-    plan_sglang_pair,
-    sglang_answer,
-    sglang_counters,
-)
+from pytest_sharedkv.stack.engine_settings import EngineSettings
+from pytest_sharedkv.stack.launch.sglang_dialect import engine_fact, sglang_answer, sglang_counters
+from pytest_sharedkv.stack.launch.sglang_engine import plan_sglang_pair
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 from pytest_sharedkv.stack.launch_record import LaunchRecord
-from pytest_sharedkv.stack.pair import EXTERNAL_HITS, LOCAL_HITS, ReplicaPair
+from pytest_sharedkv.stack.metrics import EXTERNAL_HITS, LOCAL_HITS
+from pytest_sharedkv.stack.pair import ReplicaPair
 
 STUB = "--sharedkv-provider=stub"
 

@@ -199,7 +199,7 @@ def test_a_launched_process_arms_the_fault_hook_and_the_remedy_from_their_switch
     import subprocess
 
     from pytest_sharedkv.engine_hooks import fault_hook
-    from pytest_sharedkv.stack.launch.providers import INJECT_DIR
+    from pytest_sharedkv.stack.launch.spec import INJECT_DIR
 
     env = {**os.environ, "PYTHONPATH": str(INJECT_DIR),
            fault_hook.CONTROL_ENV: str(tmp_path / "control.json"),

@@ -19,6 +19,7 @@ from pytest_sharedkv.stack import stub_openai as stub
 from pytest_sharedkv.stack.l2 import backends as l2
 from pytest_sharedkv.stack.l2 import log as l2_log
 from pytest_sharedkv.stack.l2 import redis_server
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 from pytest_sharedkv.stack.topology import HostsSpec, ServerView, Topology, l1_evictions
 
 REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py
@@ -297,7 +298,8 @@ def test_a_write_the_stubs_l2_refuses_is_logged_and_b_recomputes(
 def test_the_stub_pair_across_hosts_is_refused_when_a_server_lacks_its_l2(
         tmp_path: Path) -> None:
     from pytest_sharedkv.stack.faults import StubFaults
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
     from pytest_sharedkv.stack.lmcache_server import L2NotAttached
 
     backend = l2.DirectoryL2(tmp_path / "l2")
@@ -313,7 +315,8 @@ def test_the_stub_pair_across_hosts_is_refused_when_a_server_lacks_its_l2(
 
 
 def test_the_stub_pair_across_hosts_is_recorded_as_such(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     backend = l2.DirectoryL2(tmp_path / "l2")
     backend.start()
@@ -352,7 +355,7 @@ def test_the_launched_pair_across_hosts_connects_each_replica_to_its_own_server(
     monkeypatch.setattr(providers, "LMCacheServer", Server)
     monkeypatch.setattr(providers, "start_all", lambda pair, together=False: None)
     adapter = json.dumps({"type": "fs", "base_path": str(tmp_path / "l2")})
-    pair = providers.launch_vllm_pair(providers.LaunchSpec(
+    pair = providers.launch_vllm_pair(LaunchSpec(
         tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"), count_evictions=True,
         l1_size_gb=0.5, hosts=HostsSpec(adapter, "fs -> l2")))
     record = pair.record
@@ -383,7 +386,7 @@ def test_a_host_without_the_metrics_exporter_launches_servers_that_count_nothing
 
     monkeypatch.setattr(lmcache_server, "eviction_counting_problem",
                         lambda: "LMCache's eviction counter needs the PyPI package X")
-    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a",),
+    spec = LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a",),
                                 count_evictions=True, l1_size_gb=0.5, hosts=HostsSpec(
                                     json.dumps({"type": "fs", "base_path": str(tmp_path)}),
                                     "fs -> l2"))

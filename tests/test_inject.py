@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sharedkv.stack.launch.providers import INJECT_DIR
+from pytest_sharedkv.stack.launch.spec import INJECT_DIR
 
 
 def test_the_next_sitecustomize_on_the_path_still_runs_once(tmp_path: Path) -> None:

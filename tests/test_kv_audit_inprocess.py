@@ -21,7 +21,8 @@ from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, con
 from pytest_sharedkv.service.expected_hits import NOT_APPLICABLE, not_applicable
 from pytest_sharedkv.stack.launch import inprocess_connector
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import LaunchSpec, _vllm_pair
+from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 from tests.test_stacks_wiring import cases, spec_for
 
 WHY = NOT_APPLICABLE["kv_audit"]["inprocess"]

@@ -22,6 +22,8 @@ from pytest_sharedkv.processes.managed import (
     tcp_open,
 )
 from pytest_sharedkv.processes.supervise import is_watchdog
+from pytest_sharedkv.stack.engine_settings import PERF_ENGINE, EngineSettings
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 
 def _stub(tmp_path: Path, *extra: str) -> tuple[ManagedProcess, str]:
@@ -155,7 +157,8 @@ def test_real_lmcache_server_starts_and_stops_on_cpu(tmp_path: Path, allocator: 
 
 
 def test_restart_gives_a_fresh_process_that_still_reaches_the_pool(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, external_pair, stub_pair
+    from pytest_sharedkv.stack.launch.providers import external_pair, stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
     from pytest_sharedkv.stack.pair import ReplicaError
 
     pair = stub_pair(LaunchSpec(log_dir=tmp_path))
@@ -251,7 +254,7 @@ def test_the_server_of_a_two_gpu_pair_sees_both_gpus(tmp_path: Path, hosts: bool
             return []
 
     adapter = '{"base_path": "/kv", "type": "fs"}'
-    spec = providers.LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"),
+    spec = LaunchSpec(tmp_path, model=tmp_path, devices=("GPU-a", "GPU-b"),
                                 hosts=HostsSpec(adapter, "fs -> /kv") if hosts else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(providers, "LMCacheServer", Server)
@@ -314,11 +317,11 @@ def test_a_launch_that_fails_after_the_server_started_stops_the_server(
 
     monkeypatch.setattr(providers, "vllm_argv", broken)
     with pytest.raises(OSError, match="no such model file"):
-        providers.launch_vllm_pair(providers.LaunchSpec(tmp_path, model=tmp_path))
+        providers.launch_vllm_pair(LaunchSpec(tmp_path, model=tmp_path))
     assert stopped == ["server"]
     # the OFF arm starts no server: nothing to stop, the error as raised
     with pytest.raises(OSError, match="no such model file"):
-        providers.launch_vllm_pair(providers.LaunchSpec(tmp_path, model=tmp_path, arm="OFF"))
+        providers.launch_vllm_pair(LaunchSpec(tmp_path, model=tmp_path, arm="OFF"))
     assert stopped == ["server"]
 
 
@@ -332,7 +335,8 @@ def test_each_arm_launches_vllm_with_its_own_cache_path(
         tmp_path: Path, arm: str, wanted: list[str], unwanted: list[str]) -> None:
     """ON: LMCache's MP connector; OFF: GPU prefix caching alone; NATIVE: vLLM's own CPU
     offloading at the pool's size (per replica, not shared)."""
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, vllm_argv
+    from pytest_sharedkv.stack.launch.providers import vllm_argv
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     spec = LaunchSpec(log_dir=tmp_path, arm=arm, l1_size_gb=16.0)
@@ -408,7 +412,9 @@ def test_logged_errors_reads_chains_and_bare_lines() -> None:
 def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path: Path) -> None:
     """The engine flags come from one recorded structure: EngineSettings() keeps eager mode
     (the service tier), PERF_ENGINE runs with CUDA graphs as production does."""
-    from pytest_sharedkv.stack.launch.providers import PERF_ENGINE, LaunchSpec, vllm_argv
+    from pytest_sharedkv.stack.engine_settings import PERF_ENGINE
+    from pytest_sharedkv.stack.launch.providers import vllm_argv
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     eager = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path))
     graphs = vllm_argv(tmp_path, 8000, None, LaunchSpec(log_dir=tmp_path, engine=PERF_ENGINE))
@@ -425,13 +431,9 @@ def test_perf_arms_run_with_cuda_graphs_and_the_correctness_tiers_eager(tmp_path
 def test_a_kv_budget_the_load_settings_and_user_flags_reach_the_argv(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from pytest_sharedkv.stack.launch.providers import (
-        PERF_ENGINE,
-        EngineSettings,
-        LaunchSpec,
-        together,
-        vllm_argv,
-    )
+    from pytest_sharedkv.stack.engine_settings import PERF_ENGINE, EngineSettings
+    from pytest_sharedkv.stack.launch.providers import together, vllm_argv
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     engine = replace(PERF_ENGINE, kv_cache_bytes=38 << 30, load_format="dummy",
                      quantization="fp8", extra_args=("--max-num-seqs", "32", "--foo", "a b"))
@@ -477,8 +479,8 @@ def test_every_launched_process_is_recorded_with_the_env_the_suite_set(
                         lambda pair, together=False: started.append(together))
     monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
     monkeypatch.setenv("UNRELATED_CALLER_VAR", "x")
-    engine = replace(providers.PERF_ENGINE, kv_cache_bytes=1 << 30)
-    pair = providers.launch_vllm_pair(providers.LaunchSpec(
+    engine = replace(PERF_ENGINE, kv_cache_bytes=1 << 30)
+    pair = providers.launch_vllm_pair(LaunchSpec(
         tmp_path, model=tmp_path, devices=devices, engine=engine))
     names = [x["name"] for x in pair.launches]
     assert names == ["lmcache server (mixed)", "vllm replica A", "vllm replica B"]
@@ -515,7 +517,7 @@ def test_every_provider_constructs_its_pair_with_one_launch_record(
     from pytest_sharedkv.stack.launch import providers
 
     monkeypatch.setattr(providers, "start_all", lambda pair, together=False: None)
-    stub = providers.stub_pair(providers.LaunchSpec(tmp_path, kv_audit=True, arm="NATIVE"))
+    stub = providers.stub_pair(LaunchSpec(tmp_path, kv_audit=True, arm="NATIVE"))
     record = stub.record
     assert (record.provider, record.arm) == ("stub (test double)", "NATIVE")
     assert [p.name for p in record.processes] == ["stub replica A", "stub replica B"]
@@ -527,7 +529,7 @@ def test_every_provider_constructs_its_pair_with_one_launch_record(
     assert stub.labels == {"provider": "stub (test double)", "allocator": "native (own pool)",
                            "delay": "0"}
     assert stub.kv_audit_dir == tmp_path / "kv-audit" and not stub.has_server
-    assert stub.engine_settings == providers.EngineSettings().record()
+    assert stub.engine_settings == EngineSettings().record()
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.allocator = "mixed"  # type: ignore[misc]
 
@@ -545,7 +547,8 @@ def test_every_provider_constructs_its_pair_with_one_launch_record(
 
 def test_each_replica_compiles_into_its_own_cache(tmp_path: Path) -> None:
     """Two engines compiling at once never share VLLM_CACHE_ROOT; the server gets none."""
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     spec = LaunchSpec(log_dir=tmp_path, compile_cache=tmp_path / "cache")
     a = process_env(spec, role="replica A", base={})

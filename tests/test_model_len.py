@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_sharedkv.stack.launch.providers import ANSWER_MARGIN, MIN_MODEL_LEN, max_model_len
+from pytest_sharedkv.stack.launch.spec import ANSWER_MARGIN, MIN_MODEL_LEN, max_model_len
 
 
 def _model(tmp_path: Path, context: int | None) -> Path:
@@ -31,8 +31,7 @@ def test_a_config_without_a_context_leaves_the_need(tmp_path: Path) -> None:
 
 
 def test_the_launcher_counts_every_prompt_its_corpus_sends() -> None:
-    from pytest_sharedkv.corpus.cases import Case, CaseSet, SessionCase, SessionTurn
-    from pytest_sharedkv.stack.fixtures import longest_prompt
+    from pytest_sharedkv.corpus.cases import Case, CaseSet, SessionCase, SessionTurn, longest_prompt
 
     assert longest_prompt(CaseSet("text", 256)) == 0
     cases = [Case("a", "measured", "3k", "x", "", 3_073), Case("b", "measured", "3k", "y", "")]

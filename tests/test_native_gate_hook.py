@@ -23,7 +23,7 @@ import pytest
 from pytest_sharedkv.engine_hooks import corrupt_hook
 from pytest_sharedkv.engine_hooks import native_gate_hook as hook
 from pytest_sharedkv.service.sensitivity import PROVEN, VOID, GateResult, judge
-from pytest_sharedkv.stack.launch.providers import INJECT_DIR, gate_paths
+from pytest_sharedkv.stack.launch.spec import INJECT_DIR, gate_paths
 
 # vLLM 0.26.0's v1/kv_offload/cpu/gpu_worker.py, reduced: the CPU -> GPU copy is deferred
 # to wait()/get_finished() (an asynchronous copy that lands later)

@@ -21,6 +21,7 @@ from pytest_sharedkv.host.devices import Gpu
 from pytest_sharedkv.host.leases import LEASE_DIR_NAME, LeaseManager
 from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV
 from pytest_sharedkv.stack.faults import StubFaults
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 LOG_ENV = "PAIR_LEASE_LOG"
 CONFTEST = """
@@ -137,7 +138,7 @@ def test_the_pair_takes_its_devices_from_its_lease_not_the_environment(
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    launched: list[providers.LaunchSpec] = []
+    launched: list[LaunchSpec] = []
     monkeypatch.setattr(providers, "launch_vllm_pair", launched.append)
     manager = LeaseManager(tmp_path / "locks", _gpus(3), owner="gw0")
     lease = manager.acquire(2, timeout=0.2)

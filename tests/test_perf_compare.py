@@ -410,7 +410,7 @@ def test_a_partial_pool_hit_in_after_fails_the_compare(tmp_path: Path,
 
 def with_engine(data: dict[str, Any], **settings: Any) -> dict[str, Any]:
     """DATA as if screened with these engine settings (providers.EngineSettings.record)."""
-    from pytest_sharedkv.stack.launch.providers import PERF_ENGINE
+    from pytest_sharedkv.stack.engine_settings import PERF_ENGINE
 
     out = copy.deepcopy(data)
     out["perf"]["engine_settings"] = {**PERF_ENGINE.record(), **settings}
@@ -459,7 +459,7 @@ def test_the_other_tiers_engine_facts_that_differ_are_named(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, baseline: dict[str, Any]) -> None:
     """Reports without perf compare the engine_settings facts the replica and service
     tiers record (ReplicaPair.record_launches), where both have them."""
-    from pytest_sharedkv.stack.launch.providers import EngineSettings
+    from pytest_sharedkv.stack.engine_settings import EngineSettings
 
     plain = {k: v for k, v in baseline.items() if k != "perf"}
 

@@ -21,6 +21,7 @@ from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, con
 from pytest_sharedkv.stack.l2 import backends as l2
 from pytest_sharedkv.stack.l2 import redis_server
 from pytest_sharedkv.stack.launch import stacks as stack_launch
+from pytest_sharedkv.stack.launch.spec import StackUnavailable
 from tests.conftest import keep_loaded
 from tests.test_stacks_wiring import cases, model, spec_for
 
@@ -92,7 +93,7 @@ def test_the_inprocess_stacks_redis_names_the_client(tmp_path: Path,
     monkeypatch.setattr(providers, "launch_vllm_pair", launched)
     spec = spec_for(tmp_path, config_dict(AttentionCopyRecipe()))
     planned = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8)
-    with pytest.raises(stack_launch.StackUnavailable,
+    with pytest.raises(StackUnavailable,
                        match=r"^--sharedkv-stack inprocess: no Python client for Redis"):
         stack_launch.launch_stack_pair(planned)
     none = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8,

@@ -49,7 +49,8 @@ def test_no_hook_reaches_a_launched_server_or_replica(tmp_path: Path) -> None:
     suite builds for it); the native stack's model on the stub records its gate off."""
     from pytest_sharedkv.engine_hooks import corrupt_hook, native_gate_hook
     from pytest_sharedkv.engine_hooks.delay_hook import SERVER_ROLE
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     on, off = LaunchSpec(log_dir=tmp_path), LaunchSpec(log_dir=tmp_path, gate=False)
     assert corrupt_hook.CONTROL_ENV in process_env(on, base={}, role=SERVER_ROLE)

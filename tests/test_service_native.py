@@ -217,7 +217,8 @@ def test_every_stack_has_an_expectation_for_every_step() -> None:
 
 def test_a_native_launch_passes_its_gpu_to_the_stub(tmp_path: Path) -> None:
     from pytest_sharedkv.stack.launch import stacks as stack_launch
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native"))
     try:

@@ -341,7 +341,7 @@ def test_a_cell_relaunches_the_pass_launch_with_its_control_on_top(tmp_path: Pat
     """The typed changes a control makes: the pass's devices, allocator and environment
     (the lease's device order) stay; the control's variables go on top; no gate, no delay,
     the audit on, logs of its own."""
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     order = (("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),)
     spec = LaunchSpec(tmp_path / "pass", allocator="lazy", devices=("0",), server_env=order,

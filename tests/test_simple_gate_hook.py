@@ -25,7 +25,7 @@ from pytest_sharedkv.engine_hooks import corrupt_hook
 from pytest_sharedkv.engine_hooks import simple_gate_hook as hook
 from pytest_sharedkv.engine_hooks.native_gate_hook import Group, Zeroed
 from pytest_sharedkv.service.sensitivity import PROVEN, VOID, GateResult, judge
-from pytest_sharedkv.stack.launch.providers import INJECT_DIR, gate_paths
+from pytest_sharedkv.stack.launch.spec import INJECT_DIR, gate_paths
 from tests.test_native_gate_hook import (  # vLLM 0.26.0's spec classes, stood in
     SPECS,
     installed_vllm,

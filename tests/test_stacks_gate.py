@@ -24,7 +24,8 @@ from pytest_sharedkv.engine_hooks import corrupt_hook
 from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import INJECT_DIR, _vllm_pair, gate_paths
+from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.spec import INJECT_DIR, gate_paths
 from tests.test_stacks_wiring import cases, spec_for
 
 CONNECTORS = """
@@ -159,7 +160,8 @@ def test_the_native_stack_arms_replica_b_for_the_gate(tmp_path: Path, gate: bool
 
 
 def test_the_native_stub_models_the_gate_on_b(tmp_path: Path) -> None:
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.launch.providers import stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     pair = stub_pair(stack_launch.stub_spec(LaunchSpec(log_dir=tmp_path), "native"))
     record = pair.record

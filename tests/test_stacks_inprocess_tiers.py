@@ -13,13 +13,14 @@ import pytest
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
 from pytest_sharedkv.stack.launch import stacks as stack_launch
 from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.spec import StackLaunch, StackUnavailable
 from tests.test_stacks_wiring import cases, model, spec_for
 
 ATTENTION = config_dict(AttentionCopyRecipe())
 
 
 def configs(tmp_path: Path, tiers: stack_launch.InprocessTiers
-            ) -> tuple[stack_launch.StackLaunch, dict[str, dict[str, object]]]:
+            ) -> tuple[StackLaunch, dict[str, dict[str, object]]]:
     spec = stack_launch.stacked_spec(spec_for(tmp_path, ATTENTION), "inprocess",
                                      cases({"3k": (4, 3009)}), 8, tiers)
     assert spec.stack is not None and spec.stack.record is not None
@@ -51,7 +52,7 @@ def test_no_remote_starts_no_redis_and_has_no_gate(tmp_path: Path) -> None:
 def test_a_disk_tier_that_cannot_be_written_names_its_option(tmp_path: Path) -> None:
     spec = spec_for(tmp_path, ATTENTION)
     (tmp_path / "file").write_text("")
-    with pytest.raises(stack_launch.StackUnavailable,
+    with pytest.raises(StackUnavailable,
                        match=r"^--sharedkv-inprocess-disk-gib: local_disk: .* is not a dir"):
         stack_launch.stacked_spec(replace(spec, log_dir=tmp_path / "file" / "logs"),
                                   "inprocess", cases({"3k": (4, 3009)}), 8,

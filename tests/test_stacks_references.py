@@ -12,7 +12,8 @@ import pytest
 
 from pytest_sharedkv.service import references
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import LaunchSpec, stub_pair
+from pytest_sharedkv.stack.launch.providers import stub_pair
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 
 def _pair(provider: str, stack: dict[str, Any] | None) -> Any:

@@ -14,9 +14,11 @@ from pytest_sharedkv.cli.compare.reading import Report
 from pytest_sharedkv.cli.compare.stacks import INPROCESS, MP, NATIVE, STUB, stack_change, stack_of
 from pytest_sharedkv.corpus.cases import Case, CaseSet
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
+from pytest_sharedkv.stack.engine_settings import EngineSettings
 from pytest_sharedkv.stack.l2 import redis_server
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import EngineSettings, LaunchSpec, _vllm_pair
+from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.spec import LaunchSpec, StackUnavailable
 from pytest_sharedkv.stack.launch_record import LaunchRecord
 
 HYBRID = {"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}
@@ -260,7 +262,7 @@ def test_the_stub_says_which_native_connector_it_stands_for(tmp_path: Path) -> N
 
 
 def test_a_native_corpus_that_fits_the_gpu_cannot_run(tmp_path: Path) -> None:
-    with pytest.raises(stack_launch.StackUnavailable, match="--sharedkv-stack native: "
+    with pytest.raises(StackUnavailable, match="--sharedkv-stack native: "
                        "group_tokens"):
         stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                   "native", cases({"3k": (4, 3009)}), 8)
@@ -282,7 +284,7 @@ def test_planning_the_inprocess_stack_needs_no_redis_its_launch_names_it(
         raise AssertionError("the replicas started without their Redis")
 
     monkeypatch.setattr(providers, "launch_vllm_pair", launched)
-    with pytest.raises(stack_launch.StackUnavailable,
+    with pytest.raises(StackUnavailable,
                        match=r"--sharedkv-stack inprocess: no redis-server: none on PATH"):
         stack_launch.launch_stack_pair(spec)
     assert spec.stack.backend.stop() == []  # nothing was started

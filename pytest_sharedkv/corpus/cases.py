@@ -116,3 +116,9 @@ def copy_case_set(corpus: object, source: str,
     return CaseSet("copy", corpus.chunk, cases, sessions,
                    decode=lambda text: tuple(ids_of(text, recipe)),
                    zeroed_chunk=zeroed_chunk(corpus), answer_tokens=ANSWER, source=source)
+
+
+def longest_prompt(cases: CaseSet) -> int:
+    """The longest prompt the corpus sends (its cases and session turns), in tokens."""
+    longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
+    return max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])

@@ -24,7 +24,7 @@ from pytest_sharedkv.stack.launch.identity_launch import ReplicaIdentity, StubId
 
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.faults import StubFaults
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
     from pytest_sharedkv.stack.pair import ReplicaPair
 
 CHUNK = 32  # the stub's pool chunk (the other chunk: twice it)
@@ -83,7 +83,7 @@ def _other(pair: ReplicaPair, prompt: str, salt: str, fresh: str) -> SideResult:
 
 def run(dimension: Dimension, log_dir: Path, salt: str, faults: StubFaults) -> StubRun:
     """DIMENSION's two cells on stub pairs under LOG_DIR (every pair closed)."""
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     prompt = copy_prompt(f"identity-{dimension}")
     spec = LaunchSpec(log_dir=log_dir, chunk_size=CHUNK, gate=False, stub_faults=faults,

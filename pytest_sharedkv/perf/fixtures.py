@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from pytest_sharedkv.perf.payloads import PayloadSet
     from pytest_sharedkv.perf.pool_size import PoolSize
     from pytest_sharedkv.report.terminal import TierReport
+    from pytest_sharedkv.stack.engine_settings import EngineSettings
     from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.l2.backends import L2
-    from pytest_sharedkv.stack.launch.providers import EngineSettings
     from pytest_sharedkv.stack.pair import ReplicaPair
     from pytest_sharedkv.stack.topology import HostsSpec
 
@@ -279,7 +279,9 @@ def launch_arm(arm: str) -> str:
 def _stub_setup(settings: Settings, arms: tuple[str, ...],
                 tmp_path_factory: pytest.TempPathFactory, faults: StubFaults,
                 hosts: HostsSpec | None = None) -> _Setup:
-    from pytest_sharedkv.stack.launch.providers import PERF_ENGINE, LaunchSpec, stub_pair
+    from pytest_sharedkv.stack.engine_settings import PERF_ENGINE
+    from pytest_sharedkv.stack.launch.providers import stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     chunk = settings.chunk_size or STUB_CHUNK
     # recorded as a vllm pair's would be (the stub runs none of it): the flags' path
@@ -325,7 +327,7 @@ def engine_for(settings: Settings, model: Path, gpus: Sequence[Gpu],
     both replicas start together) and the report's lines on each choice."""
     from pytest_sharedkv.host.devices import compute_capability
     from pytest_sharedkv.models.compute_model import load_flags
-    from pytest_sharedkv.stack.launch.providers import PERF_ENGINE
+    from pytest_sharedkv.stack.engine_settings import PERF_ENGINE
 
     capability = compute_capability(gpus[0]) if gpus else None
     load_format, quantization, load_why = load_flags(model, capability)
@@ -421,10 +423,8 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
     from pytest_sharedkv.models.compute_model import is_compute_model
     from pytest_sharedkv.models.geometry_model import is_geometry_model
-    from pytest_sharedkv.stack.launch.providers import (
-        LaunchSpec,
-        launch_vllm_pair,
-    )
+    from pytest_sharedkv.stack.launch.providers import launch_vllm_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
     chunk = settings.chunk_size or derive_chunk_size(model)
     from pytest_sharedkv.host.devices import visible_tokens
@@ -475,7 +475,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
     ON: LMCache's MP connector, mixed allocator), the stub double (OFF: no shared pool), or
     external endpoints (one block as deployed). ``.run()`` gives the PerfRun."""
     from pytest_sharedkv.perf.blocks import BlockRunner, Plan, block_arms
-    from pytest_sharedkv.stack.launch.providers import max_model_len
+    from pytest_sharedkv.stack.launch.spec import max_model_len
     from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
     from pytest_sharedkv.stack.namespaces import Namespaces, run_id
 

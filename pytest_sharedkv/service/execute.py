@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pytest_sharedkv.stack.fixtures import PairSlot
     from pytest_sharedkv.stack.l2.backends import L2
     from pytest_sharedkv.stack.l2.log import KeySplit
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 GATE, SESSIONS, PROTOCOL = "gate", "sessions", "protocol"
 IDENTICAL = "identical"  # the stage of the identical requests in flight together

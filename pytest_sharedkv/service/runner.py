@@ -33,16 +33,14 @@ from pytest_sharedkv.service.answers import Answer, ServiceRun, StepTotals
 from pytest_sharedkv.service.expected_hits import prefix_caching_of, remote_of, stack_of
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.lmcache_server import STORE_S_PER_TOKEN
-from pytest_sharedkv.stack.pair import (
+from pytest_sharedkv.stack.metrics import (
     EXTERNAL_HITS,
     LOCAL_HITS,
-    REPLICAS,
     Counters,
-    ReplicaError,
-    ReplicaPair,
     counter_delta,
     counters_read,
 )
+from pytest_sharedkv.stack.pair import REPLICAS, ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.request_tags import request_tag
 from pytest_sharedkv.stack.steps import OTHER, STEPS, Step
 

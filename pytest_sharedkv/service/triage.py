@@ -33,7 +33,7 @@ from pytest_sharedkv.corpus.cases import Case
 from pytest_sharedkv.engine_hooks import stream_remedy_hook
 from pytest_sharedkv.service.answers import ServiceRun
 from pytest_sharedkv.service.runner import Runner, Salts
-from pytest_sharedkv.stack.launch.providers import LaunchSpec
+from pytest_sharedkv.stack.launch.spec import LaunchSpec
 from pytest_sharedkv.stack.pair import ReplicaError, ReplicaPair
 from pytest_sharedkv.stack.steps import Step
 

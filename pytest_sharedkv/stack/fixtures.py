@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # runtime imports stay lazy
     from pytest_sharedkv.host.leases import Lease
     from pytest_sharedkv.stack.faults import StubFaults
     from pytest_sharedkv.stack.l2.backends import L2
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer
     from pytest_sharedkv.stack.namespaces import Namespaces
     from pytest_sharedkv.stack.pair import ReplicaPair
@@ -469,15 +469,11 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
     launched pair's engines on the lease's devices, with the lease's environment; in the
     hosts topology a server per replica over HOSTS's L2; each server's L1 the option's)."""
     from pytest_sharedkv.config.engine import Engine
+    from pytest_sharedkv.corpus.cases import longest_prompt
     from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
-    from pytest_sharedkv.stack.launch.providers import (
-        EngineSettings,
-        LaunchSpec,
-        external_pair,
-        launch_vllm_pair,
-        max_model_len,
-        stub_pair,
-    )
+    from pytest_sharedkv.stack.engine_settings import EngineSettings
+    from pytest_sharedkv.stack.launch.providers import external_pair, launch_vllm_pair, stub_pair
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec, max_model_len
 
     engine = EngineSettings(extra_args=settings.vllm_args)
     serving = settings.engine  # --sharedkv-engine: vLLM or SGLang in each replica
@@ -521,8 +517,8 @@ def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int
 
             return launch_sglang_pair(edit(spec) if edit is not None else spec)
         if settings.stack is not Stack.MP:  # --sharedkv-stack inprocess|native
+            from pytest_sharedkv.stack.launch.spec import StackUnavailable
             from pytest_sharedkv.stack.launch.stacks import (
-                StackUnavailable,
                 inprocess_tiers,
                 launch_stack_pair,
                 stacked_spec,
@@ -545,12 +541,6 @@ def sharedkv_replica_pair(sharedkv_pair_slot: PairSlot) -> ReplicaPair:
     """Two replicas over one LMCache pool, live (``PairSlot.pair``): the session's pair of
     this test's (allocator, delay) cell. A test never closes it."""
     return sharedkv_pair_slot.pair
-
-
-def longest_prompt(cases: CaseSet) -> int:
-    """The longest prompt the corpus sends (its cases and session turns), in tokens."""
-    longest = max((c.prompt_tokens or 0 for c in cases.cases), default=0)
-    return max([longest, *(t.prompt_tokens or 0 for s in cases.sessions for t in s.turns)])
 
 
 @pytest.fixture

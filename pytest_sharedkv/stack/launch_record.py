@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_sharedkv.engine_hooks.delay_hook import cycles_label
 
 if TYPE_CHECKING:  # the record only holds them
-    from pytest_sharedkv.stack.launch.providers import EngineSettings
+    from pytest_sharedkv.stack.engine_settings import EngineSettings
     from pytest_sharedkv.stack.lmcache_server import ServerConfig
 
 UNKNOWN = "unknown"  # how a report key says a value the suite could not know

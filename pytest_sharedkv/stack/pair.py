@@ -24,13 +24,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed, http_ok
 from pytest_sharedkv.stack.completions import read_usage, request_body
 from pytest_sharedkv.stack.launch_record import LaunchRecord
+from pytest_sharedkv.stack.metrics import (
+    EXTERNAL_HITS,
+    LOCAL_HITS,
+    Counters,
+    counter_delta,
+    counters_read,
+    parse_counters,
+)
 
 if TYPE_CHECKING:
     from pytest_sharedkv.stack.topology import Topology
 
-LOCAL_HITS = "vllm:prefix_cache_hits"
 UNREAD = "counters could not be read"
-EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 REPLICAS = ("A", "B")
 
 
@@ -52,48 +58,11 @@ class Reply:
     counters_read: bool = True
 
 
-def parse_counters(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name without _total: value summed over labels}.
-
-    prometheus_client's own parser reads it (a sample's optional timestamp is not its value;
-    label values may hold spaces and braces); text that stops parsing yields what came before.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name.removesuffix("_total")
-                totals[name] = totals.get(name, 0.0) + float(sample.value)
-    except ValueError:
-        pass
-    return totals
-
-
 def _one_line(exc: BaseException) -> str:
     """urllib's errors wrap the socket's: '[Errno 111] Connection refused', one line."""
     reason = getattr(exc, "reason", None)
     text = str(reason if isinstance(exc, urllib.error.URLError) and reason else exc)
     return (text.strip().splitlines() or [type(exc).__name__])[0][:300]
-
-
-Counters = dict[str, float]
-
-
-def counter_delta(before: Counters | None, after: Counters | None, name: str
-                  ) -> int | None:
-    """How much counter NAME grew between two reads; None when that is unknown: a read
-    failed (None), or either read lacks the counter (the engine has none). A missing
-    "before" is never 0: one failed scrape would credit the engine's cumulative total."""
-    if before is None or after is None or name not in after or name not in before:
-        return None
-    return int(after[name] - before[name])
-
-
-def counters_read(*reads: Counters | None) -> bool:
-    """Every one of these metrics reads succeeded."""
-    return all(read is not None for read in reads)
 
 
 @dataclass

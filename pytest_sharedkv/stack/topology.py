@@ -70,7 +70,7 @@ class HostsSpec:
 def l1_evictions(metrics: str) -> int | None:
     """The L1 evictions a server's metrics text counted; None where it counted nothing
     at all (no counter read)."""
-    from pytest_sharedkv.stack.pair import parse_counters
+    from pytest_sharedkv.stack.metrics import parse_counters
 
     counters = parse_counters(metrics)
     if EVICTED in counters:

@@ -434,7 +434,8 @@ def run_pair(workdir: Path, salt: str, device: str = "cpu", allocator: str = "mi
     self-test planted in B.
     """
     from pytest_sharedkv.processes.managed import ManagedProcess, ProcessFailed
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec, inject_log, process_env
+    from pytest_sharedkv.stack.launch.providers import process_env
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec, inject_log
     from pytest_sharedkv.stack.lmcache_server import LMCacheServer, ServerConfig
 
     if device not in DEVICES:

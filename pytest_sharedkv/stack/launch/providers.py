@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +30,17 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     SERVER_ROLE,
 )
 from pytest_sharedkv.engine_hooks.switches import arms_a_hook
-from pytest_sharedkv.layouts.chunk_size import DEFAULT_CHUNK
 from pytest_sharedkv.processes.managed import ManagedProcess, free_port
-from pytest_sharedkv.stack.faults import StubFaults, stub_hook_flags
+from pytest_sharedkv.stack.engine_settings import KV_CACHE_FLAG
+from pytest_sharedkv.stack.faults import stub_hook_flags
+from pytest_sharedkv.stack.launch.spec import (
+    INJECT_DIR,
+    LaunchSpec,
+    audit_dir,
+    gate_paths,
+    inject_log,
+    sync_log,
+)
 from pytest_sharedkv.stack.launch_record import (
     Launched,
     LaunchPaths,
@@ -45,150 +53,9 @@ from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 from pytest_sharedkv.stack.topology import HOSTS, SHARED, HostsSpec, ServerView, Topology
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.launch.identity_launch import StubIdentity
-    from pytest_sharedkv.stack.launch.stacks import StackLaunch
+    pass
 
-INJECT_DIR = Path(__file__).resolve().parents[2] / "engine_hooks" / "inject"
 SERVED_NAME = "sharedkv-model"
-# with the shared LMCache pool / GPU prefix caching alone / vLLM's own CPU offloading
-# (one pool of l1_size_gb per replica, not shared)
-LAUNCH_ARMS = ("ON", "OFF", "NATIVE")
-
-
-KV_CACHE_FLAG = "--kv-cache-memory-bytes"  # a fixed GPU KV cache per engine
-SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # set unless the user's environment has it
-GDN_PREFILL = {"gdn_prefill_backend": "triton"}
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Every engine flag the suite chooses for a launched vLLM, in one recorded place, so a
-    report says what its engines ran with and ``compare`` can tell two reports apart by
-    it. ``enforce_eager``: the correctness tiers keep eager mode (no graph capture: faster
-    starts); the perf tier runs with CUDA graphs, as production does. ``kv_cache_bytes``:
-    an explicit ``--kv-cache-memory-bytes`` per replica (both replicas can then start
-    together on one GPU: no profiling of each other's memory); None: vLLM sizes its cache
-    from ``gpu_memory_utilization`` and the replicas start one after the other.
-    ``gpu_memory_utilization`` is passed either way: beside an explicit cache it sizes
-    nothing, but vLLM refuses to start unless that share of the GPU is free.
-    ``load_format``/``quantization``: a weightless model's (``--load-format dummy``).
-    ``extra_args``: the user's own (``--sharedkv-vllm-args``), appended last."""
-
-    enforce_eager: bool = True
-    max_num_seqs: int = 16
-    gpu_memory_utilization: float = 0.35
-    kv_cache_bytes: int | None = None
-    additional_config: tuple[tuple[str, str], ...] = tuple(GDN_PREFILL.items())
-    env: tuple[tuple[str, str], ...] = tuple(SAMPLER_ENV.items())
-    load_format: str | None = None
-    quantization: str | None = None
-    extra_args: tuple[str, ...] = ()
-
-    def flags(self) -> list[str]:
-        """The vLLM flags these settings give (the same for every replica and arm)."""
-        argv = ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.enforce_eager:
-            argv.append("--enforce-eager")
-        if self.kv_cache_bytes is not None:  # the utilization is then a start check only
-            argv += [KV_CACHE_FLAG, str(self.kv_cache_bytes)]
-        argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
-        if self.load_format is not None:
-            argv += ["--load-format", self.load_format]
-        if self.quantization is not None:
-            argv += ["--quantization", self.quantization]
-        return argv
-
-    def record(self) -> dict[str, Any]:
-        """The settings as the JSON report keeps them (``compare`` reads them back)."""
-        data = asdict(self)
-        data["additional_config"] = dict(self.additional_config)
-        data["env"] = dict(self.env)
-        data["extra_args"] = list(self.extra_args)
-        return data
-
-
-PERF_ENGINE = EngineSettings(enforce_eager=False)  # CUDA graphs, as served in production
-
-
-MIN_MODEL_LEN = 4096  # the served context a launched pair gets at least
-ANSWER_MARGIN = 64  # tokens of slack past prompt and answer
-
-
-def max_model_len(longest_prompt: int, answer_tokens: int, model: Path | None) -> int:
-    """The served context a pair needs (vLLM's --max-model-len): the longest prompt it is
-    sent plus its answer and a margin, at least MIN_MODEL_LEN, and never past the context
-    the model was built for (its config.json) where that is known."""
-    from pytest_sharedkv.models.config_file import max_position_embeddings
-
-    need = max(MIN_MODEL_LEN, longest_prompt + answer_tokens + ANSWER_MARGIN)
-    return min(need, max_position_embeddings(model, need))
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What a launched pair needs: where to log, which devices, which model, faults."""
-
-    log_dir: Path
-    allocator: str = "mixed"
-    model: Path | None = None
-    devices: tuple[str, ...] = ()
-    inject_delay_cycles: int = 0
-    chunk_size: int = DEFAULT_CHUNK  # the launchers pass the model's (derive_chunk_size)
-    l1_size_gb: float = 8.0
-    max_model_len: int = MIN_MODEL_LEN
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    ready_timeout: float = 900.0
-    gate: bool = True  # arm the service tier's sensitivity gate in the LMCache server
-    kv_audit: bool = False  # digest the KV each replica stores and loads (kv_audit_hook)
-    arm: str = "ON"  # OFF: no LMCache server, no connector, no pool (the perf baseline)
-    stub_prefill_us: float = 0.0  # stub only: simulated prefill per uncached prompt token
-    stub_faults: StubFaults = field(default_factory=StubFaults)  # stub only: self-tests
-    # the service triage's controls: variables set in the LMCache server / both replicas,
-    # and a device synchronize around every KV transfer in the server (sync_hook)
-    server_env: tuple[tuple[str, str], ...] = ()
-    replica_env: tuple[tuple[str, str], ...] = ()
-    sync_transfers: bool = False
-    # each replica's VLLM_CACHE_ROOT (compiled graphs) is <compile_cache>/<A|B>: two engines
-    # compiling at once never write one directory, and the next block's start of a replica
-    # finds what it compiled; None: vLLM's default (~/.cache/vllm)
-    compile_cache: Path | None = None
-    # the hosts topology: one LMCache server per replica sharing this L2 (None: one server
-    # both replicas share); count_evictions: each server counts its L1 evictions (its
-    # observability on; the stub's L1 then holds l1_size_gb at STUB_TOKEN_BYTES a token)
-    hosts: HostsSpec | None = None
-    count_evictions: bool = False
-    # --sharedkv-stack inprocess|native (stack/launch/stacks.py): each replica's extra flags
-    # and variables and the record's naming of the stack; None: the MP server's stack
-    stack: StackLaunch | None = None
-    # the identity tier: what each stub replica serves as (stack/launch/identity_launch.py)
-    identity: StubIdentity | None = None
-    # --sharedkv-engine: the engine in each replica (stack/launch/sglang_engine.py for SGLang;
-    # the stub double answers as it does)
-    serving: Engine = Engine.VLLM
-
-    def __post_init__(self) -> None:
-        if self.arm not in LAUNCH_ARMS:
-            raise ValueError(f"arm must be one of {LAUNCH_ARMS}, not {self.arm!r}")
-
-
-def gate_paths(log_dir: Path) -> tuple[Path, Path]:
-    """(control file, log) of the sensitivity gate's hook in the LMCache server."""
-    return log_dir / "gate-control.json", log_dir / "gate-zeroed.log"
-
-
-def audit_dir(log_dir: Path) -> Path:
-    """Where the replicas' in-engine KV audit writes its digest logs."""
-    return log_dir / "kv-audit"
-
-
-def sync_log(log_dir: Path) -> Path:
-    """Where the server logs each synchronized KV transfer (the triage's sync control)."""
-    return log_dir / "sync-transfers.log"
-
-
-def inject_log(log_dir: Path) -> Path:
-    """Where the launched processes log each delayed call (fault-sensitivity mode)."""
-    return log_dir / "inject-delay.log"
 
 
 def process_env(spec: LaunchSpec, devices: tuple[str, ...] = (),
@@ -518,7 +385,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     if spec.stack is not None:  # the stack the double models, said in its record
         record = spec.stack.named_in(record)
     elif spec.serving is Engine.SGLANG:  # the engine it answers as, said in its record
-        from pytest_sharedkv.stack.launch.sglang_engine import engine_fact
+        from pytest_sharedkv.stack.launch.sglang_dialect import engine_fact
 
         record = replace(record, stack=engine_fact(None))
     a, b = replicas["A"], replicas["B"]
@@ -543,7 +410,7 @@ def _dialect(spec: LaunchSpec) -> dict[str, Any]:
     """The Replica fields that read an SGLang stub's answers and counters as SGLang's."""
     if spec.serving is not Engine.SGLANG:
         return {}
-    from pytest_sharedkv.stack.launch.sglang_engine import sglang_answer, sglang_counters
+    from pytest_sharedkv.stack.launch.sglang_dialect import sglang_answer, sglang_counters
 
     return {"counters_from": sglang_counters, "answer_shape": sglang_answer}
 

@@ -34,21 +34,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sharedkv.stack.launch_record import LaunchPaths, LaunchRecord, ReplicaLaunch, launched
-from pytest_sharedkv.stack.pair import (
-    EXTERNAL_HITS,
-    LOCAL_HITS,
-    Counters,
-    Replica,
-    ReplicaPair,
-    parse_counters,
-    start_all,
+from pytest_sharedkv.stack.launch.sglang_dialect import (
+    SGLANG_VERSION,
+    engine_fact,
+    sglang_answer,
+    sglang_counters,
 )
+from pytest_sharedkv.stack.launch_record import LaunchPaths, LaunchRecord, ReplicaLaunch, launched
+from pytest_sharedkv.stack.pair import Replica, ReplicaPair, start_all
 
 if TYPE_CHECKING:
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
-SGLANG_VERSION = "0.5.17"  # the release whose LMCache path this module is written for
 SERVED_NAME = "sharedkv-model"
 PAGE_SIZE = 16  # SGLang's --page-size; LMCache's chunk must be a multiple of it
 # sgl_kernel 0.4.5's FA3 library (flash_ops.abi3.so, 1.12 GB) does not travel to the GPU
@@ -56,12 +53,6 @@ PAGE_SIZE = 16  # SGLang's --page-size; LMCache's chunk must be a multiple of it
 # the pytorch sampler needs no FlashInfer JIT
 ATTENTION_BACKEND = "triton"
 SAMPLING_BACKEND = "pytorch"
-CACHED = "sglang:cached_tokens"  # sglang:cached_tokens_total{cache_source=...}
-LOCAL_SOURCES = frozenset({"device"})  # SGLang's radix cache on the GPU
-# what LMCRadixCache's init_load_back loaded (host_hit_length; storage_* is HiCache's L3)
-EXTERNAL_SOURCES = ("host", "storage_")
-KV_AUDIT = ("n/a: the KV audit's hook wraps vLLM's MP connector; SGLang 0.5.17's "
-            "LMCacheMPConnector registers its pools through CUDA IPC and has no hook here")
 
 
 @dataclass(frozen=True)
@@ -152,46 +143,6 @@ def plan_sglang_pair(spec: LaunchSpec, server_port: int, ports: tuple[int, int],
     return SGLangPlan(server_port, (planned[0], planned[1]))
 
 
-def sglang_counters(text: str) -> Counters:
-    """SGLang's /metrics read into the suite's counter names: LOCAL_HITS the cached tokens
-    from ``device``, EXTERNAL_HITS those from ``host`` and ``storage_*``; both only where
-    SGLang exports the family (``--enable-metrics``), else absent: unknown, not zero."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found = parse_counters(text)
-    local = external = 0.0
-    seen = False
-    try:
-        for family in text_string_to_metric_families(text):
-            if family.name.removesuffix("_total") != CACHED:
-                continue
-            seen = True
-            for sample in family.samples:
-                if sample.name.endswith("_created"):
-                    continue
-                source = sample.labels.get("cache_source", "")
-                if source in LOCAL_SOURCES:
-                    local += float(sample.value)
-                elif source.startswith(EXTERNAL_SOURCES):
-                    external += float(sample.value)
-    except ValueError:
-        return found
-    if seen:
-        found[LOCAL_HITS], found[EXTERNAL_HITS] = local, external
-    return found
-
-
-def sglang_answer(data: dict[str, Any]) -> dict[str, Any]:
-    """An SGLang answer in vLLM's shape: with ``--enable-cache-report`` SGLang leaves
-    ``prompt_tokens_details`` out when nothing was cached (0.5.17's
-    ``UsageProcessor._details_if_cached``); that is 0 cached tokens. An answer without
-    usage stays without it (unknown)."""
-    usage = data.get("usage")
-    if not isinstance(usage, dict) or usage.get("prompt_tokens_details") is not None:
-        return data
-    return {**data, "usage": {**usage, "prompt_tokens_details": {"cached_tokens": 0}}}
-
-
 def launch_sglang_pair(spec: LaunchSpec) -> ReplicaPair:
     """The LMCache server, then both SGLang replicas (``plan_sglang_pair``), each a
     managed process; a start that fails part way stops what it had started."""
@@ -240,7 +191,7 @@ def launch_sglang_pair(spec: LaunchSpec) -> ReplicaPair:
 def sglang_record(spec: LaunchSpec, plan: SGLangPlan, server: Any) -> LaunchRecord:
     """The launch record of an SGLang pair: the server first, then both replicas, and
     the engine named (``stack``: what ``compare`` reads as the engine)."""
-    from pytest_sharedkv.stack.launch.providers import audit_dir, gate_paths, inject_log
+    from pytest_sharedkv.stack.launch.spec import audit_dir, gate_paths, inject_log
 
     processes = [launched(server.process.name, server.process.argv, server.process.env)]
     processes += [launched(p.name, list(p.argv), dict(p.env), base={}) for p in plan.replicas]
@@ -260,9 +211,3 @@ def sglang_record(spec: LaunchSpec, plan: SGLangPlan, server: Any) -> LaunchReco
                           inject_log=inject_log(spec.log_dir)
                           if spec.inject_delay_cycles else None),
         stack=engine_fact(SGLANG_VERSION))
-
-
-def engine_fact(version: str | None) -> dict[str, Any]:
-    """The record's ``stack`` for an SGLang pair (the real one, or the stub's model of it)."""
-    return {"engine": "sglang", "engine_version": version, "connector": "LMCRadixCache",
-            "backend": "LMCache MP server", "kv_audit": KV_AUDIT}

@@ -9,10 +9,8 @@ the MP server (a shared pool, or one pool each) and its record says so."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_sharedkv.config.stack_choice import (
@@ -25,15 +23,13 @@ from pytest_sharedkv.config.stack_choice import (
     Stack,
 )
 from pytest_sharedkv.stack.launch.inprocess_connector import NO_AUDIT as INPROCESS_NO_AUDIT
+from pytest_sharedkv.stack.launch.spec import PlannedRedis, StackLaunch, StackUnavailable
 from pytest_sharedkv.stack.pair import ReplicaPair
 
 if TYPE_CHECKING:
     from pytest_sharedkv.config.options import Settings
     from pytest_sharedkv.corpus.cases import CaseSet
-    from pytest_sharedkv.stack.l2.redis_server import RedisServer
-    from pytest_sharedkv.stack.launch.inprocess_connector import InprocessLaunch
-    from pytest_sharedkv.stack.launch.providers import LaunchSpec
-    from pytest_sharedkv.stack.launch_record import LaunchRecord
+    from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 STUB_CONNECTOR = "stub (test double)"  # how compare reads a stub's record: no KV stack
 # the LaunchSpec arm each stack launches on: no MP server (the stack's flags give the
@@ -72,11 +68,6 @@ def inprocess_tiers(settings: Settings) -> InprocessTiers:
                           settings.inprocess_prefix_caching)
 
 
-class StackUnavailable(RuntimeError):
-    """The stack cannot be launched here (no redis-server or no redis-py for the
-    in-process stack's Redis, a corpus that fits the GPU)."""
-
-
 def inprocess_problem(settings: Settings) -> str | None:
     """Why ``--sharedkv-stack inprocess`` cannot start the Redis its replicas share
     (``--sharedkv-inprocess-remote redis``, the default) here: no redis-server, or no Python
@@ -93,54 +84,6 @@ def inprocess_problem(settings: Settings) -> str | None:
     return (f"{settings.source_of('stack')} inprocess shares KV through a Redis the suite "
             f"starts ({remote} {settings.inprocess_remote}): {why}; or give {remote} none, "
             "which shares nothing between the replicas")
-
-
-@dataclass(frozen=True)
-class StackLaunch:
-    """What a stack adds to each launched replica and to the launch record."""
-
-    name: str
-    arm: str
-    flags: tuple[str, ...] = ()
-    envs: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # per replica
-    record: Mapping[str, Any] = field(default_factory=dict)
-    description: str | None = None
-    allocator: str | None = None
-    backend: PlannedRedis | None = None  # started before the pair, stopped after it
-    inprocess: InprocessLaunch | None = None  # its config files, written before the start
-    # the sensitivity gate: (control file, log) of the replica hook, or None: no gate here
-    gate: tuple[Path, Path] | None = None
-
-    def replica_argv(self, argv: Sequence[str], extra_args: Sequence[str]) -> list[str]:
-        """ARGV with the stack's flags before the user's own (EXTRA_ARGS, last)."""
-        cut = len(argv) - len(extra_args)
-        return [*argv[:cut], *self.flags, *argv[cut:]]
-
-    def replica_env(self, name: str) -> dict[str, str]:
-        """NAME's variables; where one arms a hook, the hooks' directory first on its
-        path (a launched replica's environment is the run's, so its path is too)."""
-        from pytest_sharedkv.engine_hooks.switches import arms_a_hook
-
-        env = dict(dict(self.envs).get(name, ()))
-        if arms_a_hook(env.items()):
-            from pytest_sharedkv.stack.launch.providers import INJECT_DIR
-
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(INJECT_DIR), os.environ.get("PYTHONPATH", "")) if p)
-        return env
-
-    def named_in(self, record: LaunchRecord) -> LaunchRecord:
-        """RECORD naming this stack; its gate's paths are this stack's (none where the
-        record says "gate": "none")."""
-        changes: dict[str, Any] = {"stack": dict(self.record)}
-        if self.gate is not None or self.record.get("gate") == "none":
-            control, log = self.gate or (None, None)
-            changes["paths"] = replace(record.paths, gate_control=control, gate_log=log)
-        if self.description is not None:
-            changes["description"] = self.description
-        if self.allocator is not None:
-            changes["allocator"] = self.allocator
-        return replace(record, **changes)
 
 
 def group_tokens(cases: CaseSet) -> int:
@@ -189,7 +132,7 @@ def inprocess_stack(spec: LaunchSpec, config: Mapping[str, Any], remote_url: str
     gate = None
     if spec.gate and remote_url is not None:
         from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
-        from pytest_sharedkv.stack.launch.providers import gate_paths
+        from pytest_sharedkv.stack.launch.spec import gate_paths
 
         gate = gate_paths(spec.log_dir)
         envs["B"] = tuple(sorted({**dict(envs["B"]), hook.CONTROL_ENV: str(gate[0]),
@@ -246,7 +189,7 @@ def native_stack(spec: LaunchSpec, config: Mapping[str, Any], cases: CaseSet,
     gate = None
     if spec.gate:  # B's hook, as the in-process stack arms B's LMCache
         from pytest_sharedkv.engine_hooks import native_gate_hook, simple_gate_hook
-        from pytest_sharedkv.stack.launch.providers import gate_paths
+        from pytest_sharedkv.stack.launch.spec import gate_paths
 
         hook = simple_gate_hook if simple else native_gate_hook
         gate = gate_paths(spec.log_dir)
@@ -285,13 +228,13 @@ def native_problem(settings: Settings) -> str | None:
     """Why ``--sharedkv-stack native`` cannot run the corpus these settings send (its
     requests in flight alone would hold the smallest size group on the GPU), or None; the
     same sizing ``native_stack`` does at the start, said before any test."""
+    from pytest_sharedkv.corpus.cases import longest_prompt
     from pytest_sharedkv.corpus.choice import case_set
     from pytest_sharedkv.layouts.chunk_size import engine_block_size
     from pytest_sharedkv.models.config_file import read_config
     from pytest_sharedkv.models.copy_model import CopyModelRecipe, config_dict
-    from pytest_sharedkv.stack.fixtures import longest_prompt
     from pytest_sharedkv.stack.launch.native_offload import NativeOffloadError, gpu_blocks
-    from pytest_sharedkv.stack.launch.providers import max_model_len
+    from pytest_sharedkv.stack.launch.spec import max_model_len
 
     cases = case_set(settings)
     config = (read_config(settings.model) if settings.model is not None
@@ -330,39 +273,6 @@ def stacked_spec(spec: LaunchSpec, stack: Stack | str, cases: CaseSet, concurren
     launch = native_stack(spec, config, cases, concurrency, native_connector)
     gb = float(launch.record["cpu_gb"])
     return replace(spec, arm=launch.arm, gate=False, l1_size_gb=gb, stack=launch)
-
-
-class PlannedRedis:
-    """The in-process stack's Redis as a plan has it: a free port on 127.0.0.1, nothing
-    looked for; the binary and the client are found when it starts (``launch_stack_pair``),
-    StackUnavailable naming what is missing. Planning a launch needs no Redis."""
-
-    def __init__(self, log_dir: Path) -> None:
-        from pytest_sharedkv.processes.managed import free_port
-        from pytest_sharedkv.stack.l2.redis_server import HOST
-
-        self.log_dir = log_dir
-        self.host = HOST
-        self.port = free_port()
-        self.server: RedisServer | None = None
-
-    def start(self) -> PlannedRedis:
-        from pytest_sharedkv.stack.l2.redis_server import (
-            MISSING,
-            RedisServer,
-            client_missing,
-            find_redis_server,
-        )
-
-        binary = find_redis_server()
-        why = MISSING if binary is None else client_missing()
-        if binary is None or why is not None:
-            raise StackUnavailable(f"--sharedkv-stack inprocess: {why}")
-        self.server = RedisServer(binary, self.log_dir, port=self.port).start()
-        return self
-
-    def stop(self) -> list[int]:
-        return [] if self.server is None else self.server.stop()
 
 
 def launch_stack_pair(spec: LaunchSpec) -> ReplicaPair:
