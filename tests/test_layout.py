@@ -98,3 +98,130 @@ def test_the_checker_sees_a_circle_and_a_layer_reaching_up(tmp_path: Path) -> No
     breaks = rule_breaks(import_edges(root))
     assert any(b.startswith("report imports ordering, above or beside it") for b in breaks)
     assert any(b.startswith("circle ordering <-> report") for b in breaks)
+
+
+# The rooms of stack/ (issue 49) and the rooms each may import besides the stack's own
+# modules at its root ("stack": pair, topology, namespaces, completions, metrics, launch
+# records, the LMCache server, ...). The root's modules import no room but the L2 (the
+# topology polls it, the server's start reads its log line); fixtures.py, the pytest side
+# of them all, imports every room and no room imports it.
+STACK_ROOMS = {
+    "l2": set(),  # the L2 backends, the Redis server, the L2 log reader
+    "launch": {"l2"},  # the providers and stacks behind LaunchSpec (spec.py)
+    "checks": {"l2", "launch"},  # the model-free transfer and write-failure checks
+}
+ROOT_MAY_IMPORT = {"l2"}
+# the pytest side imports every room
+ROOT_EXCEPTIONS = {"fixtures": set(STACK_ROOMS)}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_edges(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (every import statement, function-level
+    and TYPE_CHECKING ones too; ``from package import module`` names the module)."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                           else node.module for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def module_circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other round (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = [stack.pop()]
+            while part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def stack_room_breaks(edges: dict[str, set[str]]) -> list[str]:
+    """Imports between stack/'s rooms that STACK_ROOMS, ROOT_MAY_IMPORT and
+    ROOT_EXCEPTIONS do not allow."""
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[:2] != ["pytest_sharedkv", "stack"] or len(parts) < 3:
+            return None
+        return parts[2] if len(parts) > 3 or parts[2] in STACK_ROOMS else "(root)"
+
+    breaks = []
+    for here, targets in edges.items():
+        mine = room(here)
+        if mine is None:
+            continue
+        for there in targets:
+            theirs = room(there)
+            if theirs is None or theirs == mine or (theirs == "(root)" and mine != "(root)" \
+                    and there != "pytest_sharedkv.stack.fixtures"):
+                continue
+            if mine == "(root)":
+                allowed = ROOT_EXCEPTIONS.get(here.rsplit(".", 1)[-1], ROOT_MAY_IMPORT)
+            else:
+                allowed = STACK_ROOMS.get(mine, set())
+            if theirs not in allowed:
+                breaks.append(f"stack room {mine} imports {theirs} ({here} -> {there})")
+    return sorted(breaks)
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    assert module_circles(module_edges()) == []
+
+
+def test_the_rooms_of_stack_import_only_what_their_table_allows() -> None:
+    assert stack_room_breaks(module_edges()) == []
+
+
+def test_the_checkers_see_a_module_circle_and_a_room_reaching_back(tmp_path: Path) -> None:
+    root = tmp_path / "pytest_sharedkv"
+    files = {
+        "stack/__init__.py": "",
+        "stack/pair.py": "from pytest_sharedkv.stack.topology import Topology\n",
+        "stack/topology.py": "def f():\n    from pytest_sharedkv.stack.pair import x\n",
+        "stack/l2/__init__.py": "",
+        "stack/l2/log.py": "from pytest_sharedkv.stack.launch import spec\n",
+        "stack/launch/__init__.py": "",
+        "stack/launch/spec.py": "from pytest_sharedkv.stack.fixtures import y\n",
+        "stack/fixtures.py": "from pytest_sharedkv.stack.launch.spec import LaunchSpec\n",
+    }
+    for name, source in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    edges = module_edges(root)
+    assert ["pytest_sharedkv.stack.pair", "pytest_sharedkv.stack.topology"] in \
+        module_circles(edges)
+    breaks = stack_room_breaks(edges)
+    assert any(b.startswith("stack room l2 imports launch") for b in breaks)
+    assert any(b.startswith("stack room launch imports (root)") and "fixtures" in b
+               for b in breaks)
+    assert not any("stack room (root) imports launch" in b for b in breaks)  # fixtures may
