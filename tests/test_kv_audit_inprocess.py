@@ -21,7 +21,7 @@ from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, con
 from pytest_sharedkv.service.expected_hits import NOT_APPLICABLE, not_applicable
 from pytest_sharedkv.stack.launch import inprocess_connector
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.providers import build_vllm_pair
 from pytest_sharedkv.stack.launch.spec import LaunchSpec
 from tests.test_stacks_wiring import cases, spec_for
 
@@ -77,7 +77,7 @@ def test_the_inprocess_launch_is_not_armed_for_the_audit_and_its_record_says_why
     spec = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), kv_audit=True)
     stacked = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8)
     assert not stacked.kv_audit
-    record = _vllm_pair(stacked, []).record
+    record = build_vllm_pair(stacked, []).record
     for process in record.processes:
         assert kv_audit_hook.DIR_ENV not in dict(process.env), process.name
     assert record.paths.kv_audit_dir is None
@@ -85,7 +85,7 @@ def test_the_inprocess_launch_is_not_armed_for_the_audit_and_its_record_says_why
     assert record.stack["kv_audit"] == f"n/a: {inprocess_connector.NO_AUDIT}"
     assert WHY.endswith(inprocess_connector.NO_AUDIT)
     # the MP stack is armed as before
-    mp = _vllm_pair(replace(spec, log_dir=tmp_path / "mp"), []).record
+    mp = build_vllm_pair(replace(spec, log_dir=tmp_path / "mp"), []).record
     assert mp.paths.kv_audit_dir is not None
     assert any(kv_audit_hook.DIR_ENV in dict(p.env) for p in mp.processes)
     assert arms_a_hook([(kv_audit_hook.DIR_ENV, "x")])

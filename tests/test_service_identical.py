@@ -21,7 +21,7 @@ from pytest_sharedkv.service.answers import Answer, StepTotals
 from pytest_sharedkv.service.checks import hit_problem, totals_problems
 from pytest_sharedkv.service.expected_hits import expected_hits
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.providers import build_vllm_pair
 from pytest_sharedkv.stack.steps import step
 from tests.launch_faults import StubFaults, plant
 from tests.test_stacks_inprocess_tiers import ATTENTION
@@ -120,7 +120,7 @@ def test_prefix_caching_off_launches_and_records_it(tmp_path: Path) -> None:
     assert spec.stack.record["prefix_caching"] is False
     argv = spec.stack.replica_argv(["vllm", "--enable-prefix-caching"], [])
     assert argv[-1] == "--no-enable-prefix-caching"  # after the launch's own: it wins
-    _vllm_pair(spec, [])  # builds argv and environment: nothing starts
+    build_vllm_pair(spec, [])  # builds argv and environment: nothing starts
     on = stack_launch.stacked_spec(spec_for(tmp_path / "on", ATTENTION), "inprocess",
                                    cases({"3k": (4, 3009)}), 8)
     assert on.stack is not None and on.stack.record["prefix_caching"] is True

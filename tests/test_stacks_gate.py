@@ -24,7 +24,7 @@ from pytest_sharedkv.engine_hooks import corrupt_hook
 from pytest_sharedkv.engine_hooks import inprocess_gate_hook as hook
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.providers import build_vllm_pair
 from pytest_sharedkv.stack.launch.spec import INJECT_DIR, gate_paths
 from tests.test_stacks_wiring import cases, spec_for
 
@@ -117,7 +117,7 @@ def test_the_inprocess_stack_arms_replica_b_for_the_gate(tmp_path: Path, gate: b
 
     spec = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
     stacked = stack_launch.stacked_spec(spec, "inprocess", cases({"3k": (4, 3009)}), 8)
-    record = _vllm_pair(stacked, []).record
+    record = build_vllm_pair(stacked, []).record
     env = {p.name: dict(p.env) for p in record.processes}
     assert hook.CONTROL_ENV not in env["vllm replica A"]
     control, log = gate_paths(spec.log_dir)
@@ -142,7 +142,7 @@ def test_the_native_stack_arms_replica_b_for_the_gate(tmp_path: Path, gate: bool
     spec = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
     stacked = stack_launch.stacked_spec(spec, "native", cases({"3k": (200, 3009)}), 8)
     assert stacked.gate is False  # B's hook, not a server's
-    record = _vllm_pair(stacked, []).record
+    record = build_vllm_pair(stacked, []).record
     env = {p.name: dict(p.env) for p in record.processes}
     assert native.CONTROL_ENV not in env["vllm replica A"]
     control, log = gate_paths(spec.log_dir)

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.providers import build_vllm_pair
 from pytest_sharedkv.stack.launch.spec import StackLaunch, StackUnavailable
 from tests.test_stacks_wiring import cases, model, spec_for
 
@@ -24,7 +24,7 @@ def configs(tmp_path: Path, tiers: stack_launch.InprocessTiers
     spec = stack_launch.stacked_spec(spec_for(tmp_path, ATTENTION), "inprocess",
                                      cases({"3k": (4, 3009)}), 8, tiers)
     assert spec.stack is not None and spec.stack.record is not None
-    _vllm_pair(spec, [])  # builds argv and environment: nothing starts
+    build_vllm_pair(spec, [])  # builds argv and environment: nothing starts
     return spec.stack, {name: r["config"] for name, r in spec.stack.record["replicas"].items()}
 
 

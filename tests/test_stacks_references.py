@@ -56,12 +56,12 @@ def test_a_launched_stack_names_itself_in_its_record(tmp_path: Path, stack: str)
 
 def test_the_inprocess_record_names_its_stack(tmp_path: Path) -> None:
     from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, config_dict
-    from pytest_sharedkv.stack.launch.providers import _vllm_pair
+    from pytest_sharedkv.stack.launch.providers import build_vllm_pair
     from tests.test_stacks_wiring import cases, spec_for
 
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                      "inprocess", cases({"3k": (4, 3009)}), 8)
-    pair = _vllm_pair(spec, [])
+    pair = build_vllm_pair(spec, [])
     assert references.stack_key(pair) == "+inprocess"
 
 

@@ -17,7 +17,7 @@ from pytest_sharedkv.models.copy_attention_model import AttentionCopyRecipe, con
 from pytest_sharedkv.stack.engine_settings import EngineSettings
 from pytest_sharedkv.stack.l2 import redis_server
 from pytest_sharedkv.stack.launch import stacks as stack_launch
-from pytest_sharedkv.stack.launch.providers import _vllm_pair
+from pytest_sharedkv.stack.launch.providers import build_vllm_pair
 from pytest_sharedkv.stack.launch.spec import LaunchSpec, StackUnavailable
 from pytest_sharedkv.stack.launch_record import LaunchRecord
 
@@ -163,7 +163,7 @@ def option(argv: list[str], name: str) -> list[str]:
 def test_the_inprocess_stack_launches_lmcache_in_each_replica(tmp_path: Path) -> None:
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                      "inprocess", cases({"3k": (4, 3009)}), 8)
-    pair = _vllm_pair(spec, [])
+    pair = build_vllm_pair(spec, [])
     record = pair.record
     assert [p.name for p in record.processes] == ["vllm replica A", "vllm replica B"]
     files = set()
@@ -193,7 +193,7 @@ def test_the_native_stack_evicts_the_corpus_to_the_cpu_tier(tmp_path: Path) -> N
     config = config_dict(AttentionCopyRecipe())
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config), "native",
                                      cases({"3k": (200, 3009), "8k": (40, 8009)}), 8)
-    pair = _vllm_pair(spec, [])
+    pair = build_vllm_pair(spec, [])
     record = pair.record
     assert record.arm == "NATIVE" and record.server is None and len(record.processes) == 2
     argv = list(record.processes[0].argv)
@@ -223,8 +223,8 @@ def test_the_simple_connector_runs_in_both_replicas_and_its_record_says_so(
     base = replace(spec_for(tmp_path, config_dict(AttentionCopyRecipe())), gate=gate)
     group = cases({"3k": (200, 3009)})
     spec = stack_launch.stacked_spec(base, "native", group, 8, native_connector="simple")
-    record = _vllm_pair(spec, []).record
-    default = _vllm_pair(stack_launch.stacked_spec(
+    record = build_vllm_pair(spec, []).record
+    default = build_vllm_pair(stack_launch.stacked_spec(
         replace(base, log_dir=tmp_path / "default"), "native", group, 8), []).record
     env = {p.name: dict(p.env) for p in record.processes}
     assert env["vllm replica A"][SIMPLE_ENV] == env["vllm replica B"][SIMPLE_ENV] == "1"
@@ -312,7 +312,7 @@ def test_the_inprocess_redis_stops_with_the_pair_or_a_failed_start(
     assert spec.stack.inprocess is not None
     assert all(r.config_file.is_file() for r in spec.stack.inprocess.replicas)
 
-    monkeypatch.setattr(providers, "launch_vllm_pair", lambda s: _vllm_pair(s, []))
+    monkeypatch.setattr(providers, "launch_vllm_pair", lambda s: build_vllm_pair(s, []))
     pair = stack_launch.launch_stack_pair(spec)
     assert ping("127.0.0.1", port) is None and pair.has_server
     assert pair.close() == []
@@ -373,7 +373,7 @@ def test_the_native_stack_runs_a_hybrid_with_its_mamba_cache_mode(tmp_path: Path
 
     spec = stack_launch.stacked_spec(spec_for(tmp_path, hybrid_config(CopyModelRecipe())),
                                      "native", cases({"3k": (200, 3009)}), 8)
-    argv = list(_vllm_pair(spec, []).record.processes[0].argv)
+    argv = list(build_vllm_pair(spec, []).record.processes[0].argv)
     assert option(argv, "--mamba-cache-mode") == ["align"]
     assert option(argv, "--kv-offloading-size") == ["2"]
     assert argv.count("--enable-prefix-caching") == 1
@@ -446,7 +446,7 @@ def test_the_stack_reaches_the_report_as_a_fact(tmp_path: Path, stack: str) -> N
     sizes = {"3k": (200, 3009)} if stack == "native" else {"3k": (4, 3009)}
     spec = stack_launch.stacked_spec(spec_for(tmp_path, config_dict(AttentionCopyRecipe())),
                                      stack, cases(sizes), 8)
-    pair = _vllm_pair(spec, [])
+    pair = build_vllm_pair(spec, [])
     sink = Facts()
     pair.record_launches(sink)
     stacked = [json.loads(f["value"]) for f in sink.facts if f["name"] == "stack"]

@@ -809,6 +809,12 @@ class Settings:
         return (0, self.inject_delay) if self.inject_delay else (0,)
 
     @property
+    def pair_gpu_count(self) -> int:
+        """--sharedkv-pair-gpus as the number every reader uses, read in this one place (the
+        report keeps the option's text)."""
+        return int(self.pair_gpus)
+
+    @property
     def treatment_arms(self) -> tuple[str, ...]:
         """The arms the perf tier screens against OFF: --sharedkv-native-arm's ON,NATIVE
         where it is on (combinations.load_settings refuses a --sharedkv-perf-arms that

@@ -51,7 +51,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     settings = state_of(metafunc.config).settings
     provider = resolve_provider(settings)
     metafunc.parametrize(PROVIDER, [pytest.param(
-        provider, marks=provider_marks(provider, int(settings.pair_gpus)), id=provider.name)])
+        provider, marks=provider_marks(provider, settings.pair_gpu_count), id=provider.name)])
 
 
 def perf_sizes(settings: Settings) -> tuple[str, ...]:
@@ -80,7 +80,7 @@ def choose_model(settings: Settings, free_gib: Sequence[float | None]) -> ModelC
                            f"{settings.perf_model} model: {settings.source_of('perf_model')}")
     from pytest_sharedkv.models.compute_model import choose
 
-    kind, why = choose(free_gib, int(settings.pair_gpus))
+    kind, why = choose(free_gib, settings.pair_gpu_count)
     return ModelChoice(kind, why)
 
 
@@ -467,6 +467,44 @@ def _vllm_setup(settings: Settings, arms: tuple[str, ...], model: Path,
     return setup
 
 
+@dataclass(frozen=True)
+class _SetupAsk:
+    """What a provider's screening setup is made from: the settings, the block arms, the
+    test's request (its lease, the run's config), where to write, the hosts topology."""
+
+    settings: Settings
+    arms: tuple[str, ...]
+    request: pytest.FixtureRequest
+    tmp_path_factory: pytest.TempPathFactory
+    hosts: HostsSpec | None = None
+    l2: L2 | None = None
+
+
+def _stub_from(ask: _SetupAsk) -> _Setup:
+    from pytest_sharedkv.stack.faults import planted
+
+    return _stub_setup(ask.settings, ask.arms, ask.tmp_path_factory,
+                       planted(ask.request.config).stub, ask.hosts)
+
+
+def _external_from(ask: _SetupAsk) -> _Setup:
+    return _external_setup(ask.settings)
+
+
+def _vllm_from(ask: _SetupAsk) -> _Setup:
+    gpus = _leased(ask.request.node)
+    choice = choose_model(ask.settings, _free_gib(gpus))
+    model = (ask.settings.model if ask.settings.model is not None else
+             perf_model_dir(ask.request.config, ask.tmp_path_factory, choice.kind))
+    return _vllm_setup(ask.settings, ask.arms, model, ask.tmp_path_factory, gpus, choice,
+                       ask.hosts, ask.l2)
+
+
+# each provider's screening setup, chosen in this one table by the resolved provider
+SETUPS: dict[Provider, Callable[[_SetupAsk], _Setup]] = {
+    Provider.STUB: _stub_from, Provider.EXTERNAL: _external_from, Provider.VLLM: _vllm_from}
+
+
 @pytest.fixture
 def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest.Config,
                             sharedkv_perf_provider: Resolved,
@@ -499,20 +537,7 @@ def sharedkv_perf_screening(request: pytest.FixtureRequest, pytestconfig: pytest
 
         l2 = request.getfixturevalue("sharedkv_l2")
         hosts = hosts_spec(l2)
-    if provider is Provider.STUB:
-        from pytest_sharedkv.stack.faults import planted
-
-        setup = _stub_setup(settings, arms, tmp_path_factory, planted(pytestconfig).stub,
-                            hosts)
-    elif provider is Provider.EXTERNAL:
-        setup = _external_setup(settings)
-    else:
-        gpus = _leased(request.node)
-        choice = choose_model(settings, _free_gib(gpus))
-        model = (settings.model if settings.model is not None else
-                 perf_model_dir(pytestconfig, tmp_path_factory, choice.kind))
-        setup = _vllm_setup(settings, arms, model, tmp_path_factory, gpus, choice, hosts,
-                            l2)
+    setup = SETUPS[provider](_SetupAsk(settings, arms, request, tmp_path_factory, hosts, l2))
     payload_set = _payloads(settings, setup.words, setup.model, setup.chunk,
                             setup.max_tokens)
     if provider is Provider.VLLM and setup.model is not None:

@@ -223,7 +223,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         allocators = (settings.stack,)
     metafunc.parametrize(
         SLOT,
-        [pytest.param((a, d), marks=[*provider_marks(provider, int(settings.pair_gpus),
+        [pytest.param((a, d), marks=[*provider_marks(provider, settings.pair_gpu_count,
                                                      settings.engine.value),
                                      pytest.mark.xdist_group(
             f"sharedkv-pair-{a}-{d}")],
@@ -465,73 +465,26 @@ def sharedkv_pair_slot(request: pytest.FixtureRequest, pytestconfig: pytest.Conf
 def _launcher(settings: Settings, provider: Resolved, allocator: str, delay: int,
               cases: CaseSet | None, model: Path | None, log_dir: Callable[[], Path],
               stub_faults: StubFaults, hosts: HostsSpec | None = None) -> Launcher:
-    """How the slot starts a pair: a LaunchSpec per launch (a fresh log directory; a
-    launched pair's engines on the lease's devices, with the lease's environment; in the
-    hosts topology a server per replica over HOSTS's L2; each server's L1 the option's)."""
-    from pytest_sharedkv.config.engine import Engine
-    from pytest_sharedkv.corpus.cases import longest_prompt
-    from pytest_sharedkv.layouts.chunk_size import derive_chunk_size
-    from pytest_sharedkv.stack.engine_settings import EngineSettings
-    from pytest_sharedkv.stack.launch.providers import external_pair, launch_vllm_pair, stub_pair
-    from pytest_sharedkv.stack.launch.spec import LaunchSpec, max_model_len
-
-    engine = EngineSettings(extra_args=settings.vllm_args)
-    serving = settings.engine  # --sharedkv-engine: vLLM or SGLang in each replica
-    # SGLang's connector has no audit hook: its pair (and the stub's model of it) runs
-    # none, and the service tier says n/a (sglang_engine.KV_AUDIT)
-    audit = settings.kv_audit and serving is Engine.VLLM
-    l1 = settings.l1_gib if settings.l1_gib is not None else LaunchSpec.l1_size_gb
-    counts = hosts is not None or settings.l1_gib is not None  # evictions in the report
+    """How the slot starts a pair: a plan per launch (``stack.launch.plan.plan_launch``: a
+    fresh log directory; a launched pair's engines on the lease's devices, with the lease's
+    environment; in the hosts topology a server per replica over HOSTS's L2; each server's
+    L1 the option's), started."""
+    from pytest_sharedkv.stack.launch.plan import plan_launch
+    from pytest_sharedkv.stack.launch.spec import StackUnavailable
 
     def launch(lease: Lease | None, edit: Edit | None) -> ReplicaPair:
-        if provider.provider is Provider.EXTERNAL:
-            return external_pair(settings.endpoints or ())
-        assert cases is not None
-        if provider.provider is Provider.STUB:
-            spec = LaunchSpec(log_dir=log_dir(), chunk_size=cases.chunk or 32,
-                              kv_audit=audit, engine=engine, gate=settings.gate,
-                              stub_faults=stub_faults, hosts=hosts, count_evictions=counts,
-                              l1_size_gb=l1, serving=serving)
-            if settings.stack is not Stack.MP:  # the double models the stack, and says so
-                from pytest_sharedkv.stack.launch.stacks import inprocess_tiers, stub_spec
-
-                spec = stub_spec(spec, settings.stack, settings.native_connector,
-                                 inprocess_tiers(settings))
-            return stub_pair(edit(spec) if edit is not None else spec)
-        assert model is not None
-        if lease is None:
+        if provider.provider is Provider.VLLM and lease is None:
             pytest.fail(f"{PAIR}: a launched pair runs on leased GPUs and the test that starts"
                         " it leased none (it needs @pytest.mark.sharedkv_gpu)", pytrace=False)
-        env = lease.env()
-        devices = tuple(env.pop("CUDA_VISIBLE_DEVICES").split(","))  # one per replica, or one
-        order = tuple(env.items())
-        spec = LaunchSpec(
-            log_dir=log_dir(), allocator=allocator, model=model, devices=devices,
-            server_env=order, replica_env=order, inject_delay_cycles=delay,
-            max_model_len=max_model_len(longest_prompt(cases), cases.answer_tokens, model),
-            chunk_size=settings.chunk_size or derive_chunk_size(model),
-            kv_audit=audit, engine=engine, hosts=hosts, count_evictions=counts,
-            l1_size_gb=l1, gate=settings.gate, serving=serving)
-        if serving is Engine.SGLANG:  # SGLang replicas over the MP server
-            from pytest_sharedkv.stack.launch.sglang_engine import launch_sglang_pair
-
-            return launch_sglang_pair(edit(spec) if edit is not None else spec)
-        if settings.stack is not Stack.MP:  # --sharedkv-stack inprocess|native
-            from pytest_sharedkv.stack.launch.spec import StackUnavailable
-            from pytest_sharedkv.stack.launch.stacks import (
-                inprocess_tiers,
-                launch_stack_pair,
-                stacked_spec,
-            )
-
-            try:
-                stacked = stacked_spec(edit(spec) if edit is not None else spec,
-                                       settings.stack, cases, settings.concurrency,
-                                       inprocess_tiers(settings), settings.native_connector)
-                return launch_stack_pair(stacked)
-            except StackUnavailable as exc:
-                pytest.fail(str(exc), pytrace=False)
-        return launch_vllm_pair(edit(spec) if edit is not None else spec)
+        try:
+            plan = plan_launch(
+                settings, provider.provider,
+                log_dir=None if provider.provider is Provider.EXTERNAL else log_dir(),
+                cases=cases, model=model, allocator=allocator, delay=delay,
+                stub_faults=stub_faults, hosts=hosts, lease=lease, edit=edit)
+            return plan.start()
+        except StackUnavailable as exc:
+            pytest.fail(str(exc), pytrace=False)
 
     return launch
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -154,7 +154,7 @@ def launch_vllm_pair(spec: LaunchSpec) -> ReplicaPair:
                 server.launch()
             for server in servers:
                 server.wait_ready()  # L2NotAttached names the adapter and the log line
-        pair = _vllm_pair(spec, servers)
+        pair = build_vllm_pair(spec, servers)
         started.pop_all()
     # one GPU each, or a fixed cache each: no profiling of each other's memory
     start_all(pair, together=together(spec))  # stops the whole pair if a replica fails
@@ -206,9 +206,10 @@ def topology_of(spec: LaunchSpec, servers: list[ServerView]) -> Topology:
     return Topology(HOSTS, tuple(servers), l2=l2, spec=spec.hosts, chunk=spec.chunk_size)
 
 
-def _vllm_pair(spec: LaunchSpec, servers: list[LMCacheServer]) -> ReplicaPair:
-    """The pair of vllm replicas SPEC describes (not started), over SERVERS if any (one
-    both use, or one each)."""
+def build_vllm_pair(spec: LaunchSpec, servers: Sequence[LMCacheServer] = ()) -> ReplicaPair:
+    """The pair of vllm replicas SPEC describes, built but not started: each replica's argv
+    and environment and the launch record, over SERVERS if any (one both use, or one
+    each; none: no server in the record)."""
     assert spec.model is not None
     processes: list[Launched] = [launched(s.process.name, s.process.argv, s.process.env)
                                  for s in servers]
