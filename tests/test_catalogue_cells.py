@@ -150,9 +150,9 @@ def test_each_cell_is_recorded_and_handed_to_the_run_as_it_is_judged() -> None:
     assert (amended.status, amended.kind) == ("unknown", "fault-catalogue")
     assert amended.detail["why_unknown"] == first.why_unknown
     assert amended.message.startswith("misrouted: UNKNOWN: processes [12] survived")
-    catalogue._closed(_Closing([4242]), [second], recorder)  # type: ignore[arg-type]  # its pair left a process
+    catalogue.close_cells(_Closing([4242]), [second], recorder)  # type: ignore[arg-type]  # its pair left a process
     assert len(delivered) == 2 and delivered[1].checks[0].status == "unknown"
-    catalogue._closed(_Closing([]), [cell("bit-flip")], recorder)  # type: ignore[arg-type]  # a clean teardown
+    catalogue.close_cells(_Closing([]), [cell("bit-flip")], recorder)  # type: ignore[arg-type]  # a clean teardown
     assert len(delivered) == 2
     kept = ResultSink("t::catalogue", Bundle())  # no one to deliver to (an xdist worker)
     catalogue.Recorder(kept, {})(cell("misrouted", mismatches=4))

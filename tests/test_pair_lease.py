@@ -20,8 +20,6 @@ import pytest
 from pytest_sharedkv.host.devices import Gpu
 from pytest_sharedkv.host.leases import LEASE_DIR_NAME, LeaseManager
 from pytest_sharedkv.host.runtime_dir import RUNTIME_DIR_ENV
-from pytest_sharedkv.stack.faults import StubFaults
-from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 LOG_ENV = "PAIR_LEASE_LOG"
 CONFTEST = """
@@ -131,25 +129,21 @@ def test_the_pair_takes_its_devices_from_its_lease_not_the_environment(
     """A launched pair's engines get the lease's devices and device order; os.environ is
     as it was."""
     from pytest_sharedkv.config.options import Settings
-    from pytest_sharedkv.config.provider import Provider, Resolved
+    from pytest_sharedkv.config.provider import Provider
     from pytest_sharedkv.corpus.cases import CaseSet
-    from pytest_sharedkv.stack import fixtures
-    from pytest_sharedkv.stack.launch import providers
+    from pytest_sharedkv.stack.launch.plan import plan_launch
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    launched: list[LaunchSpec] = []
-    monkeypatch.setattr(providers, "launch_vllm_pair", launched.append)
     manager = LeaseManager(tmp_path / "locks", _gpus(3), owner="gw0")
     lease = manager.acquire(2, timeout=0.2)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    launch = fixtures._launcher(Settings(), Resolved(Provider.VLLM), "lazy", 0,
-                                CaseSet("copy", 32), model, lambda: tmp_path / "logs",
-                                StubFaults())
-    launch(lease, None)
-    [spec] = launched
+    spec = plan_launch(Settings(), Provider.VLLM, log_dir=tmp_path / "logs",
+                       cases=CaseSet("copy", 32), model=model, allocator="lazy",
+                       lease=lease).spec
+    assert spec is not None
     assert spec.devices == ("0", "1") and spec.allocator == "lazy"
     assert dict(spec.server_env) == dict(spec.replica_env) == {"CUDA_DEVICE_ORDER":
                                                                "PCI_BUS_ID"}

@@ -335,7 +335,7 @@ def test_a_size_the_pool_cannot_hold_together_runs_request_by_request() -> None:
     runner = _Order(lambda arm: None, PayloadSet("words", requests, [], [], "test"),
                     Plan(arms=("ON",), provider="stub", windows=(), sessions_per_placement=0,
                          one_by_one=frozenset({"128k"})), str, model_digest="t", engine={})
-    runner._blocks()
+    runner.run()  # the public face: the blocks, then the checks of what was sent
     steps = [f"{a}:{b}" for a, b in runner.sent]
     assert steps == [
         "cold:8k-0", "cold:8k-1", "local:8k-0", "local:8k-1", "settle:20", "cross:8k-0",

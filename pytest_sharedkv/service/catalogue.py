@@ -328,7 +328,7 @@ def _ignore(cell: Cell) -> None:
     """No one to tell of a judged cell."""
 
 
-def _closed(target: ReplicaPair, cells: Sequence[Cell], judged: Judged = _ignore) -> None:
+def close_cells(target: ReplicaPair, cells: Sequence[Cell], judged: Judged = _ignore) -> None:
     """Close TARGET; processes that survived make the CELLS judged on it unknown (each is
     judged again: its record says so)."""
     leftovers = target.close()
@@ -382,7 +382,7 @@ def hook_cells(plan: Plan, cells: Sequence[Cell], cases: Sequence[Case],
             judged(cell)
             plan.log(f"catalogue {cell.name}: {cell.verdict()} ({cell.wall_s:.0f}s)")
     finally:
-        _closed(target, done, judged)
+        close_cells(target, done, judged)
 
 
 def delay_cell(plan: Plan, cell: Cell, cases: Sequence[Case], judged: Judged = _ignore
@@ -406,7 +406,7 @@ def delay_cell(plan: Plan, cell: Cell, cases: Sequence[Case], judged: Judged = _
         cell.faulted = len(cases) if cell.applications else 0
         cell.void = delay_hook.void_problem(calls, "catalogue cell")
     finally:
-        _closed(target, [cell])
+        close_cells(target, [cell])
     cell.wall_s = time.perf_counter() - started
     judged(cell)
     plan.log(f"catalogue {cell.name}: {cell.verdict()} ({cell.wall_s:.0f}s)")
