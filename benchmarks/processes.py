@@ -69,7 +69,7 @@ def ready(work: Path) -> float:
 
     port = free_port()
     proc = ManagedProcess("stub replica A", [sys.executable, "-m",
-                                             "pytest_sharedkv.stack.stub_openai", "--port",
+                                             "pytest_sharedkv.stack.stub.stub_openai", "--port",
                                              str(port), "--name", "A"], work / "a.log")
     proc.start()
     try:

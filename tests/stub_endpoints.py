@@ -20,7 +20,7 @@ def external_stubs(*extra: str) -> Iterator[str]:
         for name in ("A", "B"):
             port = free_port()
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
+                [sys.executable, "-m", "pytest_sharedkv.stack.stub.stub_openai", "--port",
                  str(port), "--name", name, *extra],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")

@@ -376,7 +376,7 @@ wrote and serves the stub double answering as SGLang on the port it was given.""
 import sys
 from pathlib import Path
 
-from pytest_sharedkv.stack.stub_openai import main
+from pytest_sharedkv.stack.stub.stub_openai import main
 
 args = sys.argv[1:]
 config = Path(args[args.index("--lmcache-config-file") + 1]).read_text()

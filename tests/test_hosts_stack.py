@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import stub_openai as stub
 from pytest_sharedkv.stack.l2 import backends as l2
 from pytest_sharedkv.stack.l2 import log as l2_log
 from pytest_sharedkv.stack.l2 import redis_server
 from pytest_sharedkv.stack.launch.spec import LaunchSpec
+from pytest_sharedkv.stack.stub import stub_openai as stub
 from pytest_sharedkv.stack.topology import HostsSpec, ServerView, Topology, l1_evictions
 
 REDIS_MISSING = redis_server.missing()  # no redis-server, or no redis-py

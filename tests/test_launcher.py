@@ -28,7 +28,7 @@ from pytest_sharedkv.stack.launch.spec import LaunchSpec
 
 def _stub(tmp_path: Path, *extra: str) -> tuple[ManagedProcess, str]:
     port = free_port()
-    argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port", str(port),
+    argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub.stub_openai", "--port", str(port),
             "--name", "A", *extra]
     return ManagedProcess("stub replica A", argv, tmp_path / "a.log"), f"http://127.0.0.1:{port}"
 

@@ -107,7 +107,8 @@ def test_the_checker_sees_a_circle_and_a_layer_reaching_up(tmp_path: Path) -> No
 # of them all, imports every room and no room imports it.
 STACK_ROOMS = {
     "l2": set(),  # the L2 backends, the Redis server, the L2 log reader
-    "launch": {"l2"},  # the providers and stacks behind LaunchSpec (spec.py)
+    "stub": {"l2"},  # the test double (stub_openai.py)
+    "launch": {"l2", "stub"},  # the providers and stacks behind LaunchSpec (spec.py)
     "checks": {"l2", "launch"},  # the model-free transfer and write-failure checks
 }
 ROOT_MAY_IMPORT = {"l2"}

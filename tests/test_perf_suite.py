@@ -211,7 +211,8 @@ def test_the_engine_settings_and_every_launch_are_recorded(default_run: StubRun)
     for block in run.launches:
         names = [p["name"] for p in block["processes"]]
         assert names == ["stub replica A", "stub replica B"]
-        assert all("pytest_sharedkv.stack.stub_openai" in p["argv"] for p in block["processes"])
+        assert all("pytest_sharedkv.stack.stub.stub_openai" in p["argv"]
+                   for p in block["processes"])
         # each block's start: the restart the screening timed, each process's ready time
         assert block["restart_s"] > 0 and set(block["start"]) == set(names)
         assert all(0 < p["ready"] <= block["restart_s"] for p in block["start"].values())

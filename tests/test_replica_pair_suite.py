@@ -63,7 +63,7 @@ def test_what_the_pair_launched_is_a_report_fact(pytester: pytest.Pytester) -> N
     facts = json.loads((pytester.path / "r.json").read_text())["facts"]
     launches = [json.loads(f["value"]) for f in facts if f["name"] == "launch"]
     assert [x["name"] for x in launches] == ["stub replica A", "stub replica B"]
-    assert all("pytest_sharedkv.stack.stub_openai" in x["argv"] for x in launches)
+    assert all("pytest_sharedkv.stack.stub.stub_openai" in x["argv"] for x in launches)
     (engine,) = [json.loads(f["value"]) for f in facts if f["name"] == "engine_settings"]
     assert engine["extra_args"] == ["--max-num-seqs", "4"] and engine["enforce_eager"]
 

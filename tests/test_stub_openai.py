@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sharedkv.stack import stub_openai as stub
+from pytest_sharedkv.stack.stub import stub_openai as stub
 
 COPY_PROMPT = " ".join(f"w{i % 100:02d}" for i in range(70))
 

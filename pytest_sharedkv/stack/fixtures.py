@@ -83,7 +83,7 @@ def l1_problem(settings: Settings) -> str | None:
     try:
         chunk = copy_chunk(settings)
         if resolved.provider is Provider.STUB:
-            from pytest_sharedkv.stack.stub_openai import STUB_TOKEN_BYTES
+            from pytest_sharedkv.stack.stub.stub_openai import STUB_TOKEN_BYTES
 
             per_token, what = STUB_TOKEN_BYTES, "the stub double's"
         else:

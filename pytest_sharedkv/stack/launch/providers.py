@@ -330,7 +330,7 @@ def stub_pair(spec: LaunchSpec) -> ReplicaPair:
     placed: list[ReplicaLaunch] = []
     for index, name in enumerate(("A", "B")):
         port = free_port()
-        argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub_openai", "--port",
+        argv = [sys.executable, "-m", "pytest_sharedkv.stack.stub.stub_openai", "--port",
                 str(port), "--name", name, "--block", str(spec.chunk_size)]
         if hosts is not None:  # its own server's L1, and the L2 both servers share
             l1 = "stub-l1-A" if faults.hosts_share_l1 else f"stub-l1-{name}"
@@ -421,7 +421,7 @@ def stub_l1_blocks(spec: LaunchSpec) -> int | None:
     launch counts evictions (an L1 size given, or the hosts topology); None: unbounded."""
     if not spec.count_evictions:
         return None
-    from pytest_sharedkv.stack.stub_openai import STUB_TOKEN_BYTES
+    from pytest_sharedkv.stack.stub.stub_openai import STUB_TOKEN_BYTES
 
     return max(1, int(spec.l1_size_gb * (1 << 30)) // (spec.chunk_size * STUB_TOKEN_BYTES))
 

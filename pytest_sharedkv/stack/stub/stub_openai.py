@@ -93,7 +93,7 @@ L2 right after this stub wrote it (a byte changed in L2), and ``--l2-unattached`
 native connector's error instead of the adapter's attach line (a server that serves
 without its L2).
 
-    python -m pytest_sharedkv.stack.stub_openai --port P [--pool DIR] [--block N] ...
+    python -m pytest_sharedkv.stack.stub.stub_openai --port P [--pool DIR] [--block N] ...
 """
 
 from __future__ import annotations
