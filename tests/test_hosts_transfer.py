@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.report.records import Problem
 from pytest_sharedkv.stack.checks import l2_transfer
-from pytest_sharedkv.stack.checks.l2_transfer import HostsOutcome, Problem, record_verdict
+from pytest_sharedkv.stack.checks.l2_transfer import HostsOutcome, record_verdict
 from tests.conftest import keep_loaded
 
 # the replica tier's modules import these; their extensions do not survive a second import
@@ -31,8 +32,8 @@ def _outcomes(wrong: bool) -> dict[str, HostsOutcome]:
              "gap": HostsOutcome("gap", "fs", "gap"),
              "no-l2": HostsOutcome("no-l2", "none", "none")}
     if wrong:
-        found["gap"].problems.append(Problem("hits", "server 2 hit 2048 of 2048 tokens with "
-                                             "key 4 failing to load; expected 128"))
+        found["gap"].problems.append(Problem("server 2 hit 2048 of 2048 tokens with "
+                                             "key 4 failing to load; expected 128", "hits"))
     return found
 
 
@@ -96,7 +97,7 @@ def test_the_record_kinds() -> None:
     def verdict(kind: str | None, void: str | None = None) -> tuple[str, str]:
         outcome = HostsOutcome("c", "fs", "none", void=void)
         if kind is not None:
-            outcome.problems.append(Problem(kind, "x"))
+            outcome.problems.append(Problem("x", kind))
         return record_verdict(outcome)
 
     assert verdict(None) == ("bytes", "pass")

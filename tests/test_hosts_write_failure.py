@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from pytest_sharedkv.report.records import Problem
 from pytest_sharedkv.stack.checks import l2_transfer
 from pytest_sharedkv.stack.checks.l2_transfer import (
     KEYS,
     HostsOutcome,
-    Problem,
     WriteFailureSeen,
     judge_write_failure,
 )
@@ -228,8 +228,8 @@ def _outcome(wrong: bool) -> HostsOutcome:
     found = HostsOutcome("write-failure", "resp", "write-failure",
                          seen=SEEN.as_dict())
     if wrong:
-        found.problems.append(Problem("bytes", "a hit with other bytes after failed L2 writes:"
-                                      " chunk 3 of the 1280 tokens hit"))
+        found.problems.append(Problem("a hit with other bytes after failed L2 writes:"
+                                      " chunk 3 of the 1280 tokens hit", "bytes"))
     return found
 
 

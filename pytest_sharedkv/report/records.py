@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 
 class Word(str, Enum):
@@ -120,14 +120,25 @@ def _plain(record: Any) -> dict[str, Any]:
 
 
 class Problem(str):
-    """A problem's text (what a test shows and joins) that knows its kind."""
+    """The suite's one problem type: its text (what a test shows and joins) that knows its
+    kind, which verdicts read, never the text. A subclass names a family of problems and
+    its kind (``KIND``); a plain str is a problem of no known kind."""
 
+    KIND = "problem"
     kind: str
 
-    def __new__(cls, text: str, kind: str) -> Problem:
+    def __new__(cls, text: str, kind: str | None = None) -> Self:
         self = super().__new__(cls, text)
-        self.kind = kind
+        self.kind = cls.KIND if kind is None else kind
         return self
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+    def record(self) -> dict[str, str]:
+        """As the JSON report keeps it."""
+        return {"kind": str(self.kind), "message": str(self)}
 
 
 def kinds_of(problems: Iterable[str]) -> list[str]:

@@ -28,10 +28,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_sharedkv.report.records import Problem
 from pytest_sharedkv.stack.checks.transfer_provider import (
     CHUNK,
     NUM_TOKENS,
@@ -99,10 +100,6 @@ class HostCase:
         return f"-{self.name}"
 
 
-@dataclass(frozen=True)
-class Problem:
-    kind: str  # leak | hits | source | bytes | l2 | process | void
-    message: str
 
 
 @dataclass
@@ -134,7 +131,7 @@ class HostsOutcome:
                 "split": self.split.as_dict() if self.split else None,
                 "l2_visible_s": self.l2_visible_s, "planted": self.planted,
                 "fetch_s": self.fetch.get("fetch_s"),
-                "problems": [asdict(p) for p in self.problems], "void": self.void,
+                "problems": [p.record() for p in self.problems], "void": self.void,
                 **({"seen": self.seen} if self.seen is not None else {})}
 
 
@@ -142,8 +139,8 @@ def judge(case: HostCase, fetch: dict[str, Any], split: KeySplit | None) -> list
     """What B's fetch through CASE's reader got wrong against what the case must see."""
     problems: list[Problem] = []
     if fetch.get("control_hit_tokens"):
-        problems.append(Problem("leak", f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
-                                "tokens: salts do not separate namespaces"))
+        problems.append(Problem(f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                "tokens: salts do not separate namespaces", "leak"))
     hit, expected = fetch.get("hit_tokens"), case.expected_hit
     if hit != expected:
         if case.l2 is None:
@@ -153,31 +150,32 @@ def judge(case: HostCase, fetch: dict[str, Any], split: KeySplit | None) -> list
                    "the gap may hit")
         else:
             why = "through the L2"
-        problems.append(Problem("hits", f"server 2 ({case.reader.url}) hit {hit} of "
-                                f"{NUM_TOKENS} tokens {why}; expected {expected}"))
+        problems.append(Problem(f"server 2 ({case.reader.url}) hit {hit} of "
+                                f"{NUM_TOKENS} tokens {why}; expected {expected}", "hits"))
     if not expected or not hit:
         return problems
     if not fetch.get("retrieved"):
-        problems.append(Problem("hits", "server 2's retrieve reported failure"))
+        problems.append(Problem("server 2's retrieve reported failure", "hits"))
     keys = hit // CHUNK
     if split is None or not split.known or split.l1 != 0 or split.l2 != keys \
             or split.retained != keys:
-        problems.append(Problem("source", f"server 2's keys did not all come from L2: "
+        problems.append(Problem(f"server 2's keys did not all come from L2: "
                                 f"{split.describe() if split else 'no split read'}; "
-                                f"expected {keys}/{KEYS} retained keys (0 L1, {keys} L2)"))
+                                f"expected {keys}/{KEYS} retained keys (0 L1, {keys} L2)",
+                                "source"))
     wrong = int(fetch.get("mismatched_pages", 0))
     changed = int(fetch.get("untouched_pages_changed", 0))
     first = "; ".join(fetch.get("mismatches", [])[:2])
     if case.fault == "corrupt":
         if wrong != 1 or changed:
-            problems.append(Problem("bytes", f"the byte planted in L2 showed as {wrong} wrong "
+            problems.append(Problem(f"the byte planted in L2 showed as {wrong} wrong "
                                     f"page(s) of {fetch.get('pages_compared')} (expected 1) "
                                     f"and {changed} other page(s) changed" + (
-                                        f"; first: {first}" if first else "")))
+                                        f"; first: {first}" if first else ""), "bytes"))
     elif wrong or changed:
-        problems.append(Problem("bytes", f"wrong bytes: {wrong} of {fetch.get('pages_compared')} "
+        problems.append(Problem(f"wrong bytes: {wrong} of {fetch.get('pages_compared')} "
                                 f"retrieved page(s) differ from replica A's and {changed} other "
-                                f"page(s) changed; first: {first}"))
+                                f"page(s) changed; first: {first}", "bytes"))
     return problems
 
 
@@ -228,10 +226,10 @@ def missing_in_l2(case: HostCase, salt: str, deadline_s: float) -> Problem:
     assert case.l2 is not None
     held = case.l2.entries(salt)
     count = case.l2.count()
-    return Problem("l2", f"{case.l2.describe()} held "
+    return Problem(f"{case.l2.describe()} held "
                    f"{'an unreadable number' if held is None else len(held)} of the {KEYS} "
                    f"entries of salt {salt} {deadline_s:g}s after the store returned "
-                   f"({'unknown' if count is None else count} entries in all)")
+                   f"({'unknown' if count is None else count} entries in all)", "l2")
 
 
 def run_across_hosts(workdir: Path, writer: LMCacheServer, cases: Sequence[HostCase],
@@ -270,8 +268,9 @@ def run_across_hosts(workdir: Path, writer: LMCacheServer, cases: Sequence[HostC
             outcome.store = store_result["salts"][salts[case.name]]
             visible = outcome.store.get("visible_hit_tokens") == NUM_TOKENS
             if not outcome.store.get("stored") or not visible:
-                outcome.problems.append(Problem("process", "replica A's store through the "
-                                                f"writer did not become visible: {outcome.store}"))
+                outcome.problems.append(Problem("replica A's store through the "
+                                                f"writer did not become visible: {outcome.store}",
+                                                "process"))
             if case.l2 is None:
                 continue
             if case.name in seen:
@@ -301,18 +300,19 @@ def run_across_hosts(workdir: Path, writer: LMCacheServer, cases: Sequence[HostC
             outcome = outcomes[case.name]
             outcome.fetch = fetched["jobs"].get(case.name, {})
             if outcome.fetch.get("error"):
-                outcome.problems.append(Problem("process", f"replica B's fetch through "
-                                                f"{case.reader.url}: {outcome.fetch['error']}"))
+                outcome.problems.append(Problem(f"replica B's fetch through "
+                                                f"{case.reader.url}: {outcome.fetch['error']}",
+                                                "process"))
                 continue
             outcome.split = case.reader.key_split(fetch_request_id(case.tag))
             outcome.problems += judge(case, outcome.fetch, outcome.split)
             for server, role in ((case.reader, "server 2"), (writer, "server 1")):
                 why = server.l2_error()
                 if why is not None and case.l2 is not None:
-                    outcome.problems.insert(0, Problem("l2", f"{role} lost its L2 during the "
-                                                       f"check: {why}"))
+                    outcome.problems.insert(0, Problem(f"{role} lost its L2 during the "
+                                                       f"check: {why}", "l2"))
     except ProcessFailed as exc:
-        failed.append(Problem("process", str(exc)))
+        failed.append(Problem(str(exc), "process"))
     finally:
         for replica in (store, fetch):
             if replica.proc is not None:
@@ -545,8 +545,8 @@ def judge_write_failure(fetch: dict[str, Any], split: KeySplit | None,
     that is unknown."""
     problems: list[Problem] = []
     if fetch.get("control_hit_tokens"):
-        problems.append(Problem("leak", f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
-                                "tokens: salts do not separate namespaces"))
+        problems.append(Problem(f"a fresh cache_salt hit {fetch['control_hit_tokens']} "
+                                "tokens: salts do not separate namespaces", "leak"))
     hit = int(fetch.get("hit_tokens") or 0)
     wrong = int(fetch.get("mismatched_pages", 0))
     changed = int(fetch.get("untouched_pages_changed", 0))
@@ -555,23 +555,23 @@ def judge_write_failure(fetch: dict[str, Any], split: KeySplit | None,
         named = (f"chunk{'s' if len(chunks) > 1 else ''} "
                  f"{', '.join(str(c) for c in chunks)}" if chunks else "no chunk named")
         first = "; ".join(fetch.get("mismatches", [])[:2])
-        problems.append(Problem("bytes", f"a hit with other bytes after failed L2 writes: "
+        problems.append(Problem(f"a hit with other bytes after failed L2 writes: "
                                 f"{named} of the {hit} tokens hit ({wrong} of "
                                 f"{fetch.get('pages_compared')} page(s) wrong, {changed} "
-                                f"other page(s) changed); first: {first}"))
+                                f"other page(s) changed); first: {first}", "bytes"))
     if hit:
         keys = hit // CHUNK
         if not fetch.get("retrieved"):
-            problems.append(Problem("hits", f"the reader's retrieve reported failure: "
-                                    f"{_chunks(0, keys)} were visible to its lookup"))
+            problems.append(Problem(f"the reader's retrieve reported failure: "
+                                    f"{_chunks(0, keys)} were visible to its lookup", "hits"))
         if seen.held is not None and keys > seen.held:
-            problems.append(Problem("hits", f"the reader hit {hit} tokens ({keys} chunks) but "
+            problems.append(Problem(f"the reader hit {hit} tokens ({keys} chunks) but "
                                     f"the L2 held {seen.held} of the salt's {KEYS} entries"
-                                    + (" whole" if seen.filesystem else "")))
+                                    + (" whole" if seen.filesystem else ""), "hits"))
         if split is None or not split.known or split.l1 != 0 or split.l2 != keys:
-            problems.append(Problem("source", "the reader's keys did not all come from L2: "
+            problems.append(Problem("the reader's keys did not all come from L2: "
                                     f"{split.describe() if split else 'no split read'}; "
-                                    f"expected {keys} from L2"))
+                                    f"expected {keys} from L2", "source"))
     return problems, seen.void()
 
 
@@ -807,8 +807,8 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
         outcome.store = {f"writer {i + 1}": s["salts"][salt] for i, s in enumerate(stored)}
         for name, result in outcome.store.items():
             if not result.get("stored") or result.get("visible_hit_tokens") != NUM_TOKENS:
-                outcome.problems.append(Problem("process", f"{name}'s store did not become "
-                                                f"visible in its own server: {result}"))
+                outcome.problems.append(Problem(f"{name}'s store did not become "
+                                                f"visible in its own server: {result}", "process"))
         entries: dict[str, Any] = {}
 
         def held_now(name: str) -> int | None:
@@ -823,11 +823,11 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
         over = wait_writes_over({salt: KEYS}, held_now, failures, deadline_s)
         held, failed = entries.get(salt), over.failed.get(salt, ())
         if over.pending:  # each writer's L2 write over: every key there, or its failure logged
-            outcome.problems.append(Problem("l2", f"{deadline_s:g}s after both stores "
+            outcome.problems.append(Problem(f"{deadline_s:g}s after both stores "
                                             f"returned, {l2.describe()} held "
                                             f"{'unknown' if held is None else len(held)} "
                                             f"of the {KEYS} entries and the writers had "
-                                            f"logged {list(failed)} failed key(s)"))
+                                            f"logged {list(failed)} failed key(s)", "l2"))
         outcome.l2_visible_s = over.seconds  # the stores over
         seen = full.seen(failed, held)
         (workdir / L2_READY).touch()
@@ -838,14 +838,14 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
         outcome.fetch = json.loads(result.read_text())["jobs"].get("reader", {})
         outcome.seen = seen.as_dict()
         if outcome.fetch.get("error"):
-            outcome.problems.append(Problem("process", f"the reader's fetch: "
-                                            f"{outcome.fetch['error']}"))
+            outcome.problems.append(Problem(f"the reader's fetch: "
+                                            f"{outcome.fetch['error']}", "process"))
             return outcome
         outcome.split = reader.key_split(fetch_request_id("-reader"))
         problems, outcome.void = judge_write_failure(outcome.fetch, outcome.split, seen)
         outcome.problems += problems
     except ProcessFailed as exc:
-        outcome.problems.insert(0, Problem("process", str(exc)))
+        outcome.problems.insert(0, Problem(str(exc), "process"))
     finally:
         for replica in replicas:
             if replica.proc is not None:
@@ -855,7 +855,7 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
             each.stop()
         left = full.stop()
         if left and l2_type != "resp":
-            outcome.problems.insert(0, Problem("process", f"processes {left} were still in "
+            outcome.problems.insert(0, Problem(f"processes {left} were still in "
                                                "the tmpfs's mount namespace after the check: "
-                                               "its mount lives while they do"))
+                                               "its mount lives while they do", "process"))
     return outcome

@@ -36,6 +36,7 @@ from pytest_sharedkv.engine_hooks.delay_hook import (
     void_problem,
 )
 from pytest_sharedkv.host.lmcache_api import known_keywords
+from pytest_sharedkv.report.records import Problem
 from pytest_sharedkv.stack.faults import TransferFaults
 from pytest_sharedkv.stack.launch_record import LaunchPaths, LaunchRecord, ReplicaLaunch, launched
 
@@ -340,32 +341,37 @@ def holds(pages: Any, observed: Any, a_ids: list[int]) -> str:
     return ""
 
 
-class Problem(str):
-    """One thing wrong with a transfer check: its text says what, its class which kind
-    (the score reads the class, never the text). A plain str is a problem of no known
-    kind."""
-
-
 class WrongBytes(Problem):
     """Pages B retrieved differ from A's, or pages it must not touch changed: counted page
-    by page."""
+    by page. (Each problem of a transfer check is a ``report.records.Problem`` whose class
+    says which kind; the score reads the class, never the text.)"""
+
+    KIND = "bytes"
 
 
 class NotMoved(Problem):
     """The KV did not move as it must (A's store never visible, B hit short or its
     retrieve failed): no page can be judged."""
 
+    KIND = "hits"
+
 
 class SaltLeak(Problem):
     """A fresh cache salt hit: namespaces do not separate."""
+
+    KIND = "leak"
 
 
 class Failed(Problem):
     """A process of the check failed (died, timed out, survived its teardown)."""
 
+    KIND = "process"
+
 
 class Void(Problem):
     """The check proves nothing (the delay never ran; LMCache lacks the client API)."""
+
+    KIND = "void"
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_sharedkv.processes.managed import ProcessFailed
+from pytest_sharedkv.report.records import Problem
 from pytest_sharedkv.stack.l2 import redis_server
 
 ProblemKind = Literal["bad-spec", "redis-missing", "client-missing", "port-in-use",
@@ -42,12 +43,14 @@ NEEDS: dict[str, tuple[str, str]] = {
 REGISTERED = re.compile(r"register_l2_adapter_type\(\s*[\"']([^\"']+)[\"']")
 
 
-@dataclass(frozen=True)
-class L2Problem:
-    """What keeps an L2 from serving, as data: a kind and one line naming the culprit."""
+class L2Problem(Problem):
+    """What keeps an L2 from serving: one of the suite's problems (``report.records``), its
+    kind one of ``ProblemKind``, its text one line naming the culprit."""
 
     kind: ProblemKind
-    message: str
+
+    def __new__(cls, kind: ProblemKind, message: str) -> L2Problem:
+        return super().__new__(cls, message, kind)
 
 
 class L2Unavailable(RuntimeError):
