@@ -21,13 +21,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
+from pytest_sharedkv.config.engine import ENGINE_NAMES, Engine, engine_problem
 from pytest_sharedkv.config.identity_input import (
     parse_adapter,
     parse_other_model,
     parse_release_site,
     parse_salt,
 )
-from pytest_sharedkv.config.engine import ENGINE_NAMES, Engine, engine_problem
 from pytest_sharedkv.config.provider import PROVIDER_NAMES, Provider
 from pytest_sharedkv.config.stack_choice import NATIVE_CONNECTORS, STACKS, stack_problem
 
