@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # A service wave's plan (service-wave.sh PLAN): issue 48's L2 gap cell and its controls
-# alone, the first half of hybrid-gap-and-simple-triage.sh, for a session with less device
-# time (about 7 minutes of wave): the base cell as this session's positive control,
+# (about 7 minutes of wave; ran on an H100 on 2026-12-08, the lanes 267-394 s:
+# docs/findings/2026-12-08-h100-hybrid-gap-controls.md): the base cell as this session's
+# positive control,
 # concurrency 1 alone, --max-num-seqs 1 alone, and the attention-only copy model (made
 # before the wave: `python3 -m pytest_sharedkv make-model --kind copy-attention
 # /tmp/copy-attention`).
