@@ -417,16 +417,27 @@ def test_the_served_model_sees_corrupted_kv(sharedkv_settings: Settings,
     another chunk lost and chunks permuted within the prompt do not. Runs without a GPU,
     so any machine shows that the tier's model can see what it is meant to catch."""
     from pytest_sharedkv.corpus import copy_corpus
+    from pytest_sharedkv.models import memory_matrix
     from pytest_sharedkv.models.copy_matrix import EXPECTED_CHANGE, run_matrix
+    from pytest_sharedkv.models.copy_memory_model import KIND as MEMORY_KIND
     from pytest_sharedkv.models.copy_model import is_copy_model
-    if not is_copy_model(sharedkv_model_dir):
-        pytest.skip("the corruption matrix is the copy model's; a user's model is judged by "
+    from pytest_sharedkv.models.kinds import kind_in
+    memory = kind_in(sharedkv_model_dir) == MEMORY_KIND
+    if not memory and not is_copy_model(sharedkv_model_dir):
+        pytest.skip("the corruption matrix is the copy models'; a user's model is judged by "
                     "the sensitivity gate of a launched run")
     made = copy_corpus.build(32, plan=(("3k", 3000, 3, 0),), sessions=0)
-    requests = [(r.id, [0, *made.words(r)], r.source_chunk, r.source) for r in made.measured()]
-    rows = run_matrix(sharedkv_model_dir, requests, chunk=32)
+    if memory:  # the memory copy model's matrix: states resumed far from any source
+        rows: list[Any] = memory_matrix.run_memory_matrix(
+            sharedkv_model_dir, [(r.id, [0, *made.words(r)], r.source) for r in made.measured()],
+            chunk=32)
+    else:
+        requests = [(r.id, [0, *made.words(r)], r.source_chunk, r.source)
+                    for r in made.measured()]
+        rows = run_matrix(sharedkv_model_dir, requests, chunk=32)
     wrong = []
-    for name, must_change in EXPECTED_CHANGE.items():
+    expected = memory_matrix.EXPECTED_CHANGE if memory else EXPECTED_CHANGE
+    for name, must_change in expected.items():
         group = [r for r in rows if r.corruption == name]
         held = sum(r.as_expected for r in group)
         wrong += [f"{name} on {r.request}" for r in group if not r.as_expected]

@@ -17,6 +17,7 @@ from pytest_sharedkv.report.terminal import TierReport, summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 LMCACHE_H200 = ROOT / "fixtures" / "lmcache" / "h200"
+LMCACHE_H100 = ROOT / "fixtures" / "lmcache" / "h100"
 PERF_H200 = ROOT / "fixtures" / "perf" / "h200"
 
 

@@ -144,7 +144,27 @@ FIGURES: dict[str, Callable[[], set[str]]] = {
     "vLLM #47282 (open)": set,
     "vLLM #51094 (closed)": boundary,
     "vLLM #52360": set,
+    # issue 50 (cache identity) and issue 53 (SGLang): their CPU runs are self-tests that
+    # assert their counts and commit no report of them, so these rows state no figure
+    "vLLM #44250 (open)": set,
+    "vLLM #44701 (open)": set,
+    "vLLM #56311 / PR #56331 (open)": set,
+    "LMCache #4825 (open)": set,
+    "SGLang #37160 (open)": set,
+    "vLLM #53495 (open)": set,
+    "vLLM PR #51748 (open)": set,
+    "SGLang #39830 (open)": set,
 }
+# the GPU rows not yet run: inconclusive, naming the plan that makes their condition
+GPU_PLANS = {
+    "vLLM #44250 (open)": "identity-table.sh",
+    "vLLM #44701 (open)": "identity-table.sh",
+    "vLLM #56311 / PR #56331 (open)": "identity-restart.sh",
+    "SGLang #37160 (open)": "sglang-service.sh",
+}
+PLANS = ROOT / "contrib" / "gpu-host" / "plans"
+CITED_TEST = re.compile(r"(tests/test_\w+\.py)(?:::(\w+))?")
+CITED_PLAN = re.compile(r"contrib/gpu-host/plans/([\w.-]+\.sh)")
 
 
 def test_the_page_has_a_row_for_every_report_the_issue_names() -> None:
@@ -189,3 +209,35 @@ def test_the_boundary_row_is_not_called_not_reproduced() -> None:
     prompt of whole blocks), so the row cannot say "not reproduced"."""
     verdict = rows()["vLLM #51094 (closed)"][4]
     assert not verdict.startswith("**not reproduced") and "`align` only" in verdict
+
+
+@pytest.mark.parametrize("row", list(GPU_PLANS))
+def test_a_gpu_row_not_yet_run_is_inconclusive_naming_its_plan(row: str) -> None:
+    verdict = rows()[row][4]
+    assert verdict.startswith("**inconclusive**"), verdict[:60]
+    assert f"contrib/gpu-host/plans/{GPU_PLANS[row]}" in verdict, verdict
+    assert (PLANS / GPU_PLANS[row]).is_file()
+
+
+def test_every_self_test_and_plan_a_row_cites_exists() -> None:
+    """A row whose evidence is a self-test or a plan names one that is there: the module,
+    the test function where one is named, the plan file."""
+    for row, cells in rows().items():
+        text = " ".join(cells)
+        for module, name in CITED_TEST.findall(text):
+            path = ROOT / module
+            assert path.is_file(), f"{row}: {module} is not there"
+            if name:
+                assert f"def {name}(" in path.read_text(), f"{row}: {module}::{name} is not there"
+        for plan in CITED_PLAN.findall(text):
+            assert (PLANS / plan).is_file(), f"{row}: plans/{plan} is not there"
+
+
+def test_the_salt_key_row_is_reproduced_only_at_the_key_and_only_on_cpu() -> None:
+    """LMCache #4825: the CPU self-tests ran the adapter's key and the server's unsalted
+    lookup; SGLang itself has not run, so the row says where it stops, and the SGLang row
+    (the same leak through SGLang) stays inconclusive until its plan runs."""
+    key, through = rows()["LMCache #4825 (open)"], rows()["SGLang #37160 (open)"]
+    assert key[4].startswith("**reproduced** on CPU, at LMCache 0.5.6's key")
+    assert "Not through SGLang" in key[4]
+    assert through[4].startswith("**inconclusive**: SGLang has not run")

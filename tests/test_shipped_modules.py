@@ -11,8 +11,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # reached from outside the package: `python -m pytest_sharedkv`, and the maintainers'
-# `python -m pytest_sharedkv.config.options_doc` (it writes docs/options.md from the table)
-ENTRY_POINTS = {"pytest_sharedkv.__main__", "pytest_sharedkv.config.options_doc"}
+# `python -m pytest_sharedkv.config.options_doc` (it writes docs/options.md from the table),
+# and the LMCache #4991 write-race cell's report writer (docs/field-reports.md's command)
+ENTRY_POINTS = {"pytest_sharedkv.__main__", "pytest_sharedkv.config.options_doc",
+                "pytest_sharedkv.stack.l2_write_race"}
+# Issue 48's definitions that no stage runs yet (the mid-prompt boundary corpus and the
+# recurrent-state triage's cells): product code whose wiring is that issue's open work, named
+# here so that the list shrinks, never grows unnoticed
+PENDING = {"pytest_sharedkv.corpus.boundary_corpus", "pytest_sharedkv.service.state_triage"}
 DOTTED = re.compile(r"pytest_sharedkv(?:\.\w+)+")
 FILE = re.compile(r"(\w+)\.py\b")
 
@@ -59,7 +65,9 @@ def unused_modules(root: Path = ROOT) -> list[str]:
 
 
 def test_every_shipped_module_is_used_by_the_package() -> None:
-    assert unused_modules() == []
+    unused = unused_modules()
+    assert [m for m in unused if m not in PENDING] == []
+    assert set(unused) == PENDING, f"wired since, off the pending list: {PENDING - set(unused)}"
 
 
 def test_a_module_only_a_self_test_imports_is_named(tmp_path: Path) -> None:

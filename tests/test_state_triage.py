@@ -23,6 +23,8 @@ def test_outcomes_from_data() -> None:
     assert outcome_of(True, False, 0) is Outcome.LEFT
     assert outcome_of(False, True, 0) is Outcome.LEFT
     assert outcome_of(True, None, 0) is Outcome.UNKNOWN
+    assert outcome_of(False, None, None) is Outcome.LEFT  # a wrong answer shows it, unjudged
+    assert outcome_of(None, True, 0) is Outcome.UNKNOWN
 
 
 def test_the_verdict_names_only_cells_that_removed_it() -> None:

@@ -1,5 +1,5 @@
 """The identity table on the stub double, launched through the stub provider
-(``stack.providers.stub_pair``): each dimension a pair of cells over one shared pool (or,
+(``stack.launch.providers.stub_pair``): each dimension a pair of cells over one shared pool (or,
 for a restart, a persistent ``fs`` L2 the restarted servers read).
 
 Protocol, the same a launched vLLM pair runs: replica A answers a copy prompt cold under

@@ -1,4 +1,4 @@
-"""The identity table on the real LMCache server (``stack.identity_transfer``): which of
+"""The identity table on the real LMCache server (``stack.checks.identity_transfer``): which of
 the drivers' observations is each dimension's ``same`` side and ``other`` side.
 
 - salt: W fetches back what it stored under the tenant's salt / W looks it up under

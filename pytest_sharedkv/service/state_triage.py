@@ -68,12 +68,13 @@ CONTROLS: tuple[StateControl, ...] = (
 
 def outcome_of(exact_answers: bool | None, oracle_exact: bool | None,
                unkept_loads: int | None) -> Outcome:
-    """A cell's outcome from its data (None: not read)."""
+    """A cell's outcome from its data (None: not read). What was read and shows the class
+    leaves it, whatever was not read; removing it takes all three read and clean."""
+    if exact_answers is False or oracle_exact is False or (unkept_loads or 0) > 0:
+        return Outcome.LEFT
     if exact_answers is None or oracle_exact is None or unkept_loads is None:
         return Outcome.UNKNOWN
-    if exact_answers and oracle_exact and unkept_loads == 0:
-        return Outcome.REMOVED
-    return Outcome.LEFT
+    return Outcome.REMOVED
 
 
 def verdict(outcomes: Mapping[str, Outcome]) -> str:

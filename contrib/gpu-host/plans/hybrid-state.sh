@@ -10,7 +10,7 @@
 # progress.txt. Not in this plan (not wired yet, said in docs/tiers/service_regression.md):
 # the boundary corpus's step (corpus/boundary_corpus.py) and the 27b-compute count
 # (stack/kv_audit.unkept_by_size), which needs the perf tier to launch with the audit.
-# The models are made before the wave, as plans/hybrid-gap-and-simple-triage.sh's:
+# The models are made before the wave, as plans/hybrid-gap-triage.sh's:
 # `python3 -m pytest_sharedkv make-model --kind copy-memory /tmp/copy-memory` and
 # `... --kind copy-attention /tmp/copy-attention`.
 VA='--gpu-memory-utilization 0.05 --kv-cache-memory-bytes 4294967296'

@@ -106,6 +106,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -921,16 +922,24 @@ class _StubHandler(BaseHTTPRequestHandler):
             return None
         max_tokens = int(request.get("max_tokens", 16))
         twin = self.stub.twin_enter(salt, prompt) if self.stub.args.twins_diverge else 0
-        try:
-            return self._answer(request, prompt, salt, max_tokens, twin)
-        finally:
-            if self.stub.args.twins_diverge:
+        left = not self.stub.args.twins_diverge
+
+        def leave() -> None:  # out of flight before the answer is sent: a client that sends
+            nonlocal left  # its next request on the answer never finds this one in flight
+            if not left:
+                left = True
                 self.stub.twin_leave(salt, prompt)
 
+        try:
+            return self._answer(request, prompt, salt, max_tokens, twin, leave)
+        finally:
+            leave()
+
     def _answer(self, request: dict[str, Any], prompt: str, salt: str, max_tokens: int,
-                twin: int) -> int:
+                twin: int, leave: Callable[[], None]) -> int:
         """The completion's answer; TWIN: identical requests in flight ahead of it under
-        --twins-diverge (0: none, answered as constructed)."""
+        --twins-diverge (0: none, answered as constructed); LEAVE: called before it is
+        sent."""
         pre = _prefill(self.stub, prompt, salt)
         if self.stub.args.prefill_us:
             time.sleep(self.stub.args.prefill_us * 1e-6 * (len(pre.tokens) - pre.cached))
@@ -963,6 +972,7 @@ class _StubHandler(BaseHTTPRequestHandler):
         out, finish = _apply_stop(words, request.get("stop") or [])
         usage = _usage(pre, out, self.stub.args.engine)
         choice = _choice(request, out, finish, pre.copy)
+        leave()
         if request.get("stream"):
             self._stream(pre.done, out, choice, usage, request)
         else:
