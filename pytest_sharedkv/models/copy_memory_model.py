@@ -46,6 +46,7 @@ from pytest_sharedkv.models.copy_model import (
     _assign_codes,
     digest_of,
     write_model_dir,
+    zero_norms_and_experts,
 )
 
 RECIPE_VERSION = 1
@@ -285,18 +286,7 @@ def weights(recipe: MemoryCopyRecipe) -> dict[str, Any]:
     state[p + "q_norm.weight"] = torch.full((hd,), r.qk_gain - 1.0, dtype=f64)
     state[p + "k_norm.weight"] = torch.full((hd,), r.qk_gain - 1.0, dtype=f64)
 
-    for layer in range(LAYERS):
-        p = f"model.layers.{layer}."
-        state[p + "input_layernorm.weight"] = torch.zeros(h, dtype=f64)
-        state[p + "post_attention_layernorm.weight"] = torch.zeros(h, dtype=f64)
-        m = p + "mlp."
-        state[m + "gate.weight"] = torch.zeros(4, h, dtype=f64)
-        state[m + "shared_expert_gate.weight"] = torch.zeros(1, h, dtype=f64)
-        for expert in (*(f"experts.{e}." for e in range(4)), "shared_expert."):
-            state[m + expert + "gate_proj.weight"] = torch.zeros(64, h, dtype=f64)
-            state[m + expert + "up_proj.weight"] = torch.zeros(64, h, dtype=f64)
-            state[m + expert + "down_proj.weight"] = torch.zeros(h, 64, dtype=f64)
-    state["model.norm.weight"] = torch.zeros(h, dtype=f64)
+    zero_norms_and_experts(state, LAYERS, h)
 
     final_rms = _rms(r, 7, histories=2, memory=True)
     lm_head = torch.zeros(r.vocab_size, h, dtype=f64)

@@ -289,7 +289,27 @@ def weights(recipe: CopyModelRecipe) -> dict[str, Any]:
     state[p + "q_norm.weight"] = torch.full((hd,), r.qk_gain - 1.0, dtype=f64)
     state[p + "k_norm.weight"] = torch.full((hd,), r.qk_gain - 1.0, dtype=f64)
 
-    for layer in range(3):
+    zero_norms_and_experts(state, 3, h)
+
+    final_rms = levels.rms(7, histories=2)  # and the copied code in O
+    lm_head = torch.zeros(r.vocab_size, h, dtype=f64)
+    for token, code in table.items():
+        if token == 0:
+            continue  # <s> is never predicted; <miss> carries its code
+        for d in code:
+            lm_head[token, _slot("O") + d] = r.logit_scale * final_rms
+    state["lm_head.weight"] = lm_head
+    return {name: t.to(torch.bfloat16).contiguous() for name, t in sorted(state.items())}
+
+
+def zero_norms_and_experts(state: dict[str, Any], layers: int, h: int) -> None:
+    """Every layer's norms and its MoE block (4 experts and the shared one, vLLM's
+    Qwen3-Next needs one) zero, and the final norm: the residual stream passes unchanged
+    through what the copy models do not use (Qwen3-Next's norms scale by 1 + weight)."""
+    import torch
+
+    f64 = torch.float64
+    for layer in range(layers):
         p = f"model.layers.{layer}."
         state[p + "input_layernorm.weight"] = torch.zeros(h, dtype=f64)
         state[p + "post_attention_layernorm.weight"] = torch.zeros(h, dtype=f64)
@@ -301,16 +321,6 @@ def weights(recipe: CopyModelRecipe) -> dict[str, Any]:
             state[m + expert + "up_proj.weight"] = torch.zeros(64, h, dtype=f64)
             state[m + expert + "down_proj.weight"] = torch.zeros(h, 64, dtype=f64)
     state["model.norm.weight"] = torch.zeros(h, dtype=f64)
-
-    final_rms = levels.rms(7, histories=2)  # and the copied code in O
-    lm_head = torch.zeros(r.vocab_size, h, dtype=f64)
-    for token, code in table.items():
-        if token == 0:
-            continue  # <s> is never predicted; <miss> carries its code
-        for d in code:
-            lm_head[token, _slot("O") + d] = r.logit_scale * final_rms
-    state["lm_head.weight"] = lm_head
-    return {name: t.to(torch.bfloat16).contiguous() for name, t in sorted(state.items())}
 
 
 def _tokenizer_spec(recipe: CopyModelRecipe) -> dict[str, Any]:

@@ -847,15 +847,21 @@ def check_write_failure(workdir: Path, salt: str, env: dict[str, str] | None = N
     except ProcessFailed as exc:
         outcome.problems.insert(0, Problem(str(exc), "process"))
     finally:
-        for replica in replicas:
-            if replica.proc is not None:
-                replica.stop()
-                _cleanup_shm(replica.pid)
-        for each in servers:
-            each.stop()
+        stop_launched(replicas, servers)
         left = full.stop()
         if left and l2_type != "resp":
             outcome.problems.insert(0, Problem(f"processes {left} were still in "
                                                "the tmpfs's mount namespace after the check: "
                                                "its mount lives while they do", "process"))
     return outcome
+
+
+def stop_launched(replicas: Sequence[ManagedProcess], servers: Sequence[LMCacheServer]) -> None:
+    """A cell's teardown: each driver that started (and the shared memory it left), then
+    each server."""
+    for replica in replicas:
+        if replica.proc is not None:
+            replica.stop()
+            _cleanup_shm(replica.pid)
+    for each in servers:
+        each.stop()

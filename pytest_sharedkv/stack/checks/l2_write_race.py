@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sharedkv.engine_hooks import write_race_hook as hook
+from pytest_sharedkv.stack.checks.l2_transfer import stop_launched
 from pytest_sharedkv.stack.checks.transfer_provider import (
     BLOCK,
     CHUNK,
     LAYERS,
     NUM_TOKENS,
     REPLICA_ENV,
-    _cleanup_shm,
     _lmcache_version,
     _wait_for,
     block_plan,
@@ -323,12 +323,7 @@ def run(workdir: Path, hold: bool = False, timeout: float = 180.0,
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        for replica in replicas:
-            if replica.proc is not None:
-                replica.stop()
-                _cleanup_shm(replica.pid)
-        for each in servers:
-            each.stop()
+        stop_launched(replicas, servers)
     events = read_log(run_dir / hook.LOG)
     evidence, _ = condition(events, hold, truncate)
     verdict, why = judge(events, result, hold, truncate)
