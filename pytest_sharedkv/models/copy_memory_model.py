@@ -45,6 +45,7 @@ from pytest_sharedkv.models.copy_model import (
     CopyModelRecipe,
     _assign_codes,
     digest_of,
+    embedding,
     write_model_dir,
     zero_norms_and_experts,
 )
@@ -168,12 +169,7 @@ def weights(recipe: MemoryCopyRecipe) -> dict[str, Any]:
     state: dict[str, Any] = {}
     table = _assign_codes(r.vocabulary_recipe())
 
-    embed = torch.zeros(r.vocab_size, h, dtype=f64)
-    embed[:, CONST_DIM] = r.const
-    for token, code in table.items():
-        embed[token, list(code)] = 1.0
-    embed[0, FLAG_DIM] = 1.0
-    state["model.embed_tokens.weight"] = embed
+    state["model.embed_tokens.weight"] = embedding(table, r.vocab_size, h, r.const, CONST_DIM)
 
     dk, dv, nv = r.linear_key_head_dim, r.linear_value_head_dim, r.linear_value_heads
     conv_dim = 2 * dk + nv * dv

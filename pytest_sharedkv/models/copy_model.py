@@ -203,12 +203,7 @@ def weights(recipe: CopyModelRecipe) -> dict[str, Any]:
     state: dict[str, Any] = {}
     table = _assign_codes(r)
 
-    embed = torch.zeros(r.vocab_size, h, dtype=f64)
-    embed[:, CONST_DIM] = r.const
-    for token, code in table.items():
-        embed[token, list(code)] = 1.0
-    embed[0, FLAG_DIM] = 1.0
-    state["model.embed_tokens.weight"] = embed
+    state["model.embed_tokens.weight"] = embedding(table, r.vocab_size, h, r.const)
 
     dk, dv, nv = r.linear_key_head_dim, r.linear_value_head_dim, r.linear_value_heads
     conv_dim = 2 * dk + nv * dv
@@ -300,6 +295,21 @@ def weights(recipe: CopyModelRecipe) -> dict[str, Any]:
             lm_head[token, _slot("O") + d] = r.logit_scale * final_rms
     state["lm_head.weight"] = lm_head
     return {name: t.to(torch.bfloat16).contiguous() for name, t in sorted(state.items())}
+
+
+def embedding(table: dict[int, tuple[int, ...]], vocab_size: int, h: int, const: float,
+              const_dim: int = CONST_DIM) -> Any:
+    """The copy models' embedding: every token the constant in CONST_DIM (a model of more
+    slots puts it further on) and its code's dimensions at 1, the start token <s> (id 0)
+    also its flag, the dimension after the constant."""
+    import torch
+
+    embed = torch.zeros(vocab_size, h, dtype=torch.float64)
+    embed[:, const_dim] = const
+    for token, code in table.items():
+        embed[token, list(code)] = 1.0
+    embed[0, const_dim + 1] = 1.0
+    return embed
 
 
 def zero_norms_and_experts(state: dict[str, Any], layers: int, h: int) -> None:

@@ -279,13 +279,8 @@ def _drive(args: argparse.Namespace) -> dict[str, Any]:
             if op["op"] == "store":
                 a_ids, _ = block_plan()
                 stored = client.store(f"sharedkv-identity-{op['name']}", a_ids, salt)
-                hit, tries = 0, 0
-                deadline = time.monotonic() + 60
-                while hit < NUM_TOKENS and time.monotonic() < deadline:
-                    tries += 1
-                    rid = f"sharedkv-identity-{op['name']}-visible-{tries}"
-                    hit = client.lookup(rid, salt)
-                    client.release(rid, hit, salt)
+                hit, _ = client.wait_visible(f"sharedkv-identity-{op['name']}-visible", salt,
+                                             time.monotonic() + 60)
                 pages = torch.stack([torch.stack([page(t, b).cpu() for b in a_ids])
                                      for t in kv.values()])
                 torch.save(pages, args.workdir / f"pages-{op['name']}.pt")

@@ -339,12 +339,8 @@ def store_salts(client: Client, workdir: Path, salts: list[str]) -> dict[str, An
     _write_json(workdir / STORED, done)
     results: dict[str, Any] = {}
     for salt in salts:
-        hit, attempts, started = 0, 0, time.monotonic()
-        while hit < NUM_TOKENS and time.monotonic() - started < 60:
-            attempts += 1
-            rid = f"sharedkv-a-visible-{salt}-{attempts}"
-            hit = client.lookup(rid, salt)
-            client.release(rid, hit, salt)
+        hit, attempts = client.wait_visible(f"sharedkv-a-visible-{salt}", salt,
+                                            time.monotonic() + 60)
         results[salt] = {"stored": stored[salt], "visible_hit_tokens": hit,
                          "lookups_until_visible": attempts}
     pages = torch.stack([torch.stack([page(t, b) for b in a_ids]) for t in kv.values()])

@@ -171,12 +171,7 @@ def store(url: str, workdir: Path, seed: int) -> dict[str, Any]:
     try:
         client.register(kv)
         stored = client.store("sharedkv-race-store", a_ids, SALT)
-        hit, attempts, started = 0, 0, time.monotonic()
-        while hit < NUM_TOKENS and time.monotonic() - started < 60:
-            attempts += 1
-            rid = f"sharedkv-race-visible-{attempts}"
-            hit = client.lookup(rid, SALT)
-            client.release(rid, hit, SALT)
+        hit, _ = client.wait_visible("sharedkv-race-visible", SALT, time.monotonic() + 60)
     finally:
         client.close()
     pages = torch.stack([torch.stack([page(t, b) for b in a_ids]) for t in kv.values()])

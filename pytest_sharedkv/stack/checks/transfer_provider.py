@@ -234,6 +234,17 @@ class Client:
             time.sleep(0.002)
         return int(hit)
 
+    def wait_visible(self, prefix: str, salt: str, deadline: float) -> tuple[int, int]:
+        """Look up until every stored token hits (stores land asynchronously) or the
+        monotonic DEADLINE passes: (tokens hit, lookups made), each lookup PREFIX-N."""
+        hit, attempts = 0, 0
+        while hit < NUM_TOKENS and time.monotonic() < deadline:
+            attempts += 1
+            rid = f"{prefix}-{attempts}"
+            hit = self.lookup(rid, salt)
+            self.release(rid, hit, salt)
+        return hit, attempts
+
     def release(self, rid: str, hit: int, salt: str) -> None:
         self.scheduler.cleanup_lookup_result(rid)
         if hit > 0:
@@ -260,14 +271,9 @@ def store_role(client: Client, workdir: Path, salt: str, device: str) -> dict[st
     a_ids, _ = block_plan()
     kv = make_kv(SEED_A, device)
     client.register(kv)
-    started = time.perf_counter()
+    started, deadline = time.perf_counter(), time.monotonic() + 60
     stored = client.store("sharedkv-a-store", a_ids, salt)
-    hit, attempts = 0, 0
-    while hit < NUM_TOKENS and time.perf_counter() - started < 60:  # stores land async
-        attempts += 1
-        rid = f"sharedkv-a-visible-{attempts}"
-        hit = client.lookup(rid, salt)
-        client.release(rid, hit, salt)
+    hit, attempts = client.wait_visible("sharedkv-a-visible", salt, deadline)
     pages = torch.stack([torch.stack([page(t, b).cpu() for b in a_ids]) for t in kv.values()])
     torch.save(pages, workdir / "a-pages.pt")
     return {"stored": stored, "visible_hit_tokens": hit, "lookups_until_visible": attempts,
